@@ -1,0 +1,54 @@
+//! `remat`: one binary in front of the engine, the planner and the resharder.
+//!
+//! Each subcommand lives in its own module under `cmd/` with its own `Args`, so that the
+//! commands grow independently.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "remat",
+    version,
+    about = "Train bigger models on the memory you have: keep, swap or recompute every activation; reshard checkpoints."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model (the embedded GPT on a synthetic task by default).
+    Train(cmd::train::Args),
+    /// Record a training step of an engine model into the planner's graph IR.
+    Profile(cmd::profile::Args),
+    /// Plan keep/swap/recompute for a graph under a memory budget.
+    Plan(cmd::plan::Args),
+    /// Reshard a checkpoint from N to M ranks, or verify two layouts.
+    Reshard(cmd::reshard::Args),
+    /// Inspect or derive declarative recompute specs.
+    Spec(cmd::spec::Args),
+    /// Benchmarks, reported as ratios measured side by side in one run.
+    Bench(cmd::bench::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(args) => cmd::train::run(args),
+        Command::Profile(args) => cmd::profile::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
+        Command::Reshard(args) => cmd::reshard::run(args),
+        Command::Spec(args) => cmd::spec::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! remat-planner
