@@ -7,8 +7,28 @@ pub struct Args {
 }
 
 #[derive(clap::Subcommand)]
-enum Target {}
+enum Target {
+    /// One GPT training step under store-all, per-block checkpointing and sqrt(L) segments.
+    Engine(super::bench_engine::Args),
+    /// Every planner strategy on the graphs, against the exact optimum.
+    Plan(super::bench_plan::Args),
+    /// Reshard a generated multi-GiB checkpoint, against a plain memory copy.
+    Reshard(super::bench_reshard::Args),
+    /// Auto plans executed by the engine, against the simulator and fixed policies.
+    Auto(super::bench_auto::Args),
+    /// Declarative recompute specs: saved/recomputed/offloaded bytes and step time.
+    Spec(super::bench_spec::Args),
+    /// Pipeline schedules and stage checkpoint strategies.
+    Pipeline(super::bench_pipeline::Args),
+}
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    match args.target {}
+    match args.target {
+        Target::Engine(a) => super::bench_engine::run(a),
+        Target::Plan(a) => super::bench_plan::run(a),
+        Target::Reshard(a) => super::bench_reshard::run(a),
+        Target::Auto(a) => super::bench_auto::run(a),
+        Target::Spec(a) => super::bench_spec::run(a),
+        Target::Pipeline(a) => super::bench_pipeline::run(a),
+    }
 }

@@ -1,0 +1,1 @@
+//! Pipeline stages with a per-micro-batch activation checkpoint manager.
