@@ -26,6 +26,7 @@ pub mod import;
 pub mod ir;
 pub mod lower;
 pub mod plan;
+pub mod plot;
 pub mod sim;
 pub mod strategy;
 
