@@ -1,1 +1,2 @@
 //! remat-planner
+pub mod exact;
