@@ -3,3 +3,4 @@
 
 pub mod pipeline;
 pub mod spec;
+pub mod swap;
