@@ -102,7 +102,9 @@ pub fn plan_from_steps(
 /// Every registered strategy, fast ones first.
 pub fn registry() -> Vec<Box<dyn Strategy>> {
     // Exact and large-graph strategies (crate::exact) extend this list.
-    baselines::all()
+    let mut all = baselines::all();
+    all.extend(crate::exact::strategies());
+    all
 }
 
 /// Finds a strategy by name; `every:N`, `by-depth:D` and `threshold:F` take a parameter.
