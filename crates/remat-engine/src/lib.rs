@@ -4,3 +4,4 @@
 pub mod kernels;
 pub mod pipeline;
 pub mod spec;
+pub mod swap;
