@@ -22,6 +22,7 @@
 
 pub mod attrs;
 pub mod error;
+pub mod exact;
 pub mod import;
 pub mod ir;
 pub mod lower;

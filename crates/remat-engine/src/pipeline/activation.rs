@@ -6,20 +6,25 @@ use std::convert::Infallible;
 /// A boxed error from an activation's own copy routine (a memory pool refusing the copy, say).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// An activation the checkpoint manager can account for and copy.
+/// An activation the checkpoint manager can account for.
 ///
 /// The manager never looks inside: it needs the exact bytes (for its memory estimate and the
-/// memory-based strategy), the shape (for the per-entry metadata) and a deep copy (so that a
-/// stored activation is isolated from later changes to the caller's value).
-pub trait Activation: Sized {
-    /// Why a deep copy can fail (for engine tensors: the stage's memory pool is full).
-    type CopyError: std::error::Error + Send + Sync + 'static;
-
+/// memory-based strategy) and the shape (for the per-entry metadata).
+pub trait Activation {
     /// Exact bytes held, computed from the element type and the shape.
     fn byte_size(&self) -> usize;
 
     /// The shape, outermost dimension first.
     fn shape(&self) -> Vec<usize>;
+}
+
+/// An activation that can be deep-copied, so that [`store`](super::CheckpointManager::store)
+/// can keep a copy isolated from later changes to the caller's value. Activations that cannot
+/// (a recorded graph) are handed over by value with
+/// [`store_owned`](super::CheckpointManager::store_owned) instead.
+pub trait DeepCopy: Activation + Sized {
+    /// Why a deep copy can fail (for engine tensors: the stage's memory pool is full).
+    type CopyError: std::error::Error + Send + Sync + 'static;
 
     /// A copy sharing no storage with `self`.
     fn deep_copy(&self) -> Result<Self, Self::CopyError>;
@@ -126,8 +131,6 @@ impl HostData {
 }
 
 impl Activation for HostTensor {
-    type CopyError = Infallible;
-
     fn byte_size(&self) -> usize {
         self.numel() * self.dtype().size_bytes()
     }
@@ -135,6 +138,10 @@ impl Activation for HostTensor {
     fn shape(&self) -> Vec<usize> {
         self.shape.clone()
     }
+}
+
+impl DeepCopy for HostTensor {
+    type CopyError = Infallible;
 
     fn deep_copy(&self) -> Result<Self, Infallible> {
         Ok(self.clone())

@@ -19,7 +19,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
 
-use super::activation::{Activation, BoxError};
+use super::activation::{Activation, BoxError, DeepCopy};
 
 /// When a micro-batch's activation is kept until backward instead of being recomputed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,18 +237,6 @@ impl<A: Activation, I: Activation> CheckpointManager<A, I> {
         })
     }
 
-    /// Stores a deep copy of `activation` for micro-batch `index` if the strategy says so.
-    pub fn store(&mut self, index: usize, activation: &A) -> Result<StoreOutcome, CheckpointError> {
-        if !self.should_checkpoint(index, activation.byte_size())? {
-            return Ok(self.decline(index));
-        }
-        let copy = activation.deep_copy().map_err(|e| CheckpointError::Copy {
-            index,
-            source: Box::new(e),
-        })?;
-        Ok(self.insert(index, copy))
-    }
-
     /// Like [`store`](Self::store) but takes the activation by value: nothing else can change
     /// it afterwards, so no copy is needed. A declined activation is dropped.
     pub fn store_owned(
@@ -455,6 +443,20 @@ impl<A: Activation, I: Activation> CheckpointManager<A, I> {
             evicted.push(index);
         }
         evicted
+    }
+}
+
+impl<A: DeepCopy, I: Activation> CheckpointManager<A, I> {
+    /// Stores a deep copy of `activation` for micro-batch `index` if the strategy says so.
+    pub fn store(&mut self, index: usize, activation: &A) -> Result<StoreOutcome, CheckpointError> {
+        if !self.should_checkpoint(index, activation.byte_size())? {
+            return Ok(self.decline(index));
+        }
+        let copy = activation.deep_copy().map_err(|e| CheckpointError::Copy {
+            index,
+            source: Box::new(e),
+        })?;
+        Ok(self.insert(index, copy))
     }
 }
 

@@ -105,6 +105,7 @@ pub fn registry() -> Vec<Box<dyn Strategy>> {
     let mut strategies = baselines::all();
     strategies.push(Box::new(mutwo::MuTwo));
     // Exact and large-graph strategies (crate::exact) extend this list.
+    strategies.extend(crate::exact::strategies());
     strategies
 }
 

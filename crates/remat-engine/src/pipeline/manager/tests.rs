@@ -344,13 +344,16 @@ impl std::error::Error for PoolFull {}
 struct Uncopyable;
 
 impl Activation for Uncopyable {
-    type CopyError = PoolFull;
     fn byte_size(&self) -> usize {
         4
     }
     fn shape(&self) -> Vec<usize> {
         vec![1]
     }
+}
+
+impl DeepCopy for Uncopyable {
+    type CopyError = PoolFull;
     fn deep_copy(&self) -> Result<Self, PoolFull> {
         Err(PoolFull)
     }
