@@ -148,15 +148,18 @@ impl Checkpoint {
         let distinct = t.distinct_pieces();
         let regions: Vec<&Region> = distinct.iter().map(|p| &p.region).collect();
         if let Some(&(i, j)) = intersecting_pairs(&regions, None).first() {
-            let (a, b) = (distinct[i], distinct[j]);
+            let describe = |p: &Piece| {
+                format!(
+                    "offsets {:?} sizes {:?} in {}",
+                    p.region.offsets,
+                    p.region.sizes,
+                    self.files[p.file].path.display()
+                )
+            };
             return Err(ReshardError::Overlap {
                 tensor: t.name.clone(),
-                a_file: self.files[a.file].path.clone(),
-                a_offsets: a.region.offsets.clone(),
-                a_sizes: a.region.sizes.clone(),
-                b_file: self.files[b.file].path.clone(),
-                b_offsets: b.region.offsets.clone(),
-                b_sizes: b.region.sizes.clone(),
+                first: describe(distinct[i]),
+                second: describe(distinct[j]),
             });
         }
         let covered: u64 = regions.iter().map(|r| r.volume()).sum();

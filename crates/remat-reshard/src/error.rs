@@ -66,17 +66,11 @@ pub enum ReshardError {
         second: String,
         second_file: PathBuf,
     },
-    #[error(
-        "tensor `{tensor}`: chunks overlap: offsets {a_offsets:?} sizes {a_sizes:?} in {a_file} and offsets {b_offsets:?} sizes {b_sizes:?} in {b_file}"
-    )]
+    #[error("tensor `{tensor}`: chunks overlap: {first} and {second}")]
     Overlap {
         tensor: String,
-        a_file: PathBuf,
-        a_offsets: Vec<u64>,
-        a_sizes: Vec<u64>,
-        b_file: PathBuf,
-        b_offsets: Vec<u64>,
-        b_sizes: Vec<u64>,
+        first: String,
+        second: String,
     },
     #[error(
         "tensor `{tensor}`: chunks leave a hole: they cover {covered} of the {total} elements of shape {shape:?}"

@@ -184,7 +184,7 @@ fn strides(sizes: &[u64]) -> Vec<u64> {
 
 fn to_bytes(bits: u64, elements: u64) -> Result<u64, String> {
     let b = elements * bits;
-    if b % 8 == 0 {
+    if b.is_multiple_of(8) {
         Ok(b / 8)
     } else {
         Err(format!(

@@ -272,6 +272,6 @@ pub fn rank_stats(plan: &Plan) -> Vec<RankStats> {
 /// Pages a copy touches: each run's pages, but never more than the whole span's.
 fn pages_touched(c: &StridedCopy) -> u64 {
     let span_pages = (c.src_start % PAGE + c.src_span()).div_ceil(PAGE);
-    let per_run = c.run.div_ceil(PAGE) + u64::from(c.run % PAGE != 0);
+    let per_run = c.run.div_ceil(PAGE) + u64::from(!c.run.is_multiple_of(PAGE));
     span_pages.min(c.runs().saturating_mul(per_run)).max(1)
 }

@@ -218,17 +218,17 @@ pub fn tensor_bytes(path: &Path, name: &str, dtype: Dtype, shape: &[u64]) -> Res
 fn check_disjoint(path: &Path, sorted: &[Entry]) -> Result<()> {
     let mut prev: Option<&Entry> = None;
     for e in sorted.iter().filter(|e| e.end > e.start) {
-        if let Some(p) = prev {
-            if e.start < p.end {
-                return Err(bad(
-                    path,
-                    &e.name,
-                    format!(
-                        "data_offsets [{}, {}) overlap those of `{}` [{}, {})",
-                        e.start, e.end, p.name, p.start, p.end
-                    ),
-                ));
-            }
+        if let Some(p) = prev
+            && e.start < p.end
+        {
+            return Err(bad(
+                path,
+                &e.name,
+                format!(
+                    "data_offsets [{}, {}) overlap those of `{}` [{}, {})",
+                    e.start, e.end, p.name, p.start, p.end
+                ),
+            ));
         }
         prev = Some(e);
     }

@@ -274,15 +274,15 @@ fn effective(
         Placement::Shard(_) if spec.world_size == 1 => Placement::Whole,
         p => p,
     };
-    if spec.format == Format::Hf {
-        if let Placement::Shard(d) = placement {
-            return Err(plan_err(
-                t,
-                format!(
-                    "the hf layout stores whole tensors but this one is placed shard({d}); write --format remat or dcp, or place it whole"
-                ),
-            ));
-        }
+    if spec.format == Format::Hf
+        && let Placement::Shard(d) = placement
+    {
+        return Err(plan_err(
+            t,
+            format!(
+                "the hf layout stores whole tensors but this one is placed shard({d}); write --format remat or dcp, or place it whole"
+            ),
+        ));
     }
     Ok((placement, rank))
 }
