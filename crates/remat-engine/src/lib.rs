@@ -64,6 +64,7 @@ pub mod elementwise;
 pub mod error;
 pub mod gradcheck;
 pub mod graph;
+pub mod kernels;
 pub mod linalg;
 pub mod models;
 pub mod op;
@@ -74,6 +75,7 @@ pub mod policy;
 pub mod pool;
 pub mod rng;
 pub mod spec;
+pub mod swap;
 pub mod tensor;
 
 pub use checkpoint::{CheckpointOptions, Retention};

@@ -1,1 +1,36 @@
-//! remat-planner
+//! remat-planner: decide, for every activation of a training step, whether to keep it, swap
+//! it to host memory or recompute it, under a device memory budget. Pure: no tensors.
+//!
+//! - [`ir`]: the graph IR ([`Graph`], [`Node`], [`Phase`]): operations in execution order,
+//!   each producing one tensor, with compute time and output bytes, plus static memory.
+//! - [`attrs`]: MuTWO's derived per-tensor attributes (idle interval, inactive time, swap
+//!   time, recompute sources and ratio).
+//! - [`import`]: remat's own JSON schema and the networkx node-link JSON of Checkmate's graphs.
+//! - [`plan`]: the plan format ([`Plan`]: an explicit schedule of [`Step`]s plus a
+//!   [`Decision`] per tensor), serialized as versioned JSON for the engine.
+//! - [`sim`]: the simulator ([`simulate`]): validates a schedule, naming the first broken
+//!   step, and measures peak memory, time (compute, recompute, exposed swap) and the memory
+//!   timeline. [`sim::Machine`] applies one step at a time.
+//! - [`lower`]: the shared lowering from per-tensor decisions to a schedule.
+//! - [`strategy`]: the [`Strategy`] trait, the [`registry`] and the strategies.
+//!
+//! Memory accounting, exactly (the engine is compared to it to the byte): device memory is
+//! the static bytes plus the bytes of every tensor on the device. `Compute(v)` allocates v's
+//! output when it starts, while all its inputs are on the device, so inputs and output
+//! coexist; nothing is freed implicitly: `Free(t)` releases t's bytes, `SwapIn(t)` allocates
+//! them when issued. The peak is the largest value after any allocation.
+
+pub mod attrs;
+pub mod error;
+pub mod exact;
+pub mod ir;
+pub mod lower;
+pub mod plan;
+pub mod sim;
+pub mod strategy;
+
+pub use error::{GraphError, ImportError, PlanError, SimError};
+pub use ir::{Graph, Node, NodeId, Phase};
+pub use plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
+pub use sim::{SimReport, simulate, simulate_steps};
+pub use strategy::{Planned, Problem, Strategy, lookup, plan_best, registry};

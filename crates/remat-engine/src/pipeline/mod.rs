@@ -1,1 +1,22 @@
 //! Pipeline stages with a per-micro-batch activation checkpoint manager.
+//!
+//! - [`manager`]: per stage, which micro-batches' activations are kept until backward and
+//!   which are recomputed from the stage's kept input ([`CheckpointManager`], [`Strategy`]).
+//! - [`schedule`]: GPipe and 1F1B as pure per-stage step lists, plus a simulator.
+//! - [`runner`]: one thread per stage driving a [`StageWork`] through a schedule.
+//! - [`transport`]: activations forward and gradients backward between neighbouring stages.
+
+pub mod activation;
+pub mod manager;
+pub mod partition;
+pub mod runner;
+pub mod schedule;
+pub mod transport;
+
+pub use activation::{Activation, DType, DeepCopy, HostData, HostTensor};
+pub use manager::{CheckpointError, CheckpointManager, EntryMeta, StoreOutcome, Strategy};
+pub use runner::{
+    PipelineConfig, PipelineReport, StageError, StageReport, StageWork, run_pipeline,
+};
+pub use schedule::{Schedule, Step};
+pub use transport::{ChannelTransport, Transport, TransportError};

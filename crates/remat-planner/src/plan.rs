@@ -1,0 +1,149 @@
+//! The plan format: an explicit schedule plus a per-tensor summary.
+//!
+//! A [`Plan`] is what the engine executes (issue 5). Its [`Plan::steps`] are run in order on
+//! one compute stream; swaps are queued on two copy streams, one per direction:
+//!
+//! - [`Step::Compute`]`{node}`: compute `node` (its first computation or a recomputation).
+//!   All its inputs must be on the device; its output must not be. The output's bytes are
+//!   allocated when the step starts, so the inputs and the output coexist.
+//! - [`Step::Free`]`{tensor}`: release the tensor's device bytes. If a swap-out of the tensor
+//!   is still copying, the compute stream first waits for it.
+//! - [`Step::SwapOut`]`{tensor}`: start copying the tensor to the host on the device-to-host
+//!   stream. The device bytes stay allocated until a later `Free`.
+//! - [`Step::SwapIn`]`{tensor}`: allocate the tensor's device bytes now and start copying it
+//!   back on the host-to-device stream; a later `Compute` reading it waits for the copy.
+//!
+//! Memory is exactly `static_bytes` plus the bytes of every tensor on the device; it changes
+//! only at `Compute` (up), `SwapIn` (up) and `Free` (down). Nothing is freed implicitly:
+//! strategies emit a `Free` after a tensor's last use.
+//!
+//! [`Plan::decisions`] says, per tensor, whether it is kept, swapped or recomputed; it is for
+//! people and for the engine's bookkeeping, the steps are the authority.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ir::NodeId;
+
+/// Version of the JSON plan format; bumped on any incompatible change.
+pub const PLAN_FORMAT_VERSION: u32 = 1;
+
+/// One schedule step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Step {
+    Compute { node: NodeId },
+    Free { tensor: NodeId },
+    SwapOut { tensor: NodeId },
+    SwapIn { tensor: NodeId },
+}
+
+/// What happens to a tensor between its last forward use and its first backward use (more
+/// generally, during its idle interval: see [`crate::attrs::TensorAttrs::idle`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Decision {
+    /// Stays on the device from its computation to its last use.
+    Keep,
+    /// Copied to the host after `swap_out_after` computes, its device bytes released, and
+    /// prefetched back when `prefetch_at` starts, ready for `use_at`.
+    Swap {
+        swap_out_after: NodeId,
+        prefetch_at: NodeId,
+        use_at: NodeId,
+    },
+    /// Dropped after `drop_after` computes and recomputed just before `use_at` from the
+    /// tensors in `from` (which are on the device then), computing the nodes in between.
+    Recompute {
+        from: Vec<NodeId>,
+        drop_after: NodeId,
+        use_at: NodeId,
+    },
+}
+
+/// A plan for one graph under one budget.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// [`PLAN_FORMAT_VERSION`] of the writer.
+    pub version: u32,
+    /// [`crate::ir::Graph::name`] of the graph planned.
+    pub graph: String,
+    /// Number of nodes of the graph planned, so a plan is not applied to another graph.
+    pub node_count: usize,
+    /// Registry name of the strategy that produced it.
+    pub strategy: String,
+    /// Device budget in bytes (static memory included) the plan was made for.
+    pub budget_bytes: u64,
+    /// Host-device bandwidth (bytes per second) the swaps were planned with.
+    pub bandwidth_bytes_per_s: f64,
+    pub steps: Vec<Step>,
+    /// One entry per tensor, indexed by node id.
+    pub decisions: Vec<Decision>,
+}
+
+impl Plan {
+    /// Serializes as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// Parses a plan, refusing other format versions.
+    pub fn from_json(text: &str) -> Result<Plan, PlanFormatError> {
+        let plan: Plan = serde_json::from_str(text).map_err(PlanFormatError::Json)?;
+        if plan.version != PLAN_FORMAT_VERSION {
+            return Err(PlanFormatError::Version {
+                found: plan.version,
+                expected: PLAN_FORMAT_VERSION,
+            });
+        }
+        Ok(plan)
+    }
+}
+
+/// A plan file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanFormatError {
+    #[error("plan is not valid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("plan has format version {found}, this build reads version {expected}")]
+    Version { found: u32, expected: u32 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_round_trip_and_version_check() {
+        let plan = Plan {
+            version: PLAN_FORMAT_VERSION,
+            graph: "g".into(),
+            node_count: 2,
+            strategy: "store-all".into(),
+            budget_bytes: 10,
+            bandwidth_bytes_per_s: 1e9,
+            steps: vec![
+                Step::Compute { node: 0 },
+                Step::SwapOut { tensor: 0 },
+                Step::Free { tensor: 0 },
+                Step::SwapIn { tensor: 0 },
+                Step::Compute { node: 1 },
+            ],
+            decisions: vec![
+                Decision::Swap {
+                    swap_out_after: 0,
+                    prefetch_at: 1,
+                    use_at: 1,
+                },
+                Decision::Keep,
+            ],
+        };
+        let text = plan.to_json();
+        assert!(text.contains("\"op\": \"swap_out\""), "{text}");
+        assert_eq!(Plan::from_json(&text).unwrap(), plan);
+        let old = text.replace("\"version\": 1", "\"version\": 0");
+        assert!(matches!(
+            Plan::from_json(&old),
+            Err(PlanFormatError::Version { found: 0, .. })
+        ));
+    }
+}
