@@ -17,11 +17,15 @@ use remat_planner::{Graph, PlanError};
 #[derive(clap::Args)]
 pub struct Args {
     /// Graph file: remat's JSON schema or networkx node-link JSON (Checkmate graphs).
-    pub graph: PathBuf,
+    #[arg(required_unless_present = "list")]
+    pub graph: Option<PathBuf>,
     /// Device budget: bytes (`8GiB`, `500MB`, `1234`) or a fraction of the store-all peak
     /// (`0.7`). Several, comma-separated, with --compare.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "list")]
     pub budget: Vec<String>,
+    /// List the strategies and exit.
+    #[arg(long)]
+    pub list: bool,
     /// Strategy name (see --list); default: the fastest plan that fits among all.
     #[arg(long)]
     pub strategy: Option<String>,
@@ -43,10 +47,25 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.list {
+        let rows: Vec<Vec<String>> = registry()
+            .iter()
+            .map(|s| {
+                let kind = if s.is_exact() { "exact" } else { "heuristic" };
+                vec![s.name(), kind.to_string(), s.summary().to_string()]
+            })
+            .collect();
+        print_table(&["strategy", "kind", "what it does"], &rows);
+        println!("parameterized: every:N, by-depth:D, threshold:F (fraction of activation bytes)");
+        return Ok(());
+    }
     let options = ImportOptions {
         time_unit_s: args.time_unit,
     };
-    let graph = load(&args.graph, options)?;
+    let Some(graph_path) = &args.graph else {
+        bail!("give a GRAPH file");
+    };
+    let graph = load(graph_path, options)?;
     let bandwidth = parse_bandwidth(&args.bandwidth)?;
     let budgets = args
         .budget

@@ -115,6 +115,7 @@ pub fn plan_from_steps(
 pub fn registry() -> Vec<Box<dyn Strategy>> {
     let mut strategies = baselines::all();
     strategies.push(Box::new(mutwo::MuTwo));
+    strategies.push(Box::new(mutwo::MuTwoRefined));
     // Exact and large-graph strategies (crate::exact) extend this list.
     strategies.extend(crate::exact::strategies());
     strategies
