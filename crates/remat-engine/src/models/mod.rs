@@ -1,0 +1,4 @@
+//! Models built on the graph.
+
+pub mod mlp;
+pub mod gpt;
