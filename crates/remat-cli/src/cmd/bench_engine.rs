@@ -43,11 +43,26 @@ struct Measured {
 
 fn batch(cfg: &GptConfig, batch: usize, seq: usize) -> Batch {
     let n = batch * seq;
-    let ids = |stream: u64| -> Arc<[u32]> { (0..n as u64).map(|i| (philox_hash(stream, i) % cfg.vocab as u64) as u32).collect() };
-    Batch { tokens: ids(1), targets: ids(2), batch, seq }
+    let ids = |stream: u64| -> Arc<[u32]> {
+        (0..n as u64)
+            .map(|i| (philox_hash(stream, i) % cfg.vocab as u64) as u32)
+            .collect()
+    };
+    Batch {
+        tokens: ids(1),
+        targets: ids(2),
+        batch,
+        seq,
+    }
 }
 
-fn measure(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing, steps: usize) -> anyhow::Result<Measured> {
+fn measure(
+    ctx: &ExecContext,
+    gpt: &Gpt,
+    b: &Batch,
+    ckpt: Checkpointing,
+    steps: usize,
+) -> anyhow::Result<Measured> {
     let pool = ctx.pool();
     gpt.forward_backward(ctx, b, ckpt, 0)?; // warm-up: page faults, thread start-up
     let mut times = Vec::with_capacity(steps);
@@ -63,15 +78,32 @@ fn measure(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing, steps: 
         peak_total = out.pool.peak;
     }
     times.sort_by(f64::total_cmp);
-    Ok(Measured { ckpt, seconds: times[times.len() / 2], peak_activations, peak_total })
+    Ok(Measured {
+        ckpt,
+        seconds: times[times.len() / 2],
+        peak_activations,
+        peak_total,
+    })
 }
 
 /// GFLOP/s of the engine's matmul on the step's largest shape (tokens x d -> ffn).
 fn matmul_gflops(ctx: &ExecContext, cfg: &GptConfig, tokens: usize) -> anyhow::Result<f64> {
     let pool = ctx.pool();
     let (m, k, n) = (tokens, cfg.d_model, cfg.ffn_hidden);
-    let a = Tensor::from_vec(pool, "a", &[m, k], vec![0.5f32; m * k], Category::Activations)?;
-    let w = Tensor::from_vec(pool, "w", &[k, n], vec![0.25f32; k * n], Category::Parameters)?;
+    let a = Tensor::from_vec(
+        pool,
+        "a",
+        &[m, k],
+        vec![0.5f32; m * k],
+        Category::Activations,
+    )?;
+    let w = Tensor::from_vec(
+        pool,
+        "w",
+        &[k, n],
+        vec![0.25f32; k * n],
+        Category::Parameters,
+    )?;
     let mut best = f64::INFINITY;
     for _ in 0..10 {
         let mut g = Graph::new(ctx);
@@ -87,16 +119,32 @@ fn matmul_gflops(ctx: &ExecContext, cfg: &GptConfig, tokens: usize) -> anyhow::R
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let cfg = GptConfig { n_layers: args.layers, ..GptConfig::bench() };
+    let cfg = GptConfig {
+        n_layers: args.layers,
+        ..GptConfig::bench()
+    };
     let pool = MemoryPool::unbounded();
     let ctx = ExecContext::new(pool.clone(), args.threads)?;
     let gpt = Gpt::new(&pool, cfg.clone())?;
     let b = batch(&cfg, args.batch, args.seq);
     println!(
         "remat bench engine: GPT L={} d={} heads={} ffn={} vocab={} ({} parameters), batch {} x seq {}, {} threads, median of {} steps",
-        cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.ffn_hidden, cfg.vocab, cfg.param_count(), args.batch, args.seq, args.threads, args.steps
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.ffn_hidden,
+        cfg.vocab,
+        cfg.param_count(),
+        args.batch,
+        args.seq,
+        args.threads,
+        args.steps
     );
-    let policies = [Checkpointing::Graph(Policy::StoreAll), Checkpointing::PerBlock, Checkpointing::SqrtBlocks];
+    let policies = [
+        Checkpointing::Graph(Policy::StoreAll),
+        Checkpointing::PerBlock,
+        Checkpointing::SqrtBlocks,
+    ];
     let bar = ProgressBar::new(policies.len() as u64 + 1);
     let mut rows = Vec::new();
     for ckpt in policies {
@@ -116,13 +164,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 format!("{:.3}", r.seconds),
                 format!("{:.2}", r.seconds / base.seconds),
                 format_bytes(r.peak_activations),
-                format!("{:.3}", r.peak_activations as f64 / base.peak_activations.max(1) as f64),
+                format!(
+                    "{:.3}",
+                    r.peak_activations as f64 / base.peak_activations.max(1) as f64
+                ),
                 format_bytes(r.peak_total),
                 format!("{:.1}", flops / r.seconds / 1e9),
             ]
         })
         .collect();
-    let header = ["policy", "step s", "x store-all", "peak activations", "x store-all", "peak total", "GFLOP/s"];
+    let header = [
+        "policy",
+        "step s",
+        "x store-all",
+        "peak activations",
+        "x store-all",
+        "peak total",
+        "GFLOP/s",
+    ];
     print!("{}", table::render(&header, &cells));
     println!(
         "step: {:.1} GFLOP (model FLOPs, no recompute); matmul [{} x {}] x [{} x {}]: {:.1} GFLOP/s; store-all step reaches {:.0}% of it",

@@ -21,11 +21,10 @@ pub use budget::{format_bytes, parse_bytes};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Train character-level on this text file instead of the embedded reversal task.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: Box<FileArgs>,
     /// Digits per sequence of the reversal task (sequence length 2 x digits).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 12)]
     pub digits: usize,
     /// Sequence length for --data.
     #[arg(long, default_value_t = 64)]
@@ -53,14 +52,14 @@ pub struct Args {
     pub batch: usize,
     /// Checkpointing: store-all, recompute-all, every:N, depth:N, sqrt (node segments),
     /// per-block, blocks:N, sqrt-blocks.
-    #[arg(long, default_value = "store-all")]
-    pub policy: String,
+    #[arg(long, default_value = "store-all", value_parser = parse_policy)]
+    pub policy: Checkpointing,
     /// Byte budget of the memory pool (parameters, gradients, optimizer state,
     /// activations, temporaries), e.g. 256MiB, 2GiB, 1048576.
-    #[arg(long)]
-    pub memory_budget: Option<String>,
+    #[arg(long, value_parser = parse_budget)]
+    pub memory_budget: Option<u64>,
     /// Training steps.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 800)]
     pub steps: u64,
     /// AdamW learning rate.
     #[arg(long, default_value_t = 3e-3)]
@@ -80,6 +79,14 @@ pub struct Args {
     /// Steps per policy for --compare.
     #[arg(long, default_value_t = 3)]
     pub compare_steps: u64,
+}
+
+/// Files read or written (boxed: paths are large and `Args` sits in the CLI's enum).
+#[derive(clap::Args, Debug, Clone)]
+pub struct FileArgs {
+    /// Train character-level on this text file instead of the embedded reversal task.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
     /// Load the parameters from a safetensors file (Hugging Face Llama/Qwen names and
     /// layouts; see `remat_engine::models::gpt::hf`).
     #[arg(long)]
@@ -87,6 +94,15 @@ pub struct Args {
     /// Write the gradients of the first step to a safetensors file (same names/layouts).
     #[arg(long)]
     pub dump_grads: Option<PathBuf>,
+}
+
+fn parse_policy(s: &str) -> Result<Checkpointing, String> {
+    s.parse()
+        .map_err(|e: remat_engine::EngineError| e.to_string())
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    parse_bytes(s).map_err(|e| e.to_string())
 }
 
 impl Args {
@@ -97,11 +113,11 @@ impl Args {
     }
 
     pub fn checkpointing(&self) -> anyhow::Result<Checkpointing> {
-        Ok(self.policy.parse::<Checkpointing>()?)
+        Ok(self.policy)
     }
 
     pub fn budget(&self) -> anyhow::Result<Option<u64>> {
-        self.memory_budget.as_deref().map(parse_bytes).transpose()
+        Ok(self.memory_budget)
     }
 
     /// The model configuration for a task of `vocab` tokens.
@@ -122,7 +138,7 @@ impl Args {
     }
 
     fn task(&self) -> anyhow::Result<task::Task> {
-        match &self.data {
+        match &self.files.data {
             Some(path) => task::Task::chars(path, self.seq),
             None => task::Task::reverse(self.digits),
         }

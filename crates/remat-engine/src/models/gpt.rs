@@ -76,16 +76,27 @@ impl GptConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(EngineError::Invalid(format!("GPT config: {m}")));
         if self.vocab == 0 || self.d_model == 0 || self.n_layers == 0 || self.ffn_hidden == 0 {
-            return bad(format!("vocab, d_model, n_layers and ffn_hidden must be > 0 ({self:?})"));
+            return bad(format!(
+                "vocab, d_model, n_layers and ffn_hidden must be > 0 ({self:?})"
+            ));
         }
-        if self.n_heads == 0 || self.d_model % self.n_heads != 0 {
-            return bad(format!("n_heads {} must divide d_model {}", self.n_heads, self.d_model));
+        if self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
+            return bad(format!(
+                "n_heads {} must divide d_model {}",
+                self.n_heads, self.d_model
+            ));
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad(format!("n_kv_heads {} must divide n_heads {}", self.n_kv_heads, self.n_heads));
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad(format!(
+                "n_kv_heads {} must divide n_heads {}",
+                self.n_kv_heads, self.n_heads
+            ));
         }
-        if self.head_dim() % 2 != 0 {
-            return bad(format!("head_dim {} must be even for rotary embedding", self.head_dim()));
+        if !self.head_dim().is_multiple_of(2) {
+            return bad(format!(
+                "head_dim {} must be even for rotary embedding",
+                self.head_dim()
+            ));
         }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("dropout {} is outside [0, 1)", self.dropout));
@@ -106,7 +117,8 @@ impl GptConfig {
     /// scores and forms four products).
     pub fn step_flops(&self, batch: usize, seq: usize) -> f64 {
         let tokens = (batch * seq) as f64;
-        let matmul_params = self.param_count() - self.vocab * self.d_model - (2 * self.n_layers + 1) * self.d_model;
+        let matmul_params =
+            self.param_count() - self.vocab * self.d_model - (2 * self.n_layers + 1) * self.d_model;
         let shape = crate::kernels::AttentionShape {
             batch,
             seq,
@@ -352,7 +364,13 @@ impl Gpt {
         }
         let final_norm = param("model.norm.weight", &[d], None)?;
         let lm_head = param("lm_head.weight", &[d, c.vocab], Some(0.02))?;
-        Ok(Gpt { config, embed, blocks, final_norm, lm_head })
+        Ok(Gpt {
+            config,
+            embed,
+            blocks,
+            final_norm,
+            lm_head,
+        })
     }
 
     /// `(Hugging Face name, tensor)` of every parameter: embedding, then each block in
@@ -372,11 +390,17 @@ impl Gpt {
     /// Records one step on `batch` with the given checkpointing.
     pub fn record(&self, g: &mut Graph, batch: &Batch, ckpt: Checkpointing) -> Result<GptStep> {
         let c = &self.config;
-        let params: Vec<NodeId> = self.params().iter().map(|(name, t)| g.param(name, t)).collect();
+        let params: Vec<NodeId> = self
+            .params()
+            .iter()
+            .map(|(name, t)| g.param(name, t))
+            .collect();
         let mut x = g.embedding(params[0], batch.tokens.clone(), &[batch.batch, batch.seq])?;
         g.set_name(x, "embed")?;
         let per_segment = ckpt.blocks_per_segment(c.n_layers);
-        let blocks: Vec<BlockNodes> = (0..c.n_layers).map(|i| BlockNodes::from_slice(&params[1 + 9 * i..10 + 9 * i])).collect();
+        let blocks: Vec<BlockNodes> = (0..c.n_layers)
+            .map(|i| BlockNodes::from_slice(&params[1 + 9 * i..10 + 9 * i]))
+            .collect();
         let mut block_outputs = Vec::with_capacity(c.n_layers);
         let mut i = 0;
         while i < c.n_layers {
@@ -404,34 +428,73 @@ impl Gpt {
         if let Checkpointing::Graph(policy) = ckpt {
             policy.apply(g)?;
         }
-        Ok(GptStep { loss, logits, params, block_outputs })
+        Ok(GptStep {
+            loss,
+            logits,
+            params,
+            block_outputs,
+        })
     }
 
     /// Records, runs forward and backward, and returns the loss and gradients.
-    pub fn forward_backward(&self, ctx: &ExecContext, batch: &Batch, ckpt: Checkpointing, seed: u64) -> Result<StepOutput> {
+    pub fn forward_backward(
+        &self,
+        ctx: &ExecContext,
+        batch: &Batch,
+        ckpt: Checkpointing,
+        seed: u64,
+    ) -> Result<StepOutput> {
         let mut g = Graph::new(ctx);
         g.set_seed(seed);
         let step = self.record(&mut g, batch, ckpt)?;
         g.forward()?;
         let loss = g.scalar(step.loss)?;
         g.backward(step.loss)?;
-        let grads = step.params.iter().map(|&p| g.take_grad(p)).collect::<Result<Vec<_>>>()?;
-        let recomputed = g.node_ids().map(|id| g.recompute_count(id).unwrap_or(0)).sum();
+        let grads = step
+            .params
+            .iter()
+            .map(|&p| g.take_grad(p))
+            .collect::<Result<Vec<_>>>()?;
+        let recomputed = g
+            .node_ids()
+            .map(|id| g.recompute_count(id).unwrap_or(0))
+            .sum();
         drop(g);
-        Ok(StepOutput { loss, grads, pool: ctx.pool().stats(), recomputed })
+        Ok(StepOutput {
+            loss,
+            grads,
+            pool: ctx.pool().stats(),
+            recomputed,
+        })
     }
 }
 
 /// Applies block `layer` (weights `w`) to the residual stream `x [batch, seq, d_model]`.
-pub fn block_forward(g: &mut Graph, c: &GptConfig, layer: usize, x: NodeId, w: &BlockNodes) -> Result<NodeId> {
-    let name = |g: &mut Graph, id: NodeId, part: &str| g.set_name(id, format!("layers.{layer}.{part}"));
+pub fn block_forward(
+    g: &mut Graph,
+    c: &GptConfig,
+    layer: usize,
+    x: NodeId,
+    w: &BlockNodes,
+) -> Result<NodeId> {
+    let name =
+        |g: &mut Graph, id: NodeId, part: &str| g.set_name(id, format!("layers.{layer}.{part}"));
     let h = g.rmsnorm(x, w.attn_norm, c.norm_eps)?;
     name(g, h, "input_layernorm")?;
-    let (q, k, v) = (g.matmul(h, w.q_proj)?, g.matmul(h, w.k_proj)?, g.matmul(h, w.v_proj)?);
+    let (q, k, v) = (
+        g.matmul(h, w.q_proj)?,
+        g.matmul(h, w.k_proj)?,
+        g.matmul(h, w.v_proj)?,
+    );
     name(g, q, "q_proj")?;
     name(g, k, "k_proj")?;
     name(g, v, "v_proj")?;
-    let op = Attention { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim(), rope_theta: Some(c.rope_theta) };
+    let op = Attention {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim(),
+        rope_theta: Some(c.rope_theta),
+    };
     let a = g.attention(q, k, v, op)?;
     name(g, a, "self_attn")?;
     let mut o = g.matmul(a, w.o_proj)?;

@@ -1,4 +1,4 @@
 //! Models built on the graph.
 
-pub mod mlp;
 pub mod gpt;
+pub mod mlp;

@@ -61,7 +61,12 @@ impl Op for Pointwise {
         Ok(out.into())
     }
 
-    fn backward(&self, cx: &mut OpCtx<'_>, saved: &Saved<'_>, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    fn backward(
+        &self,
+        cx: &mut OpCtx<'_>,
+        saved: &Saved<'_>,
+        g: &Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
         if !cx.needs_grad(0) {
             return Ok(vec![None]);
         }
@@ -108,10 +113,19 @@ impl Op for SwiGlu {
         Ok(out.into())
     }
 
-    fn backward(&self, cx: &mut OpCtx<'_>, saved: &Saved<'_>, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    fn backward(
+        &self,
+        cx: &mut OpCtx<'_>,
+        saved: &Saved<'_>,
+        g: &Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
         let (gate, up) = (saved.input(0)?, saved.input(1)?);
         let alloc = |cx: &OpCtx<'_>, slot| {
-            if cx.needs_grad(slot) { cx.alloc_grad(slot, gate.shape(), gate.dtype()) } else { cx.alloc_temp(gate.shape(), gate.dtype()) }
+            if cx.needs_grad(slot) {
+                cx.alloc_grad(slot, gate.shape(), gate.dtype())
+            } else {
+                cx.alloc_temp(gate.shape(), gate.dtype())
+            }
         };
         let (dgate, dup) = (alloc(cx, 0)?, alloc(cx, 1)?);
         float_dispatch!(gate.dtype(), cx.node_name(), T => {
@@ -123,7 +137,10 @@ impl Op for SwiGlu {
             )
             .map_err(|e| e.at(cx.node_name()))
         })?;
-        Ok(vec![cx.needs_grad(0).then_some(dgate), cx.needs_grad(1).then_some(dup)])
+        Ok(vec![
+            cx.needs_grad(0).then_some(dgate),
+            cx.needs_grad(1).then_some(dup),
+        ])
     }
 }
 
@@ -151,7 +168,12 @@ mod tests {
     #[test]
     fn silu_and_gelu_gradients() {
         let x = CheckInput::random("x", &[3, 4], 1);
-        check_op(|g, i| g.silu(i[0]), std::slice::from_ref(&x), Tolerance::default()).unwrap();
+        check_op(
+            |g, i| g.silu(i[0]),
+            std::slice::from_ref(&x),
+            Tolerance::default(),
+        )
+        .unwrap();
         check_op(|g, i| g.gelu(i[0]), &[x], Tolerance::default()).unwrap();
     }
 
@@ -159,6 +181,11 @@ mod tests {
     fn swiglu_gradient() {
         let gate = CheckInput::random("gate", &[2, 5], 1);
         let up = CheckInput::random("up", &[2, 5], 2);
-        check_op(|g, i| g.swiglu(i[0], i[1]), &[gate, up], Tolerance::default()).unwrap();
+        check_op(
+            |g, i| g.swiglu(i[0], i[1]),
+            &[gate, up],
+            Tolerance::default(),
+        )
+        .unwrap();
     }
 }

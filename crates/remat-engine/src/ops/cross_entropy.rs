@@ -23,14 +23,28 @@ impl Op for CrossEntropy {
     }
 
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
-        let [x] = inputs else { return Err("cross_entropy takes 1 input (the logits)".into()) };
-        let vocab = *x.last().ok_or("cross_entropy needs logits of shape [..., vocab]")?;
+        let [x] = inputs else {
+            return Err("cross_entropy takes 1 input (the logits)".into());
+        };
+        let vocab = *x
+            .last()
+            .ok_or("cross_entropy needs logits of shape [..., vocab]")?;
         let rows: usize = x[..x.len() - 1].iter().product();
         if rows != self.targets.len() {
-            return Err(format!("{} targets for {rows} rows of logits {x:?}", self.targets.len()));
+            return Err(format!(
+                "{} targets for {rows} rows of logits {x:?}",
+                self.targets.len()
+            ));
         }
-        if let Some(pos) = self.targets.iter().position(|&t| t != IGNORE_INDEX && t as usize >= vocab) {
-            return Err(format!("target {} at position {pos} is out of range for vocabulary {vocab}", self.targets[pos]));
+        if let Some(pos) = self
+            .targets
+            .iter()
+            .position(|&t| t != IGNORE_INDEX && t as usize >= vocab)
+        {
+            return Err(format!(
+                "target {} at position {pos} is out of range for vocabulary {vocab}",
+                self.targets[pos]
+            ));
         }
         if self.targets.iter().all(|&t| t == IGNORE_INDEX) {
             return Err("every target is ignored; the mean loss is undefined".into());
@@ -55,15 +69,26 @@ impl Op for CrossEntropy {
             out.write().as_mut_slice::<T>()?[0] = loss;
             Ok::<(), crate::EngineError>(())
         })?;
-        Ok(OpOutput { value: out, aux: vec![lse] })
+        Ok(OpOutput {
+            value: out,
+            aux: vec![lse],
+        })
     }
 
-    fn backward(&self, cx: &mut OpCtx<'_>, saved: &Saved<'_>, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    fn backward(
+        &self,
+        cx: &mut OpCtx<'_>,
+        saved: &Saved<'_>,
+        g: &Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
         if !cx.needs_grad(0) {
             return Ok(vec![None]);
         }
         let x = saved.input(0)?;
-        let lse = saved.aux.first().ok_or_else(|| cx.shape_error("the saved log-sum-exp is missing"))?;
+        let lse = saved
+            .aux
+            .first()
+            .ok_or_else(|| cx.shape_error("the saved log-sum-exp is missing"))?;
         let vocab = *x.shape().last().unwrap_or(&1);
         let dx = cx.alloc_grad(0, x.shape(), x.dtype())?;
         float_dispatch!(x.dtype(), cx.node_name(), T => {
@@ -96,6 +121,11 @@ mod tests {
     fn gradient_matches_finite_differences() {
         let targets: Arc<[u32]> = Arc::from(vec![2u32, IGNORE_INDEX, 0, 4, 1, 1]);
         let x = CheckInput::random("logits", &[2, 3, 5], 3);
-        check_op(|g, i| g.cross_entropy(i[0], targets.clone()), &[x], Tolerance::default()).unwrap();
+        check_op(
+            |g, i| g.cross_entropy(i[0], targets.clone()),
+            &[x],
+            Tolerance::default(),
+        )
+        .unwrap();
     }
 }

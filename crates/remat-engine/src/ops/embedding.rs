@@ -26,13 +26,24 @@ impl Op for Embedding {
     }
 
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
-        let [w] = inputs else { return Err("embedding takes 1 input (the table)".into()) };
-        let [vocab, dim] = **w else { return Err(format!("embedding table must be [vocab, dim], got {w:?}")) };
+        let [w] = inputs else {
+            return Err("embedding takes 1 input (the table)".into());
+        };
+        let [vocab, dim] = **w else {
+            return Err(format!("embedding table must be [vocab, dim], got {w:?}"));
+        };
         if self.lead.iter().product::<usize>() != self.ids.len() {
-            return Err(format!("{} token ids do not fill shape {:?}", self.ids.len(), self.lead));
+            return Err(format!(
+                "{} token ids do not fill shape {:?}",
+                self.ids.len(),
+                self.lead
+            ));
         }
         if let Some(pos) = self.ids.iter().position(|&t| t as usize >= vocab) {
-            return Err(format!("token {} at position {pos} is out of range for vocabulary {vocab}", self.ids[pos]));
+            return Err(format!(
+                "token {} at position {pos} is out of range for vocabulary {vocab}",
+                self.ids[pos]
+            ));
         }
         let mut out = self.lead.clone();
         out.push(dim);
@@ -42,7 +53,9 @@ impl Op for Embedding {
     fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
         let w = inputs[0];
         let (vocab, dim) = (w.shape()[0], w.shape()[1]);
-        let shape = self.output_shape(&[w.shape()]).map_err(|m| cx.shape_error(m))?;
+        let shape = self
+            .output_shape(&[w.shape()])
+            .map_err(|m| cx.shape_error(m))?;
         let out = cx.alloc_output(&shape, w.dtype())?;
         float_dispatch!(w.dtype(), cx.node_name(), T => {
             let wr = w.read();
@@ -53,7 +66,12 @@ impl Op for Embedding {
         Ok(out.into())
     }
 
-    fn backward(&self, cx: &mut OpCtx<'_>, saved: &Saved<'_>, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    fn backward(
+        &self,
+        cx: &mut OpCtx<'_>,
+        saved: &Saved<'_>,
+        g: &Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
         if !cx.needs_grad(0) {
             return Ok(vec![None]);
         }
@@ -72,7 +90,13 @@ impl Op for Embedding {
 impl Graph {
     /// Looks up `ids` (shaped `lead`) in `table [vocab, dim]`: output `lead ++ [dim]`.
     pub fn embedding(&mut self, table: NodeId, ids: Arc<[u32]>, lead: &[usize]) -> Result<NodeId> {
-        self.apply(Embedding { ids, lead: lead.to_vec() }, &[table])
+        self.apply(
+            Embedding {
+                ids,
+                lead: lead.to_vec(),
+            },
+            &[table],
+        )
     }
 }
 
@@ -86,16 +110,32 @@ mod tests {
     fn gradient_matches_finite_differences() {
         let ids: Arc<[u32]> = Arc::from(vec![3u32, 1, 3, 0, 2, 3]);
         let table = CheckInput::random("table", &[5, 4], 1);
-        check_op(|g, x| g.embedding(x[0], ids.clone(), &[2, 3]), &[table], Tolerance::default()).unwrap();
+        check_op(
+            |g, x| g.embedding(x[0], ids.clone(), &[2, 3]),
+            &[table],
+            Tolerance::default(),
+        )
+        .unwrap();
     }
 
     #[test]
     fn out_of_range_token_fails_at_record_time() {
         let ctx = crate::ExecContext::single_threaded().unwrap();
         let mut g = crate::Graph::new(&ctx);
-        let t = crate::Tensor::from_vec(ctx.pool(), "t", &[4, 2], vec![0f32; 8], crate::Category::Parameters).unwrap();
+        let t = crate::Tensor::from_vec(
+            ctx.pool(),
+            "t",
+            &[4, 2],
+            vec![0f32; 8],
+            crate::Category::Parameters,
+        )
+        .unwrap();
         let w = g.param("table", &t);
         let err = g.embedding(w, Arc::from(vec![1u32, 7]), &[2]).unwrap_err();
-        assert!(err.to_string().contains("token 7 at position 1 is out of range for vocabulary 4"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("token 7 at position 1 is out of range for vocabulary 4"),
+            "{err}"
+        );
     }
 }

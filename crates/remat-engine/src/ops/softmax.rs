@@ -18,7 +18,9 @@ impl Op for Softmax {
     fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
         match inputs {
             [x] if x.last().is_some_and(|&d| d > 0) => Ok(x.to_vec()),
-            [x] => Err(format!("softmax needs a non-empty last dimension, got {x:?}")),
+            [x] => Err(format!(
+                "softmax needs a non-empty last dimension, got {x:?}"
+            )),
             _ => Err("softmax takes 1 input".into()),
         }
     }
@@ -38,7 +40,12 @@ impl Op for Softmax {
         Ok(out.into())
     }
 
-    fn backward(&self, cx: &mut OpCtx<'_>, saved: &Saved<'_>, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    fn backward(
+        &self,
+        cx: &mut OpCtx<'_>,
+        saved: &Saved<'_>,
+        g: &Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
         if !cx.needs_grad(0) {
             return Ok(vec![None]);
         }

@@ -4,9 +4,16 @@
 /// `M/MB`, `MiB`, `G/GB`, `GiB`, `T/TB`, `TiB` (case-insensitive, spaces allowed).
 pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     let s = text.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(s.len());
-    let (num, unit) = (s[..split].replace('_', ""), s[split..].trim().to_ascii_lowercase());
-    let value: f64 = num.parse().map_err(|_| anyhow::anyhow!("memory size {text:?}: {num:?} is not a number"))?;
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(s.len());
+    let (num, unit) = (
+        s[..split].replace('_', ""),
+        s[split..].trim().to_ascii_lowercase(),
+    );
+    let value: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("memory size {text:?}: {num:?} is not a number"))?;
     let scale: f64 = match unit.as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -17,7 +24,9 @@ pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
         "gib" => 1024.0 * 1024.0 * 1024.0,
         "t" | "tb" => 1e12,
         "tib" => 1024f64.powi(4),
-        _ => anyhow::bail!("memory size {text:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"),
+        _ => anyhow::bail!(
+            "memory size {text:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+        ),
     };
     let bytes = value * scale;
     if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
@@ -35,7 +44,11 @@ pub fn format_bytes(bytes: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 #[cfg(test)]
@@ -49,8 +62,18 @@ mod tests {
         assert_eq!(parse_bytes("1048576").unwrap(), 1 << 20);
         assert_eq!(parse_bytes("1.5 kb").unwrap(), 1500);
         assert_eq!(parse_bytes("3G").unwrap(), 3_000_000_000);
-        assert!(parse_bytes("12 parsecs").unwrap_err().to_string().contains("unknown unit"));
-        assert!(parse_bytes("MiB").unwrap_err().to_string().contains("not a number"));
+        assert!(
+            parse_bytes("12 parsecs")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown unit")
+        );
+        assert!(
+            parse_bytes("MiB")
+                .unwrap_err()
+                .to_string()
+                .contains("not a number")
+        );
         assert!(parse_bytes("0").is_err());
     }
 

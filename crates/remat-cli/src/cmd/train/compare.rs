@@ -8,10 +8,10 @@ use indicatif::ProgressBar;
 use remat_engine::models::gpt::{Checkpointing, Gpt};
 use remat_engine::{AdamW, AdamWConfig, Category, ExecContext, MemoryPool};
 
+use super::Args;
 use super::budget::format_bytes;
 use super::table;
 use super::task::Task;
-use super::Args;
 
 struct Row {
     ckpt: Checkpointing,
@@ -27,12 +27,17 @@ fn run_policy(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Result<R
     let pool = MemoryPool::unbounded();
     let ctx = ExecContext::new(pool.clone(), args.threads())?;
     let gpt = Gpt::new(&pool, args.model_config(task.vocab()))?;
-    if let Some(path) = &args.init {
+    if let Some(path) = &args.files.init {
         remat_engine::models::gpt::hf::load_params(&gpt, path)?;
     }
-    let opt_config = AdamWConfig { lr: args.lr, weight_decay: 0.0, ..AdamWConfig::default() };
+    let opt_config = AdamWConfig {
+        lr: args.lr,
+        weight_decay: 0.0,
+        ..AdamWConfig::default()
+    };
     let mut opt = AdamW::new(&pool, gpt.params(), opt_config)?;
-    let (mut grads, mut losses, mut times, mut recomputed) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let (mut grads, mut losses, mut times, mut recomputed) =
+        (Vec::new(), Vec::new(), Vec::new(), 0);
     for step in 0..args.compare_steps {
         let batch = task.batch(args.seed, step, args.batch);
         let start = Instant::now();
@@ -42,7 +47,12 @@ fn run_policy(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Result<R
         let bits = out
             .grads
             .iter()
-            .map(|g| g.as_ref().map_or(Ok(Vec::new()), |t| t.to_vec::<f32>().map(|v| v.iter().map(|x| x.to_bits()).collect())))
+            .map(|g| {
+                g.as_ref().map_or(Ok(Vec::new()), |t| {
+                    t.to_vec::<f32>()
+                        .map(|v| v.iter().map(|x| x.to_bits()).collect())
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         grads.push(bits);
         losses.push(out.loss);
@@ -93,11 +103,18 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let identical = r.grads == base.grads && r.losses.iter().zip(&base.losses).all(|(a, b)| a.to_bits() == b.to_bits());
+            let identical = r.grads == base.grads
+                && r.losses
+                    .iter()
+                    .zip(&base.losses)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
             vec![
                 r.ckpt.to_string(),
                 format_bytes(r.peak_activations),
-                format!("{:.2}", r.peak_activations as f64 / base.peak_activations.max(1) as f64),
+                format!(
+                    "{:.2}",
+                    r.peak_activations as f64 / base.peak_activations.max(1) as f64
+                ),
                 format_bytes(r.peak_total),
                 format!("{:.2}", r.step_ms),
                 format!("{:.2}", r.step_ms / base.step_ms.max(1e-9)),
@@ -106,7 +123,16 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
             ]
         })
         .collect();
-    let header = ["policy", "peak activations", "x store-all", "peak total", "step ms", "x store-all", "recomputes", "grads bit-identical"];
+    let header = [
+        "policy",
+        "peak activations",
+        "x store-all",
+        "peak total",
+        "step ms",
+        "x store-all",
+        "recomputes",
+        "grads bit-identical",
+    ];
     print!("{}", table::render(&header, &cells));
     if rows.iter().any(|r| r.grads != base.grads) {
         anyhow::bail!("some policy's gradients differ from store-all's");

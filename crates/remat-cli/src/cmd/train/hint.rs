@@ -12,7 +12,15 @@ use super::task::Task;
 /// Peak bytes of one training step (with optimizer state) under `ckpt`.
 pub fn measure_peak(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Result<u64> {
     let pool = MemoryPool::unbounded();
-    let probe = Args { policy: ckpt.to_string(), steps: 1, dump_grads: None, log_every: Some(u64::MAX), ..args.clone() };
+    let mut files = args.files.clone();
+    files.dump_grads = None;
+    let probe = Args {
+        policy: ckpt,
+        steps: 1,
+        files,
+        log_every: Some(u64::MAX),
+        ..args.clone()
+    };
     super::session::train(&probe, task, &pool)?;
     Ok(pool.stats().peak)
 }
@@ -30,9 +38,15 @@ pub fn for_budget(args: &Args, task: &Task, budget: u64) -> anyhow::Result<Strin
     }
     // Prefer the fitting policy that keeps the most (recomputes the least).
     fits.sort_by_key(|&(_, peak)| std::cmp::Reverse(peak));
-    let raise = format!("--policy {wanted} needs --memory-budget {} ({need} bytes)", format_bytes(need));
+    let raise = format!(
+        "--policy {wanted} needs --memory-budget {} ({need} bytes)",
+        format_bytes(need)
+    );
     Ok(match fits.first() {
-        Some((ckpt, peak)) => format!("--policy {ckpt} fits (peak {}); or {raise}", format_bytes(*peak)),
+        Some((ckpt, peak)) => format!(
+            "--policy {ckpt} fits (peak {}); or {raise}",
+            format_bytes(*peak)
+        ),
         None => format!("no built-in policy fits {}; {raise}", format_bytes(budget)),
     })
 }

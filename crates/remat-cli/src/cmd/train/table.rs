@@ -27,7 +27,13 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     };
     let mut out = line(&mut header.iter().copied());
     out.push('\n');
-    out.push_str(&width.iter().map(|&w| "-".repeat(w)).collect::<Vec<_>>().join("  "));
+    out.push_str(
+        &width
+            .iter()
+            .map(|&w| "-".repeat(w))
+            .collect::<Vec<_>>()
+            .join("  "),
+    );
     out.push('\n');
     for row in rows {
         out.push_str(&line(&mut row.iter().map(String::as_str)));
@@ -40,7 +46,16 @@ pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
 mod tests {
     #[test]
     fn aligns_columns() {
-        let t = super::render(&["policy", "ms"], &[vec!["store-all".into(), "12.5".into()], vec!["sqrt".into(), "7".into()]]);
-        assert_eq!(t, "policy       ms\n---------  ----\nstore-all  12.5\nsqrt          7\n");
+        let t = super::render(
+            &["policy", "ms"],
+            &[
+                vec!["store-all".into(), "12.5".into()],
+                vec!["sqrt".into(), "7".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "policy       ms\n---------  ----\nstore-all  12.5\nsqrt          7\n"
+        );
     }
 }

@@ -16,8 +16,14 @@ const SEP: u32 = 10;
 
 /// Where batches come from.
 pub enum Task {
-    Reverse { digits: usize },
-    Chars { text: Vec<u32>, alphabet: Vec<char>, seq: usize },
+    Reverse {
+        digits: usize,
+    },
+    Chars {
+        text: Vec<u32>,
+        alphabet: Vec<char>,
+        seq: usize,
+    },
 }
 
 impl Task {
@@ -28,11 +34,15 @@ impl Task {
 
     /// Character-level text: the vocabulary is the file's distinct characters.
     pub fn chars(path: &Path, seq: usize) -> anyhow::Result<Task> {
-        let raw = std::fs::read_to_string(path).with_context(|| format!("reading --data {}", path.display()))?;
+        let raw = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --data {}", path.display()))?;
         let mut alphabet: Vec<char> = raw.chars().collect();
         alphabet.sort_unstable();
         alphabet.dedup();
-        let text: Vec<u32> = raw.chars().map(|c| alphabet.binary_search(&c).unwrap_or(0) as u32).collect();
+        let text: Vec<u32> = raw
+            .chars()
+            .map(|c| alphabet.binary_search(&c).unwrap_or(0) as u32)
+            .collect();
         anyhow::ensure!(
             text.len() > seq + 1,
             "--data {}: {} characters are too few for sequences of {seq} (need at least {})",
@@ -40,7 +50,11 @@ impl Task {
             text.len(),
             seq + 2
         );
-        Ok(Task::Chars { text, alphabet, seq })
+        Ok(Task::Chars {
+            text,
+            alphabet,
+            seq,
+        })
     }
 
     pub fn vocab(&self) -> usize {
@@ -59,8 +73,14 @@ impl Task {
 
     pub fn describe(&self) -> String {
         match self {
-            Task::Reverse { digits } => format!("reverse {digits} digits (embedded synthetic task)"),
-            Task::Chars { text, alphabet, .. } => format!("character-level text, {} characters, vocabulary {}", text.len(), alphabet.len()),
+            Task::Reverse { digits } => {
+                format!("reverse {digits} digits (embedded synthetic task)")
+            }
+            Task::Chars { text, alphabet, .. } => format!(
+                "character-level text, {} characters, vocabulary {}",
+                text.len(),
+                alphabet.len()
+            ),
         }
     }
 
@@ -74,19 +94,32 @@ impl Task {
             match self {
                 Task::Reverse { digits } => {
                     let n = *digits;
-                    let d: Vec<u32> = (0..n as u64).map(|i| (philox_hash(seed, stream + i) % 10) as u32).collect();
-                    let full: Vec<u32> = d.iter().copied().chain([SEP]).chain(d.iter().rev().copied()).collect();
+                    let d: Vec<u32> = (0..n as u64)
+                        .map(|i| (philox_hash(seed, stream + i) % 10) as u32)
+                        .collect();
+                    let full: Vec<u32> = d
+                        .iter()
+                        .copied()
+                        .chain([SEP])
+                        .chain(d.iter().rev().copied())
+                        .collect();
                     tokens.extend_from_slice(&full[..2 * n]);
                     targets.extend((1..=2 * n).map(|p| if p > n { full[p] } else { IGNORE_INDEX }));
                 }
                 Task::Chars { text, .. } => {
-                    let start = (philox_hash(seed, stream) % (text.len() - seq - 1) as u64) as usize;
+                    let start =
+                        (philox_hash(seed, stream) % (text.len() - seq - 1) as u64) as usize;
                     tokens.extend_from_slice(&text[start..start + seq]);
                     targets.extend_from_slice(&text[start + 1..start + seq + 1]);
                 }
             }
         }
-        Batch { tokens: Arc::from(tokens), targets: Arc::from(targets), batch, seq }
+        Batch {
+            tokens: Arc::from(tokens),
+            targets: Arc::from(targets),
+            batch,
+            seq,
+        }
     }
 }
 

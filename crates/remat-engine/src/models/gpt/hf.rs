@@ -21,15 +21,29 @@ use crate::tensor::Tensor;
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: not a valid safetensors file: {message}")]
     Format { path: PathBuf, message: String },
     #[error("{path}: tensor {tensor} is missing")]
     Missing { path: PathBuf, tensor: String },
-    #[error("{path}: tensor {tensor} has shape {found:?}, the model needs {expected:?} (Hugging Face layout)")]
-    Shape { path: PathBuf, tensor: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error(
+        "{path}: tensor {tensor} has shape {found:?}, the model needs {expected:?} (Hugging Face layout)"
+    )]
+    Shape {
+        path: PathBuf,
+        tensor: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
     #[error("{path}: tensor {tensor} has dtype {dtype}, expected f32, f64, bf16 or f16")]
-    DType { path: PathBuf, tensor: String, dtype: String },
+    DType {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
     #[error("tensor {tensor}: {message}")]
     Engine { tensor: String, message: String },
 }
@@ -62,34 +76,73 @@ fn to_f32(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Vec<f32>, Hf
     let bytes = view.data();
     let chunks = |n: usize| bytes.chunks_exact(n);
     Ok(match view.dtype() {
-        Dtype::F32 => chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        Dtype::F64 => chunks(8).map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f32).collect(),
-        Dtype::BF16 => chunks(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        Dtype::F16 => chunks(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        other => return Err(HfError::DType { path: path.into(), tensor: name.into(), dtype: format!("{other:?}") }),
+        Dtype::F32 => chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F64 => chunks(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f32)
+            .collect(),
+        Dtype::BF16 => chunks(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => chunks(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(HfError::DType {
+                path: path.into(),
+                tensor: name.into(),
+                dtype: format!("{other:?}"),
+            });
+        }
     })
 }
 
 /// Overwrites the model's parameters with the tensors of `path` (all checked first: on
 /// error no parameter has changed).
 pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
-    let bytes = fs::read(path).map_err(|source| HfError::Io { path: path.into(), source })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::Format { path: path.into(), message: e.to_string() })?;
+    let bytes = fs::read(path).map_err(|source| HfError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::Format {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
     let mut staged = Vec::new();
     for (name, t) in gpt.params() {
         let (source, tied) = match st.tensor(&name) {
             Ok(v) => (v, false),
             Err(_) if name == "lm_head.weight" => match st.tensor("model.embed_tokens.weight") {
                 Ok(v) => (v, true),
-                Err(_) => return Err(HfError::Missing { path: path.into(), tensor: name }),
+                Err(_) => {
+                    return Err(HfError::Missing {
+                        path: path.into(),
+                        tensor: name,
+                    });
+                }
             },
-            Err(_) => return Err(HfError::Missing { path: path.into(), tensor: name }),
+            Err(_) => {
+                return Err(HfError::Missing {
+                    path: path.into(),
+                    tensor: name,
+                });
+            }
         };
         // A tied head reads the embedding `[vocab, d]`, which is the head's HF `[out, in]`.
         let expected = hf_shape(&name, t.shape());
         if source.shape() != expected.as_slice() {
-            let tensor = if tied { "model.embed_tokens.weight (tied lm_head)".to_string() } else { name };
-            return Err(HfError::Shape { path: path.into(), tensor, expected, found: source.shape().to_vec() });
+            let tensor = if tied {
+                "model.embed_tokens.weight (tied lm_head)".to_string()
+            } else {
+                name
+            };
+            return Err(HfError::Shape {
+                path: path.into(),
+                tensor,
+                expected,
+                found: source.shape().to_vec(),
+            });
         }
         let mut data = to_f32(path, &name, &source)?;
         if is_linear(&name) {
@@ -98,9 +151,14 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
         staged.push((name, t, data));
     }
     for (name, t, data) in staged {
-        let engine = |e: crate::EngineError| HfError::Engine { tensor: name.clone(), message: e.to_string() };
+        let engine = |e: crate::EngineError| HfError::Engine {
+            tensor: name.clone(),
+            message: e.to_string(),
+        };
         let mut w = t.write();
-        w.as_mut_slice::<f32>().map_err(engine)?.copy_from_slice(&data);
+        w.as_mut_slice::<f32>()
+            .map_err(engine)?
+            .copy_from_slice(&data);
     }
     Ok(())
 }
@@ -110,7 +168,10 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
 pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfError> {
     let mut buffers = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
-        let engine = |e: crate::EngineError| HfError::Engine { tensor: name.clone(), message: e.to_string() };
+        let engine = |e: crate::EngineError| HfError::Engine {
+            tensor: name.clone(),
+            message: e.to_string(),
+        };
         let mut data = t.to_vec::<f32>().map_err(engine)?;
         let shape = hf_shape(name, t.shape());
         if is_linear(name) && t.shape().len() == 2 {
@@ -124,15 +185,24 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfE
         .map(|(name, shape, bytes)| {
             TensorView::new(Dtype::F32, shape.clone(), bytes)
                 .map(|v| (name.clone(), v))
-                .map_err(|e| HfError::Format { path: path.into(), message: e.to_string() })
+                .map_err(|e| HfError::Format {
+                    path: path.into(),
+                    message: e.to_string(),
+                })
         })
         .collect::<Result<HashMap<_, _>, _>>()?;
-    let encoded = safetensors::serialize(views, &None).map_err(|e| HfError::Format { path: path.into(), message: e.to_string() })?;
+    let encoded = safetensors::serialize(views, &None).map_err(|e| HfError::Format {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
     write_atomically(path, &encoded)
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), HfError> {
-    let io = |source| HfError::Io { path: path.into(), source };
+    let io = |source| HfError::Io {
+        path: path.into(),
+        source,
+    };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
