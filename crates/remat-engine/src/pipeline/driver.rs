@@ -62,7 +62,11 @@ pub struct Pipeline<'m, M: StagedModel> {
 
 impl<'m, M: StagedModel> Pipeline<'m, M> {
     /// Splits `model`'s layers over `stages` stages (balanced, contiguous).
-    pub fn new(model: &'m M, stages: usize, resources: StageResources) -> Result<Self, PipelineBuildError> {
+    pub fn new(
+        model: &'m M,
+        stages: usize,
+        resources: StageResources,
+    ) -> Result<Self, PipelineBuildError> {
         let ranges = balanced_ranges(model.layers(), stages)?;
         let stages = ranges
             .into_iter()
@@ -106,14 +110,23 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
             .last()
             .map(|s| s.losses().iter().map(|l| l.unwrap_or(f64::NAN)).collect())
             .unwrap_or_default();
-        Ok(StepReport { run, memory, losses })
+        Ok(StepReport {
+            run,
+            memory,
+            losses,
+        })
     }
 
     /// `(name, accumulated gradient)` of every parameter, in model order.
     pub fn grads(&self) -> Vec<(String, Tensor)> {
         self.stages
             .iter()
-            .flat_map(|s| s.params().into_iter().map(|(n, _)| n).zip(s.grads().iter().cloned()))
+            .flat_map(|s| {
+                s.params()
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .zip(s.grads().iter().cloned())
+            })
             .collect()
     }
 
@@ -123,7 +136,9 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
         for (s, (stage, opt)) in self.stages.iter().zip(&mut self.optimizers).enumerate() {
             let engine = |source| PipelineBuildError::Engine { stage: s, source };
             if opt.is_none() {
-                *opt = Some(AdamW::new(stage.context().pool(), stage.params(), config).map_err(engine)?);
+                *opt = Some(
+                    AdamW::new(stage.context().pool(), stage.params(), config).map_err(engine)?,
+                );
             }
             let grads: Vec<Option<Tensor>> = stage.grads().iter().cloned().map(Some).collect();
             if let Some(opt) = opt {
@@ -150,7 +165,11 @@ pub fn reference_step<M: StagedModel>(
     batches: &[M::MicroBatch],
     step_seed: u64,
 ) -> Result<ReferenceStep, EngineError> {
-    let names: Vec<(String, Tensor)> = model.parts().into_iter().flat_map(|p| model.part_params(p)).collect();
+    let names: Vec<(String, Tensor)> = model
+        .parts()
+        .into_iter()
+        .flat_map(|p| model.part_params(p))
+        .collect();
     let grads = names
         .iter()
         .map(|(name, t)| {

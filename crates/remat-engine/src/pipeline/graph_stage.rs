@@ -287,7 +287,10 @@ impl<'m, M: StagedModel> GraphStage<'m, M> {
 
     /// `(name, parameter)` of this stage's parameters, in model order.
     pub fn params(&self) -> Vec<(String, Tensor)> {
-        self.parts.iter().flat_map(|(_, p)| p.iter().cloned()).collect()
+        self.parts
+            .iter()
+            .flat_map(|(_, p)| p.iter().cloned())
+            .collect()
     }
 
     /// Gradients accumulated over the step's micro-batches, in [`Self::params`] order.
@@ -318,17 +321,30 @@ impl<'m, M: StagedModel> GraphStage<'m, M> {
     }
 
     /// Records the stage's nodes for micro-batch `m` on `g`.
-    fn record(&self, g: &mut Graph, m: usize, input: &StageInput) -> Result<StageGraph, GraphStageError> {
+    fn record(
+        &self,
+        g: &mut Graph,
+        m: usize,
+        input: &StageInput,
+    ) -> Result<Recorded, GraphStageError> {
         let mut part_nodes = Vec::with_capacity(self.parts.len());
         for (part, params) in &self.parts {
             let ids: Vec<NodeId> = params.iter().map(|(name, t)| g.param(name, t)).collect();
             part_nodes.push((*part, ids));
         }
         let nodes_of = |part: Part| {
-            part_nodes.iter().find(|(p, _)| *p == part).map(|(_, ids)| ids.as_slice()).unwrap_or(&[])
+            part_nodes
+                .iter()
+                .find(|(p, _)| *p == part)
+                .map(|(_, ids)| ids.as_slice())
+                .unwrap_or(&[])
         };
         let (mut x, input_node) = match input {
-            StageInput::Batch { .. } => (self.model.record_entry(g, self.batch(m)?, nodes_of(Part::Entry))?, None),
+            StageInput::Batch { .. } => (
+                self.model
+                    .record_entry(g, self.batch(m)?, nodes_of(Part::Entry))?,
+                None,
+            ),
             StageInput::Hidden { tensor, .. } => {
                 let id = g.input_with_grad(&format!("stage{}.input", self.stage), tensor.clone());
                 (id, Some(id))
@@ -338,22 +354,33 @@ impl<'m, M: StagedModel> GraphStage<'m, M> {
             x = self.model.record_layer(g, l, x, nodes_of(Part::Layer(l)))?;
         }
         if self.is_last() {
-            x = self.model.record_exit(g, x, self.batch(m)?, nodes_of(Part::Exit))?;
+            x = self
+                .model
+                .record_exit(g, x, self.batch(m)?, nodes_of(Part::Exit))?;
         }
         let params = part_nodes.into_iter().flat_map(|(_, ids)| ids).collect();
-        Ok(StageGraph {
-            graph: Graph::new(&self.ctx),
+        Ok(Recorded {
             input: input_node,
             output: x,
             params,
-            bytes: 0,
-            shape: Vec::new(),
         })
     }
 }
 
+/// The nodes of a recorded stage graph the runner needs later.
+struct Recorded {
+    input: Option<NodeId>,
+    output: NodeId,
+    params: Vec<NodeId>,
+}
+
 /// Copies `t` into `pool` (another stage's device) under `category`.
-fn copy_into(pool: &Arc<MemoryPool>, name: &str, t: &Tensor, category: Category) -> Result<Tensor, EngineError> {
+fn copy_into(
+    pool: &Arc<MemoryPool>,
+    name: &str,
+    t: &Tensor,
+    category: Category,
+) -> Result<Tensor, EngineError> {
     Tensor::from_vec(pool, name, t.shape(), t.to_vec::<f32>()?, category)
 }
 
@@ -382,7 +409,8 @@ pub fn accumulate(acc: &Tensor, g: &Tensor) -> Result<(), EngineError> {
 }
 
 fn to_host(t: &Tensor) -> Result<HostTensor, GraphStageError> {
-    HostTensor::f32(t.shape().to_vec(), t.to_vec::<f32>()?).map_err(|e| GraphStageError::Boundary(e.to_string()))
+    HostTensor::f32(t.shape().to_vec(), t.to_vec::<f32>()?)
+        .map_err(|e| GraphStageError::Boundary(e.to_string()))
 }
 
 impl<M: StagedModel> StageWork for GraphStage<'_, M> {
@@ -391,49 +419,97 @@ impl<M: StagedModel> StageWork for GraphStage<'_, M> {
     type Message = Boundary;
     type Error = GraphStageError;
 
-    fn load_input(&mut self, m: usize, received: Option<Boundary>) -> Result<StageInput, GraphStageError> {
+    fn load_input(
+        &mut self,
+        m: usize,
+        received: Option<Boundary>,
+    ) -> Result<StageInput, GraphStageError> {
         match received {
-            None if self.is_first() => Ok(StageInput::Batch { bytes: self.model.batch_bytes(self.batch(m)?) }),
+            None if self.is_first() => Ok(StageInput::Batch {
+                bytes: self.model.batch_bytes(self.batch(m)?),
+            }),
             Some(b) if !self.is_first() => {
                 let data = b.tensor.as_f32().ok_or_else(|| {
-                    GraphStageError::Boundary(format!("the activation of micro-batch {m} is not f32"))
+                    GraphStageError::Boundary(format!(
+                        "the activation of micro-batch {m} is not f32"
+                    ))
                 })?;
                 let name = format!("stage{}.input", self.stage);
-                let tensor = Tensor::from_vec(self.ctx.pool(), &name, &b.tensor.shape, data.to_vec(), Category::Activations)?;
-                Ok(StageInput::Hidden { tensor, rng_offset: b.rng_offset })
+                let tensor = Tensor::from_vec(
+                    self.ctx.pool(),
+                    &name,
+                    &b.tensor.shape,
+                    data.to_vec(),
+                    Category::Activations,
+                )?;
+                Ok(StageInput::Hidden {
+                    tensor,
+                    rng_offset: b.rng_offset,
+                })
             }
             _ => Err(GraphStageError::Boundary(format!(
                 "stage {} of {} got {} input for micro-batch {m}",
                 self.stage,
                 self.stages,
-                if self.is_first() { "a neighbour's" } else { "no" }
+                if self.is_first() {
+                    "a neighbour's"
+                } else {
+                    "no"
+                }
             ))),
         }
     }
 
-    fn forward(&mut self, m: usize, input: &StageInput) -> Result<Forwarded<StageGraph, Boundary>, GraphStageError> {
+    fn forward(
+        &mut self,
+        m: usize,
+        input: &StageInput,
+    ) -> Result<Forwarded<StageGraph, Boundary>, GraphStageError> {
         let mut g = Graph::new(&self.ctx);
         g.rng = CounterRng::new(micro_batch_seed(self.step_seed, m));
         if let StageInput::Hidden { rng_offset, .. } = input {
             g.rng.draw(*rng_offset);
         }
-        let mut state = self.record(&mut g, m, input)?;
+        let recorded = self.record(&mut g, m, input)?;
         g.forward()?;
-        let value = g.value(state.output)?;
+        let value = g.value(recorded.output)?;
         let host = to_host(&value)?;
         let digest = host.as_f32().map_or(0, digest_f32);
         if self.is_last() {
-            self.losses[m] = Some(g.scalar(state.output)?);
+            self.losses[m] = Some(g.scalar(recorded.output)?);
         }
-        let output = (!self.is_last()).then(|| Boundary { tensor: host, rng_offset: g.rng.state().offset });
-        state.bytes = held_activation_bytes(&g);
-        state.shape = value.shape().to_vec();
-        state.graph = g;
-        Ok(Forwarded { state, output, digest })
+        let output = (!self.is_last()).then(|| Boundary {
+            tensor: host,
+            rng_offset: g.rng.state().offset,
+        });
+        let state = StageGraph {
+            bytes: held_activation_bytes(&g),
+            shape: value.shape().to_vec(),
+            graph: g,
+            input: recorded.input,
+            output: recorded.output,
+            params: recorded.params,
+        };
+        Ok(Forwarded {
+            state,
+            output,
+            digest,
+        })
     }
 
-    fn backward(&mut self, m: usize, state: StageGraph, grad: Option<Boundary>) -> Result<Option<Boundary>, GraphStageError> {
-        let StageGraph { mut graph, input, output, params, .. } = state;
+    fn backward(
+        &mut self,
+        m: usize,
+        state: StageGraph,
+        grad: Option<Boundary>,
+    ) -> Result<Option<Boundary>, GraphStageError> {
+        let StageGraph {
+            mut graph,
+            input,
+            output,
+            params,
+            ..
+        } = state;
         match grad {
             None if self.is_last() => graph.backward(output)?,
             Some(b) if !self.is_last() => {
@@ -441,7 +517,13 @@ impl<M: StagedModel> StageWork for GraphStage<'_, M> {
                     GraphStageError::Boundary(format!("the gradient of micro-batch {m} is not f32"))
                 })?;
                 let name = format!("stage{}.output_grad", self.stage);
-                let seed = Tensor::from_vec(self.ctx.pool(), &name, &b.tensor.shape, data.to_vec(), Category::Temporaries)?;
+                let seed = Tensor::from_vec(
+                    self.ctx.pool(),
+                    &name,
+                    &b.tensor.shape,
+                    data.to_vec(),
+                    Category::Temporaries,
+                )?;
                 graph.backward_with(output, seed)?;
             }
             _ => {
@@ -458,8 +540,14 @@ impl<M: StagedModel> StageWork for GraphStage<'_, M> {
         }
         let Some(input) = input else { return Ok(None) };
         let grad_in = graph.take_grad(input)?.ok_or_else(|| {
-            GraphStageError::Boundary(format!("stage {}: backward left no gradient for the stage input", self.stage))
+            GraphStageError::Boundary(format!(
+                "stage {}: backward left no gradient for the stage input",
+                self.stage
+            ))
         })?;
-        Ok(Some(Boundary { tensor: to_host(&grad_in)?, rng_offset: 0 }))
+        Ok(Some(Boundary {
+            tensor: to_host(&grad_in)?,
+            rng_offset: 0,
+        }))
     }
 }

@@ -33,11 +33,22 @@ impl StagedModel for StagedMlp<'_> {
         }
     }
 
-    fn record_entry(&self, g: &mut Graph, batch: &MlpBatch, _: &[NodeId]) -> Result<NodeId, EngineError> {
+    fn record_entry(
+        &self,
+        g: &mut Graph,
+        batch: &MlpBatch,
+        _: &[NodeId],
+    ) -> Result<NodeId, EngineError> {
         Ok(g.input("x", batch.x.clone()))
     }
 
-    fn record_layer(&self, g: &mut Graph, layer: usize, x: NodeId, params: &[NodeId]) -> Result<NodeId, EngineError> {
+    fn record_layer(
+        &self,
+        g: &mut Graph,
+        layer: usize,
+        x: NodeId,
+        params: &[NodeId],
+    ) -> Result<NodeId, EngineError> {
         let [w, b] = params else {
             return Err(EngineError::Invalid(format!(
                 "MLP layer {layer} takes 2 parameters, got {}",
@@ -56,7 +67,13 @@ impl StagedModel for StagedMlp<'_> {
         }
     }
 
-    fn record_exit(&self, g: &mut Graph, x: NodeId, batch: &MlpBatch, _: &[NodeId]) -> Result<NodeId, EngineError> {
+    fn record_exit(
+        &self,
+        g: &mut Graph,
+        x: NodeId,
+        batch: &MlpBatch,
+        _: &[NodeId],
+    ) -> Result<NodeId, EngineError> {
         let target = g.input("target", batch.target.clone());
         g.mse(x, target)
     }
@@ -65,7 +82,11 @@ impl StagedModel for StagedMlp<'_> {
         (batch.x.bytes() + batch.target.bytes()) as usize
     }
 
-    fn record_reference(&self, g: &mut Graph, batch: &MlpBatch) -> Result<(NodeId, Vec<NodeId>), EngineError> {
+    fn record_reference(
+        &self,
+        g: &mut Graph,
+        batch: &MlpBatch,
+    ) -> Result<(NodeId, Vec<NodeId>), EngineError> {
         let x = g.input("x", batch.x.clone());
         let target = g.input("target", batch.target.clone());
         let nodes = self.0.build(g, x, target)?;
