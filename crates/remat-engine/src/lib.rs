@@ -64,6 +64,7 @@ pub mod elementwise;
 pub mod error;
 pub mod gradcheck;
 pub mod graph;
+pub mod kernels;
 pub mod linalg;
 pub mod models;
 pub mod op;

@@ -1,0 +1,146 @@
+//! The element types kernels run on: `f32` for training, `f64` for gradient checks.
+
+use std::fmt::Debug;
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+
+/// A floating-point element type. Only what the kernels need.
+pub trait Float:
+    Copy
+    + Send
+    + Sync
+    + Debug
+    + Default
+    + PartialOrd
+    + 'static
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INFINITY: Self;
+    fn from_f64(x: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn from_usize(x: usize) -> Self {
+        Self::from_f64(x as f64)
+    }
+    fn sqrt(self) -> Self;
+    fn ln(self) -> Self;
+    /// `e^x`. For `f32` a branch-free polynomial (max error about 2 ulp) that the compiler
+    /// vectorizes: softmax and SiLU call it millions of times per step and libm's scalar
+    /// `expf` would dominate the step. For `f64` (gradient checks) the exact libm value.
+    fn exp(self) -> Self;
+    fn max(self, other: Self) -> Self {
+        if other > self { other } else { self }
+    }
+    /// Logistic sigmoid `1 / (1 + e^-x)`.
+    fn sigmoid(self) -> Self {
+        Self::ONE / (Self::ONE + (-self).exp())
+    }
+    /// Hyperbolic tangent via `exp`, saturating cleanly at large |x|.
+    fn tanh(self) -> Self {
+        // tanh(x) = 1 - 2 / (e^{2x} + 1); exact limits ±1 as e^{2x} goes to inf or 0.
+        let e = (self + self).exp();
+        Self::ONE - (Self::ONE + Self::ONE) / (e + Self::ONE)
+    }
+}
+
+impl Float for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INFINITY: Self = f64::NEG_INFINITY;
+    fn from_f64(x: f64) -> Self {
+        x
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+}
+
+impl Float for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    const NEG_INFINITY: Self = f32::NEG_INFINITY;
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
+    }
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+    #[inline(always)]
+    fn exp(self) -> Self {
+        exp_f32(self)
+    }
+}
+
+/// Cody-Waite range reduction `x = n ln2 + r`, |r| <= ln2/2, then a degree-6 minimax-style
+/// Taylor polynomial for `e^r`, then scaling by `2^n` through the exponent bits.
+#[inline(always)]
+fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Below -87.3 the result is subnormal; clamp so that 2^n stays a normal float, and
+    // map -inf (masked logits) to the smallest normal result rather than NaN.
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E).round();
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    p * scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut x = -80.0f32;
+        while x < 80.0 {
+            let got = <f32 as Float>::exp(x) as f64;
+            let want = (x as f64).exp();
+            let rel = ((got - want) / want).abs();
+            assert!(rel < 5e-7, "exp({x}) = {got}, want {want}, rel {rel}");
+            x += 0.0137;
+        }
+        assert!(<f32 as Float>::exp(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(<f32 as Float>::exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn tanh_and_sigmoid_match_std() {
+        for i in -400..400 {
+            let x = i as f32 * 0.05;
+            assert!((Float::tanh(x) - x.tanh()).abs() < 1e-6, "tanh({x})");
+            let s = 1.0 / (1.0 + (-x as f64).exp());
+            assert!((Float::sigmoid(x) as f64 - s).abs() < 1e-6, "sigmoid({x})");
+        }
+        assert_eq!(Float::tanh(100.0f32), 1.0);
+        assert_eq!(Float::tanh(-100.0f32), -1.0);
+    }
+}

@@ -1,0 +1,15 @@
+//! Exact and fast planners: optimal chain checkpointing (a Rotor-style dynamic program that
+//! reaches Griewank's binomial optimum on unit chains), Checkmate's MILP (feature `milp`)
+//! and a fast eviction-based strategy for general graphs.
+
+pub mod chain;
+pub mod chain_graph;
+pub mod chain_strategy;
+pub mod revolve;
+
+use crate::strategy::Strategy;
+
+/// The strategies of this module, for the registry.
+pub fn strategies() -> Vec<Box<dyn Strategy>> {
+    vec![Box::new(chain_strategy::ChainDp)]
+}

@@ -1,0 +1,162 @@
+//! The chain DP on training graphs: its schedules validate in the simulator, which agrees
+//! with the DP on time and stays under the budget.
+
+use remat_planner::exact::chain::solve_chain;
+use remat_planner::exact::chain_graph::chain_of;
+use remat_planner::exact::chain_strategy::ChainDp;
+use remat_planner::{Graph, Node, Phase, PlanError, Problem, Strategy, simulate_steps};
+
+const BANDWIDTH: f64 = 16e9;
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn node(name: String, phase: Phase, time: u64, bytes: u64, inputs: Vec<usize>) -> Node {
+    Node {
+        name,
+        phase,
+        compute_time: time as f64,
+        output_bytes: bytes,
+        inputs,
+    }
+}
+
+/// A sequential network's training graph shaped like Checkmate's VGG graphs: `layer_k`
+/// reads `layer_{k-1}`; `layer_k_backward` reads the layer's input and output and the
+/// incoming gradient.
+fn sequential_training_graph(rng: &mut Rng, layers: usize) -> Graph {
+    let mut nodes = Vec::new();
+    for k in 0..layers {
+        let inputs = if k == 0 { vec![] } else { vec![k - 1] };
+        nodes.push(node(
+            format!("layer{k}"),
+            Phase::Forward,
+            1 + rng.below(50),
+            1 + rng.below(1000),
+            inputs,
+        ));
+    }
+    let loss = layers;
+    nodes.push(node("loss".into(), Phase::Backward, 5, 4, vec![layers - 1]));
+    nodes.push(node(
+        format!("layer{}_backward", layers - 1),
+        Phase::Backward,
+        9,
+        10,
+        vec![layers - 1, loss],
+    ));
+    for k in (0..layers - 1).rev() {
+        let grad = nodes.len() - 1;
+        let bytes = nodes[k].output_bytes;
+        nodes.push(node(
+            format!("layer{k}_backward"),
+            Phase::Backward,
+            1 + rng.below(90),
+            bytes,
+            vec![k, k + 1, grad],
+        ));
+    }
+    Graph::new("sequential", nodes, 1000, 1e-3).unwrap()
+}
+
+#[test]
+fn dp_schedules_validate_and_agree_with_the_simulator() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut solved = 0;
+    for case in 0..8 {
+        let graph = sequential_training_graph(&mut rng, 6 + case * 3);
+        let (floor, peak) = (graph.memory_floor(), graph.store_all_peak());
+        for step in 0..=10 {
+            let budget = floor + (peak - floor) * step / 10;
+            let mut mapped = chain_of(&graph).expect("a sequential graph is a chain");
+            let avail = budget - graph.static_bytes();
+            mapped.chain.unit_bytes = avail.div_ceil(300).max(1);
+            let Ok(solution) = solve_chain(&mapped.chain, mapped.chain.budget_units(avail)) else {
+                continue;
+            };
+            let steps = mapped.steps(&graph, &solution);
+            let report = simulate_steps(&graph, &steps, BANDWIDTH).expect("dp schedule validates");
+            assert!(
+                report.peak_bytes <= budget,
+                "case {case} step {step}: peak {} > {budget}",
+                report.peak_bytes
+            );
+            let tolerance = 1e-9 * report.total_time;
+            assert!(
+                (report.total_time - solution.time).abs() <= tolerance,
+                "case {case}: sim {} vs dp {}",
+                report.total_time,
+                solution.time
+            );
+            assert_eq!(report.stall_time, 0.0);
+            solved += 1;
+        }
+    }
+    assert!(solved > 40, "only {solved} budgets solved");
+}
+
+#[test]
+fn strategy_keeps_everything_at_the_store_all_peak_and_recomputes_below() {
+    let mut rng = Rng(99);
+    let graph = sequential_training_graph(&mut rng, 20);
+    let at = |budget: u64| {
+        ChainDp.plan(&Problem {
+            graph: &graph,
+            budget_bytes: budget,
+            bandwidth: BANDWIDTH,
+        })
+    };
+    let full = at(graph.store_all_peak()).expect("store-all budget fits");
+    assert_eq!(full.report.recompute_time, 0.0);
+    let half = graph.memory_floor() + (graph.store_all_peak() - graph.memory_floor()) / 2;
+    let tight = at(half).expect("half-way budget fits a chain");
+    assert!(tight.report.peak_bytes <= half);
+    assert!(tight.report.recompute_time > 0.0);
+}
+
+#[test]
+fn below_the_floor_is_over_budget_with_the_smallest_peak() {
+    let mut rng = Rng(5);
+    let graph = sequential_training_graph(&mut rng, 10);
+    let budget = graph.memory_floor() - 1;
+    match ChainDp.plan(&Problem {
+        graph: &graph,
+        budget_bytes: budget,
+        bandwidth: BANDWIDTH,
+    }) {
+        Err(PlanError::OverBudget { best_peak, .. }) => {
+            assert!(
+                best_peak > budget && best_peak <= graph.store_all_peak(),
+                "{best_peak}"
+            )
+        }
+        other => panic!("expected over budget, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_graph_with_a_skip_connection_is_not_a_chain() {
+    let nodes = vec![
+        node("a".into(), Phase::Forward, 1, 1, vec![]),
+        node("b".into(), Phase::Forward, 1, 1, vec![0]),
+        node("c".into(), Phase::Forward, 1, 1, vec![0, 1]),
+        node("loss".into(), Phase::Backward, 1, 1, vec![2]),
+    ];
+    let graph = Graph::new("skip", nodes, 0, 1.0).unwrap();
+    let err = ChainDp
+        .plan(&Problem {
+            graph: &graph,
+            budget_bytes: 100,
+            bandwidth: BANDWIDTH,
+        })
+        .unwrap_err();
+    assert!(matches!(err, PlanError::NotApplicable { .. }), "{err}");
+    assert!(err.to_string().contains("`c`"), "{err}");
+}
