@@ -23,9 +23,11 @@
 pub mod attrs;
 pub mod error;
 pub mod exact;
+pub mod import;
 pub mod ir;
 pub mod lower;
 pub mod plan;
+pub mod plot;
 pub mod sim;
 pub mod strategy;
 

@@ -37,17 +37,34 @@ pub const NAME: &str = "evict";
 pub struct Weights {
     pub cost_exp: f64,
     pub distance_exp: f64,
+    /// Prefer the cheapest single tensor that covers the whole deficit, when it is no dearer
+    /// than the best-ratio one: the ratio alone would drop a huge tensor when a small cheap
+    /// one suffices.
+    pub best_fit: bool,
 }
 
-/// The weightings the strategy tries.
-pub const WEIGHTINGS: [Weights; 6] = [
-    Weights { cost_exp: 1.0, distance_exp: 1.0 },
-    Weights { cost_exp: 1.0, distance_exp: 2.0 },
-    Weights { cost_exp: 1.0, distance_exp: 0.5 },
-    Weights { cost_exp: 0.5, distance_exp: 1.0 },
-    Weights { cost_exp: 1.0, distance_exp: 0.0 },
-    Weights { cost_exp: 0.0, distance_exp: 1.0 },
+/// The weightings the strategy tries (each with and without best fit).
+pub const WEIGHTINGS: [(f64, f64); 6] = [
+    (1.0, 1.0),
+    (1.0, 2.0),
+    (1.0, 0.5),
+    (0.5, 1.0),
+    (1.0, 0.0),
+    (0.0, 1.0),
 ];
+
+/// Every weighting the strategy tries.
+pub fn weightings() -> impl Iterator<Item = Weights> {
+    [true, false].into_iter().flat_map(|best_fit| {
+        WEIGHTINGS
+            .into_iter()
+            .map(move |(cost_exp, distance_exp)| Weights {
+                cost_exp,
+                distance_exp,
+                best_fit,
+            })
+    })
+}
 
 /// Outcome of one greedy pass.
 #[derive(Clone, Debug)]
@@ -62,6 +79,7 @@ pub enum Pass {
 struct Evictor<'g> {
     graph: &'g Graph,
     weights: Weights,
+    protected: &'g [bool],
     cap: u64,
     live: u64,
     resident: Vec<bool>,
@@ -77,8 +95,20 @@ struct Evictor<'g> {
 
 /// One greedy pass under `budget_bytes` (static memory included).
 pub fn evict_pass(graph: &Graph, budget_bytes: u64, weights: Weights) -> Pass {
+    evict_pass_protecting(graph, budget_bytes, weights, &vec![false; graph.len()])
+}
+
+/// One greedy pass that evicts a `protected` tensor only when nothing else can go.
+pub fn evict_pass_protecting(
+    graph: &Graph,
+    budget_bytes: u64,
+    weights: Weights,
+    protected: &[bool],
+) -> Pass {
     let Some(cap) = budget_bytes.checked_sub(graph.static_bytes()) else {
-        return Pass::Stuck { needed: graph.memory_floor() };
+        return Pass::Stuck {
+            needed: graph.memory_floor(),
+        };
     };
     let mut prefix = Vec::with_capacity(graph.len() + 1);
     prefix.push(0.0);
@@ -88,6 +118,7 @@ pub fn evict_pass(graph: &Graph, budget_bytes: u64, weights: Weights) -> Pass {
     let mut ev = Evictor {
         graph,
         weights,
+        protected,
         cap,
         live: 0,
         resident: vec![false; graph.len()],
@@ -101,11 +132,16 @@ pub fn evict_pass(graph: &Graph, budget_bytes: u64, weights: Weights) -> Pass {
     for v in 0..graph.len() {
         ev.now = v;
         if let Err(needed) = ev.materialize(v) {
-            return Pass::Stuck { needed: needed + graph.static_bytes() };
+            return Pass::Stuck {
+                needed: needed + graph.static_bytes(),
+            };
         }
         ev.free_dead();
     }
-    Pass::Fits { steps: ev.steps, time: ev.time }
+    Pass::Fits {
+        steps: ev.steps,
+        time: ev.time,
+    }
 }
 
 impl Evictor<'_> {
@@ -146,7 +182,8 @@ impl Evictor<'_> {
     fn compute(&mut self, x: NodeId) -> Result<(), u64> {
         let bytes = self.graph.node(x).output_bytes;
         while self.live + bytes > self.cap {
-            let Some(victim) = self.victim(x) else {
+            let deficit = self.live + bytes - self.cap;
+            let Some(victim) = self.victim(x, deficit) else {
                 return Err(self.live + bytes);
             };
             self.evict(victim);
@@ -162,24 +199,47 @@ impl Evictor<'_> {
         Ok(())
     }
 
-    /// The unpinned resident tensor with the least score (garbage first).
-    fn victim(&self, building: NodeId) -> Option<NodeId> {
+    /// The unpinned resident tensor with the least score (garbage first), or with best fit
+    /// the cheapest one covering `deficit` alone when it costs no more than the best-ratio one.
+    fn victim(&self, building: NodeId, deficit: u64) -> Option<NodeId> {
+        self.victim_among(building, deficit, false)
+            .or_else(|| self.victim_among(building, deficit, true))
+    }
+
+    fn victim_among(&self, building: NodeId, deficit: u64, with_protected: bool) -> Option<NodeId> {
         let mut best: Option<(f64, NodeId)> = None;
+        let mut fit: Option<(f64, NodeId)> = None;
         for &t in &self.pool {
-            if self.pins[t] > 0 || t == building || t == self.now {
+            if self.pins[t] > 0
+                || t == building
+                || t == self.now
+                || (self.protected[t] && !with_protected)
+            {
                 continue;
             }
-            let score = self.score(t);
+            let (score, cost) = self.score(t);
             if best.is_none_or(|(s, _)| score < s) {
                 best = Some((score, t));
             }
+            if self.weights.best_fit
+                && self.graph.node(t).output_bytes >= deficit
+                && fit.is_none_or(|(c, _)| cost < c)
+            {
+                fit = Some((cost, t));
+            }
         }
-        best.map(|(_, t)| t)
+        let (_, ratio_pick) = best?;
+        match fit {
+            Some((cost, t)) if cost <= self.score(ratio_pick).1 => Some(t),
+            _ => Some(ratio_pick),
+        }
     }
 
-    fn score(&self, t: NodeId) -> f64 {
+    /// (eviction score, weighted rebuild cost): the cost is `rebuild^a / distance^b`, the
+    /// score divides it by the bytes freed.
+    fn score(&self, t: NodeId) -> (f64, f64) {
         let Some(next) = self.next_use(t) else {
-            return f64::NEG_INFINITY;
+            return (f64::NEG_INFINITY, f64::NEG_INFINITY);
         };
         let node = self.graph.node(t);
         let missing_inputs: f64 = node
@@ -190,8 +250,8 @@ impl Evictor<'_> {
             .sum();
         let rebuild = node.compute_time + missing_inputs;
         let distance = (self.prefix[next] - self.prefix[self.now + 1]).max(0.0) + 1e-9;
-        let size = node.output_bytes.max(1) as f64;
-        rebuild.powf(self.weights.cost_exp) / (size * distance.powf(self.weights.distance_exp))
+        let cost = rebuild.powf(self.weights.cost_exp) / distance.powf(self.weights.distance_exp);
+        (cost / node.output_bytes.max(1) as f64, cost)
     }
 
     /// The first reader of `t` after the current node.
@@ -232,48 +292,100 @@ impl Strategy for Evict {
         NAME.into()
     }
     fn summary(&self) -> &'static str {
-        "greedy eviction with look-ahead (DTR-style, Belady distance), best of 6 weightings"
+        "greedy eviction with look-ahead (DTR-style, Belady distance), best of 12 weightings"
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let mut best: Option<Planned> = None;
+        let mut best: Option<(Weights, Vec<Step>, f64)> = None;
         let mut smallest_need = u64::MAX;
-        for weights in WEIGHTINGS {
+        for weights in weightings() {
             match evict_pass(problem.graph, problem.budget_bytes, weights) {
                 Pass::Fits { steps, time } => {
-                    if best.as_ref().is_some_and(|b| b.report.total_time <= time) {
-                        continue;
-                    }
-                    let decisions = decisions_of(problem.graph, &steps);
-                    match plan_from_steps(problem, NAME, steps, decisions) {
-                        Ok(planned) => best = Some(planned),
-                        Err(PlanError::OverBudget { best_peak, .. }) => smallest_need = smallest_need.min(best_peak),
-                        Err(e) => return Err(e),
+                    if best.as_ref().is_none_or(|b| time < b.2) {
+                        best = Some((weights, steps, time));
                     }
                 }
                 Pass::Stuck { needed } => smallest_need = smallest_need.min(needed),
             }
         }
-        match best {
-            Some(planned) => Ok(planned),
-            None => Err(PlanError::OverBudget {
+        let Some((weights, steps, time)) = best else {
+            return Err(PlanError::OverBudget {
                 strategy: NAME.into(),
                 budget: problem.budget_bytes,
                 best_peak: smallest_reachable_peak(problem).unwrap_or(smallest_need),
-            }),
+            });
+        };
+        let steps = refine(problem, weights, steps, time);
+        let decisions = decisions_of(problem.graph, &steps);
+        plan_from_steps(problem, NAME, steps, decisions)
+    }
+}
+
+/// Recomputed tensors to try protecting per round, and the number of rounds.
+const REFINE_CANDIDATES: usize = 16;
+const REFINE_ROUNDS: usize = 3;
+
+/// Local search on top of the greedy pass: the greedy choice is myopic (it evicts what is
+/// cheapest *now*, and may then pay for recomputing it several times), so try protecting
+/// each of the most expensive recomputed tensors from eviction and keep the change when the
+/// whole schedule gets faster. A few dozen passes at most.
+fn refine(problem: &Problem, weights: Weights, mut steps: Vec<Step>, mut time: f64) -> Vec<Step> {
+    let graph = problem.graph;
+    let mut protected = vec![false; graph.len()];
+    for _ in 0..REFINE_ROUNDS {
+        let mut improved = false;
+        for candidate in costliest_recomputed(graph, &steps, REFINE_CANDIDATES) {
+            if protected[candidate] {
+                continue;
+            }
+            protected[candidate] = true;
+            match evict_pass_protecting(graph, problem.budget_bytes, weights, &protected) {
+                Pass::Fits {
+                    steps: better,
+                    time: t,
+                } if t < time => {
+                    (steps, time, improved) = (better, t, true);
+                }
+                _ => protected[candidate] = false,
+            }
+        }
+        if !improved {
+            break;
         }
     }
+    steps
+}
+
+/// The `limit` tensors whose recomputations cost the most in `steps`.
+fn costliest_recomputed(graph: &Graph, steps: &[Step], limit: usize) -> Vec<NodeId> {
+    let mut computed = vec![0u32; graph.len()];
+    for step in steps {
+        if let Step::Compute { node } = *step {
+            computed[node] += 1;
+        }
+    }
+    let mut recomputed: Vec<(f64, NodeId)> = (0..graph.len())
+        .filter(|&v| computed[v] > 1)
+        .map(|v| (f64::from(computed[v] - 1) * graph.node(v).compute_time, v))
+        .collect();
+    recomputed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    recomputed.into_iter().take(limit).map(|(_, v)| v).collect()
 }
 
 /// The least peak a pass reaches, by bisection on the budget between the floor and the
 /// store-all peak (passes are cheap). Only computed when the asked budget fails.
 fn smallest_reachable_peak(problem: &Problem) -> Option<u64> {
     let graph = problem.graph;
-    let (mut lo, mut hi) = (graph.memory_floor().saturating_sub(1), graph.store_all_peak());
+    let (mut lo, mut hi) = (
+        graph.memory_floor().saturating_sub(1),
+        graph.store_all_peak(),
+    );
     let mut best = None;
     while hi > lo + 1 + hi / 10_000 {
         let mid = lo + (hi - lo) / 2;
-        let fits = WEIGHTINGS.iter().find_map(|&w| match evict_pass(graph, mid, w) {
-            Pass::Fits { steps, .. } => crate::sim::simulate_steps(graph, &steps, problem.bandwidth).ok(),
+        let fits = weightings().find_map(|w| match evict_pass(graph, mid, w) {
+            Pass::Fits { steps, .. } => {
+                crate::sim::simulate_steps(graph, &steps, problem.bandwidth).ok()
+            }
             Pass::Stuck { .. } => None,
         });
         match fits {

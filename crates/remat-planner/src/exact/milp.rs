@@ -47,7 +47,11 @@ pub struct MilpOptions {
 
 impl Default for MilpOptions {
     fn default() -> Self {
-        MilpOptions { time_limit_s: 120.0, mip_rel_gap: 1e-6, max_nodes: 200 }
+        MilpOptions {
+            time_limit_s: 120.0,
+            mip_rel_gap: 1e-6,
+            max_nodes: 200,
+        }
     }
 }
 
@@ -71,7 +75,11 @@ pub enum MilpError {
     #[error("graph `{graph}`: HiGHS failed: {what}")]
     Solver { graph: String, what: String },
     #[error("graph `{graph}` has {nodes} nodes; the MILP is limited to {limit}")]
-    TooLarge { graph: String, nodes: usize, limit: usize },
+    TooLarge {
+        graph: String,
+        nodes: usize,
+        limit: usize,
+    },
 }
 
 /// Column indices of the model's variables.
@@ -101,18 +109,39 @@ impl Builder<'_> {
 }
 
 /// Solves Checkmate's MILP for `graph` under `budget_bytes` (static memory included).
-pub fn solve_milp(graph: &Graph, budget_bytes: u64, options: &MilpOptions) -> Result<MilpSolution, MilpError> {
+pub fn solve_milp(
+    graph: &Graph,
+    budget_bytes: u64,
+    options: &MilpOptions,
+) -> Result<MilpSolution, MilpError> {
     let n = graph.len();
     if n > options.max_nodes {
-        return Err(MilpError::TooLarge { graph: graph.name().into(), nodes: n, limit: options.max_nodes });
+        return Err(MilpError::TooLarge {
+            graph: graph.name().into(),
+            nodes: n,
+            limit: options.max_nodes,
+        });
     }
-    let infeasible = || MilpError::Infeasible { graph: graph.name().into(), budget: budget_bytes };
-    let cap = budget_bytes.checked_sub(graph.static_bytes()).ok_or_else(infeasible)?;
+    let infeasible = || MilpError::Infeasible {
+        graph: graph.name().into(),
+        budget: budget_bytes,
+    };
+    let cap = budget_bytes
+        .checked_sub(graph.static_bytes())
+        .ok_or_else(infeasible)?;
     if n == 0 {
-        return Ok(MilpSolution { steps: Vec::new(), objective: 0.0, optimal: true });
+        return Ok(MilpSolution {
+            steps: Vec::new(),
+            objective: 0.0,
+            optimal: true,
+        });
     }
     let scale = cap.max(1) as f64;
-    let mut b = Builder { graph, pb: RowProblem::default(), scale };
+    let mut b = Builder {
+        graph,
+        pb: RowProblem::default(),
+        scale,
+    };
     let vars = add_stage_vars(&mut b);
     add_dependency_rows(&mut b, &vars);
     add_memory_rows(&mut b, &vars, cap as f64 / scale);
@@ -120,37 +149,76 @@ pub fn solve_milp(graph: &Graph, budget_bytes: u64, options: &MilpOptions) -> Re
         graph: graph.name().into(),
         what: format!("{what}: {status:?}"),
     };
-    let mut model = b.pb.try_optimise(Sense::Minimise).map_err(|e| solver("model rejected", e))?;
+    let mut model =
+        b.pb.try_optimise(Sense::Minimise)
+            .map_err(|e| solver("model rejected", e))?;
     for (option, value) in [("output_flag", 0.0), ("log_to_console", 0.0)] {
-        model.try_set_option(option, value != 0.0).map_err(|e| solver(option, e))?;
+        model
+            .try_set_option(option, value != 0.0)
+            .map_err(|e| solver(option, e))?;
     }
-    model.try_set_option("time_limit", options.time_limit_s).map_err(|e| solver("time_limit", e))?;
-    model.try_set_option("mip_rel_gap", options.mip_rel_gap).map_err(|e| solver("mip_rel_gap", e))?;
-    model.try_set_option("threads", 1).map_err(|e| solver("threads", e))?;
+    model
+        .try_set_option("time_limit", options.time_limit_s)
+        .map_err(|e| solver("time_limit", e))?;
+    model
+        .try_set_option("mip_rel_gap", options.mip_rel_gap)
+        .map_err(|e| solver("mip_rel_gap", e))?;
+    model
+        .try_set_option("threads", 1)
+        .map_err(|e| solver("threads", e))?;
     let solved = model.try_solve().map_err(|e| solver("solve", e))?;
     let status = solved.status();
-    if matches!(status, HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible) {
+    if matches!(
+        status,
+        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
+    ) {
         return Err(infeasible());
     }
     if solved.primal_solution_status() != HighsSolutionStatus::Feasible {
-        return Err(MilpError::NoSolution { graph: graph.name().into(), status: format!("{status:?}") });
+        return Err(MilpError::NoSolution {
+            graph: graph.name().into(),
+            status: format!("{status:?}"),
+        });
     }
     let solution = solved.get_solution();
     let cols = solution.columns();
     let on = |i: usize| cols[i] > 0.5;
-    let r: Vec<Vec<bool>> = vars.r_idx.iter().map(|row| row.iter().map(|&i| on(i)).collect()).collect();
-    let s: Vec<Vec<bool>> = vars.s_idx.iter().map(|row| row.iter().map(|&i| on(i)).collect()).collect();
+    let r: Vec<Vec<bool>> = vars
+        .r_idx
+        .iter()
+        .map(|row| row.iter().map(|&i| on(i)).collect())
+        .collect();
+    let s: Vec<Vec<bool>> = vars
+        .s_idx
+        .iter()
+        .map(|row| row.iter().map(|&i| on(i)).collect())
+        .collect();
     let steps = extract_schedule(graph, &r, &s);
     let objective = steps
         .iter()
-        .filter_map(|s| if let Step::Compute { node } = s { Some(graph.node(*node).compute_time) } else { None })
+        .filter_map(|s| {
+            if let Step::Compute { node } = s {
+                Some(graph.node(*node).compute_time)
+            } else {
+                None
+            }
+        })
         .sum();
-    Ok(MilpSolution { steps, objective, optimal: status == HighsModelStatus::Optimal })
+    Ok(MilpSolution {
+        steps,
+        objective,
+        optimal: status == HighsModelStatus::Optimal,
+    })
 }
 
 fn add_stage_vars(b: &mut Builder) -> Vars {
     let n = b.graph.len();
-    let mut vars = Vars { r: Vec::new(), s: Vec::new(), r_idx: Vec::new(), s_idx: Vec::new() };
+    let mut vars = Vars {
+        r: Vec::new(),
+        s: Vec::new(),
+        r_idx: Vec::new(),
+        s_idx: Vec::new(),
+    };
     for t in 0..n {
         let (mut r, mut ri) = (Vec::new(), Vec::new());
         for i in 0..=t {
@@ -180,7 +248,14 @@ fn add_dependency_rows(b: &mut Builder, vars: &Vars) {
         for k in 0..=t {
             for &j in &b.graph.node(k).inputs {
                 // R[t][k] <= R[t][j] + S[t][j]
-                b.pb.add_row(..=0.0, [(vars.r[t][k], 1.0), (vars.r[t][j], -1.0), (vars.s[t][j], -1.0)]);
+                b.pb.add_row(
+                    ..=0.0,
+                    [
+                        (vars.r[t][k], 1.0),
+                        (vars.r[t][j], -1.0),
+                        (vars.s[t][j], -1.0),
+                    ],
+                );
             }
         }
         if t + 1 < n {
@@ -221,7 +296,12 @@ fn add_memory_rows(b: &mut Builder, vars: &Vars, cap: f64) {
 fn add_free_vars(b: &mut Builder, vars: &Vars, t: usize, k: usize) -> Vec<(highs::Col, f64)> {
     let n = b.graph.len();
     let graph = b.graph;
-    let candidates = graph.node(k).inputs.iter().copied().chain(std::iter::once(k));
+    let candidates = graph
+        .node(k)
+        .inputs
+        .iter()
+        .copied()
+        .chain(std::iter::once(k));
     let mut freed = Vec::new();
     for i in candidates {
         let (free, _) = b.binary(0.0);
@@ -230,7 +310,13 @@ fn add_free_vars(b: &mut Builder, vars: &Vars, t: usize, k: usize) -> Vec<(highs
         if t + 1 < n {
             hazards.push((vars.s[t + 1][i], 1.0));
         }
-        hazards.extend(graph.users(i).iter().filter(|&&j| j > k && j <= t).map(|&j| (vars.r[t][j], 1.0)));
+        hazards.extend(
+            graph
+                .users(i)
+                .iter()
+                .filter(|&&j| j > k && j <= t)
+                .map(|&j| (vars.r[t][j], 1.0)),
+        );
         let kappa = hazards.len() as f64;
         // 1 - FREE <= hazards  <=>  FREE + hazards' >= 0, where hazards' = hazards - 1.
         let mut low = hazards.clone();
@@ -273,7 +359,12 @@ fn extract_schedule(graph: &Graph, r: &[Vec<bool>], s: &[Vec<bool>]) -> Vec<Step
                 steps.push(Step::Compute { node: k });
                 on_device[k] = true;
             }
-            let done = graph.node(k).inputs.iter().copied().chain(std::iter::once(k));
+            let done = graph
+                .node(k)
+                .inputs
+                .iter()
+                .copied()
+                .chain(std::iter::once(k));
             for i in done.filter(|&i| last_reader[i] == Some(k)) {
                 if on_device[i] && !kept_next(t, i) {
                     steps.push(Step::Free { tensor: i });
@@ -301,8 +392,13 @@ impl Strategy for CheckmateMilp {
         true
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let solution = solve_milp(problem.graph, problem.budget_bytes, &self.options)
-            .map_err(|e| PlanError::NotApplicable { strategy: NAME.into(), why: e.to_string() })?;
+        let solution =
+            solve_milp(problem.graph, problem.budget_bytes, &self.options).map_err(|e| {
+                PlanError::NotApplicable {
+                    strategy: NAME.into(),
+                    why: e.to_string(),
+                }
+            })?;
         let decisions = decisions_of(problem.graph, &solution.steps);
         plan_from_steps(problem, NAME, solution.steps, decisions)
     }

@@ -14,11 +14,14 @@ use crate::strategy::Strategy;
 
 /// The strategies of this module, for the registry.
 pub fn strategies() -> Vec<Box<dyn Strategy>> {
-    let all: Vec<Box<dyn Strategy>> = vec![Box::new(evict::Evict), Box::new(chain_strategy::ChainDp)];
+    let all: Vec<Box<dyn Strategy>> =
+        vec![Box::new(evict::Evict), Box::new(chain_strategy::ChainDp)];
     #[cfg(feature = "milp")]
     let all = {
         let mut all = all;
-        all.push(Box::new(milp::CheckmateMilp { options: milp::MilpOptions::default() }));
+        all.push(Box::new(milp::CheckmateMilp {
+            options: milp::MilpOptions::default(),
+        }));
         all
     };
     all

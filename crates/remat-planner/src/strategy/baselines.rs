@@ -1,8 +1,80 @@
-//! Baseline strategies.
+//! Baseline strategies: store-all, recompute-all, every-N, by-depth, memory-threshold and
+//! Chen et al.'s sqrt(n) and greedy ("Training Deep Nets with Sublinear Memory Cost", 2016).
+//!
+//! All of them choose a set of checkpoints among the activations (tensors with an idle
+//! interval, see [`crate::attrs`]), keep those and recompute the others; they differ only in
+//! which they keep. Fixed rules (every-N, by-depth, sqrt) ignore the budget and report
+//! [`PlanError::OverBudget`] when their plan does not fit; the greedy and the threshold search
+//! their parameter for the fastest plan that fits.
 
 use super::{Planned, Problem, Strategy, plan_from_decisions};
+use crate::attrs::tensor_attrs;
 use crate::error::PlanError;
+use crate::ir::{Graph, NodeId, Phase};
 use crate::plan::Decision;
+
+/// The tensors a baseline may drop: forward activations with an idle interval, in order,
+/// with their (drop_after, use_at) window.
+fn activations(graph: &Graph) -> Vec<(NodeId, (NodeId, NodeId))> {
+    tensor_attrs(graph, 1.0)
+        .iter()
+        .enumerate()
+        .filter(|(id, _)| graph.node(*id).phase == Phase::Forward)
+        .filter_map(|(id, a)| a.idle.map(|w| (id, w)))
+        .collect()
+}
+
+/// Keeps the activations for which `keep(k, id)` holds (k: rank among activations) and
+/// recomputes the others.
+fn decisions_keeping(
+    graph: &Graph,
+    acts: &[(NodeId, (NodeId, NodeId))],
+    keep: impl Fn(usize, NodeId) -> bool,
+) -> Vec<Decision> {
+    let mut decisions = vec![Decision::Keep; graph.len()];
+    for (k, &(id, (drop_after, use_at))) in acts.iter().enumerate() {
+        if !keep(k, id) {
+            decisions[id] = Decision::Recompute {
+                from: Vec::new(),
+                drop_after,
+                use_at,
+            };
+        }
+    }
+    decisions
+}
+
+/// Among candidate decision sets, the fastest plan under the budget, else OverBudget with
+/// the smallest peak seen.
+fn best_of(
+    problem: &Problem,
+    name: &str,
+    candidates: impl IntoIterator<Item = Vec<Decision>>,
+) -> Result<Planned, PlanError> {
+    let mut best: Option<Planned> = None;
+    let mut smallest_peak = u64::MAX;
+    for decisions in candidates {
+        match plan_from_decisions(problem, name, decisions) {
+            Ok(planned) => {
+                if best
+                    .as_ref()
+                    .is_none_or(|b| planned.report.total_time < b.report.total_time)
+                {
+                    best = Some(planned);
+                }
+            }
+            Err(PlanError::OverBudget { best_peak, .. }) => {
+                smallest_peak = smallest_peak.min(best_peak)
+            }
+            Err(other) => return Err(other),
+        }
+    }
+    best.ok_or(PlanError::OverBudget {
+        strategy: name.to_string(),
+        budget: problem.budget_bytes,
+        best_peak: smallest_peak,
+    })
+}
 
 /// Keeps every activation.
 pub struct StoreAll;
@@ -20,12 +92,321 @@ impl Strategy for StoreAll {
     }
 }
 
-/// The default instances, for `--compare` and the benchmark.
-pub fn all() -> Vec<Box<dyn Strategy>> {
-    vec![Box::new(StoreAll)]
+/// Recomputes every activation from the graph's inputs when the backward pass needs it.
+pub struct RecomputeAll;
+
+impl Strategy for RecomputeAll {
+    fn name(&self) -> String {
+        "recompute-all".into()
+    }
+    fn summary(&self) -> &'static str {
+        "drop every activation after its forward use, recompute it for the backward pass"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let acts = activations(problem.graph);
+        let decisions = decisions_keeping(problem.graph, &acts, |_, _| false);
+        plan_from_decisions(problem, &self.name(), decisions)
+    }
 }
 
-/// Parses a parameterized baseline name.
-pub fn parse(_name: &str) -> Option<Box<dyn Strategy>> {
-    None
+/// Keeps every N-th activation in execution order.
+pub struct EveryN(pub usize);
+
+impl Strategy for EveryN {
+    fn name(&self) -> String {
+        format!("every:{}", self.0)
+    }
+    fn summary(&self) -> &'static str {
+        "keep every N-th activation, recompute the ones between"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let n = self.0.max(1);
+        let acts = activations(problem.graph);
+        let decisions = decisions_keeping(problem.graph, &acts, |k, _| (k + 1).is_multiple_of(n));
+        plan_from_decisions(problem, &self.name(), decisions)
+    }
+}
+
+/// Keeps the activations whose depth (longest path from a graph input) is a multiple of D,
+/// so no recomputation replays more than D - 1 levels, whatever the graph's branching.
+pub struct ByDepth(pub usize);
+
+impl Strategy for ByDepth {
+    fn name(&self) -> String {
+        format!("by-depth:{}", self.0)
+    }
+    fn summary(&self) -> &'static str {
+        "keep activations at every D-th level of graph depth"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let d = self.0.max(1);
+        let graph = problem.graph;
+        let mut depth = vec![0usize; graph.len()];
+        for (id, node) in graph.nodes().iter().enumerate() {
+            depth[id] = node.inputs.iter().map(|&i| depth[i] + 1).max().unwrap_or(0);
+        }
+        let acts = activations(graph);
+        let decisions = decisions_keeping(graph, &acts, |_, id| (depth[id] + 1).is_multiple_of(d));
+        plan_from_decisions(problem, &self.name(), decisions)
+    }
+}
+
+/// Keeps the oldest activations until their bytes reach a threshold, recomputes the rest.
+/// `None`: searches the largest threshold whose plan fits the budget.
+pub struct MemoryThreshold(pub Option<f64>);
+
+impl MemoryThreshold {
+    fn decisions(
+        &self,
+        graph: &Graph,
+        acts: &[(NodeId, (NodeId, NodeId))],
+        limit: u64,
+    ) -> Vec<Decision> {
+        let mut kept = 0u64;
+        let mut keep = vec![false; graph.len()];
+        for &(id, _) in acts {
+            let bytes = graph.node(id).output_bytes;
+            if kept + bytes <= limit {
+                kept += bytes;
+                keep[id] = true;
+            } else {
+                break;
+            }
+        }
+        decisions_keeping(graph, acts, |_, id| keep[id])
+    }
+}
+
+impl Strategy for MemoryThreshold {
+    fn name(&self) -> String {
+        match self.0 {
+            Some(f) => format!("threshold:{f}"),
+            None => "threshold".into(),
+        }
+    }
+    fn summary(&self) -> &'static str {
+        "keep the oldest activations up to a byte threshold, recompute the rest"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let graph = problem.graph;
+        let acts = activations(graph);
+        let total: u64 = acts
+            .iter()
+            .map(|&(id, _)| graph.node(id).output_bytes)
+            .sum();
+        if let Some(fraction) = self.0 {
+            let limit = (total as f64 * fraction.clamp(0.0, 1.0)) as u64;
+            return plan_from_decisions(problem, &self.name(), self.decisions(graph, &acts, limit));
+        }
+        // Each prefix of the activations is a candidate threshold; try them all (a prefix's
+        // peak is not monotone in its length, so no bisection).
+        let mut prefix = 0u64;
+        let mut limits = vec![0u64];
+        for &(id, _) in &acts {
+            prefix += graph.node(id).output_bytes;
+            limits.push(prefix);
+        }
+        let candidates = limits.into_iter().map(|l| self.decisions(graph, &acts, l));
+        best_of(problem, &self.name(), candidates)
+    }
+}
+
+/// Chen et al.'s sqrt(n): keep every ceil(sqrt(n))-th of the n activations.
+pub struct SqrtN;
+
+impl Strategy for SqrtN {
+    fn name(&self) -> String {
+        "sqrt".into()
+    }
+    fn summary(&self) -> &'static str {
+        "Chen et al.: segments of sqrt(n) activations, keep one per segment"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let acts = activations(problem.graph);
+        let segment = (acts.len() as f64).sqrt().ceil().max(1.0) as usize;
+        let decisions =
+            decisions_keeping(problem.graph, &acts, |k, _| (k + 1).is_multiple_of(segment));
+        plan_from_decisions(problem, &self.name(), decisions)
+    }
+}
+
+/// Chen et al.'s greedy: walk the activations accumulating bytes; when the running sum
+/// exceeds B, keep the activation and restart the sum. B is searched over a geometric grid
+/// (and Chen's sqrt(x * y) refinement) for the fastest plan under the budget.
+pub struct ChenGreedy;
+
+impl ChenGreedy {
+    fn with_b(graph: &Graph, acts: &[(NodeId, (NodeId, NodeId))], b: f64) -> (Vec<Decision>, f64) {
+        let mut temp = 0.0;
+        let (mut x, mut y) = (0.0f64, 0.0f64);
+        let mut keep = vec![false; graph.len()];
+        for &(id, _) in acts {
+            let bytes = graph.node(id).output_bytes as f64;
+            temp += bytes;
+            if temp > b {
+                keep[id] = true;
+                x += bytes;
+                y = y.max(temp);
+                temp = 0.0;
+            }
+        }
+        (
+            (decisions_keeping(graph, acts, |_, id| keep[id])),
+            (x * y).sqrt(),
+        )
+    }
+}
+
+impl Strategy for ChenGreedy {
+    fn name(&self) -> String {
+        "chen-greedy".into()
+    }
+    fn summary(&self) -> &'static str {
+        "Chen et al.: greedy segments under a byte bound B, B searched for the budget"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let graph = problem.graph;
+        let acts = activations(graph);
+        let sizes = acts
+            .iter()
+            .map(|&(id, _)| graph.node(id).output_bytes as f64);
+        let total: f64 = sizes.clone().sum();
+        let smallest = sizes.fold(f64::INFINITY, f64::min).max(1.0);
+        const GRID: usize = 48;
+        let mut candidates = Vec::with_capacity(2 * GRID + 1);
+        for i in 0..=GRID {
+            let b = smallest * (total.max(smallest) / smallest).powf(i as f64 / GRID as f64);
+            let (decisions, refined) = Self::with_b(graph, &acts, b);
+            candidates.push(decisions);
+            candidates.push(Self::with_b(graph, &acts, refined).0);
+        }
+        best_of(problem, &self.name(), candidates)
+    }
+}
+
+/// The default instances, for `--compare` and the benchmark.
+pub fn all() -> Vec<Box<dyn Strategy>> {
+    vec![
+        Box::new(StoreAll),
+        Box::new(RecomputeAll),
+        Box::new(EveryN(2)),
+        Box::new(EveryN(4)),
+        Box::new(ByDepth(2)),
+        Box::new(MemoryThreshold(None)),
+        Box::new(SqrtN),
+        Box::new(ChenGreedy),
+    ]
+}
+
+/// Parses a parameterized baseline name: `every:N`, `by-depth:D`, `threshold:F`.
+pub fn parse(name: &str) -> Option<Box<dyn Strategy>> {
+    let (kind, arg) = name.split_once(':')?;
+    match kind {
+        "every" => arg
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .map(|n| Box::new(EveryN(n)) as Box<dyn Strategy>),
+        "by-depth" => arg
+            .parse()
+            .ok()
+            .filter(|&d| d > 0)
+            .map(|d| Box::new(ByDepth(d)) as Box<dyn Strategy>),
+        "threshold" => arg
+            .parse::<f64>()
+            .ok()
+            .filter(|f| (0.0..=1.0).contains(f))
+            .map(|f| Box::new(MemoryThreshold(Some(f))) as Box<dyn Strategy>),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Node;
+
+    /// A training chain of `n` forward layers (10 bytes, time 1) and their backward twins.
+    pub(crate) fn training_chain(n: usize) -> Graph {
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            nodes.push(Node {
+                name: format!("f{i}"),
+                phase: Phase::Forward,
+                compute_time: 1.0,
+                output_bytes: 10,
+                inputs: if i == 0 { vec![] } else { vec![i - 1] },
+            });
+        }
+        nodes.push(Node {
+            name: "loss".into(),
+            phase: Phase::Backward,
+            compute_time: 1.0,
+            output_bytes: 1,
+            inputs: vec![n - 1],
+        });
+        for k in 0..n {
+            let fw = n - 1 - k;
+            let mut inputs = vec![n + k];
+            if fw > 0 {
+                inputs.push(fw - 1);
+            }
+            inputs.sort_unstable();
+            nodes.push(Node {
+                name: format!("b{fw}"),
+                phase: Phase::Backward,
+                compute_time: 2.0,
+                output_bytes: 10,
+                inputs,
+            });
+        }
+        Graph::new("chain", nodes, 0, 1.0).unwrap()
+    }
+
+    fn problem(graph: &Graph, budget: u64) -> Problem<'_> {
+        Problem {
+            graph,
+            budget_bytes: budget,
+            bandwidth: 1.0,
+        }
+    }
+
+    #[test]
+    fn every_two_recomputes_half_of_the_dropped_layers() {
+        // Chain of 8: activations are f0..f6 (f7 is read by the loss right away). every:2
+        // keeps f1, f3, f5 and recomputes f0, f2, f4, f6 once each: 4 units.
+        let g = training_chain(8);
+        let planned = EveryN(2).plan(&problem(&g, u64::MAX)).unwrap();
+        assert_eq!(planned.report.recompute_time, 4.0);
+        let store_all = StoreAll.plan(&problem(&g, u64::MAX)).unwrap();
+        assert!(planned.report.peak_bytes < store_all.report.peak_bytes);
+    }
+
+    #[test]
+    fn fixed_rules_report_their_peak_when_over_budget() {
+        let g = training_chain(8);
+        let err = SqrtN.plan(&problem(&g, 1)).unwrap_err();
+        assert!(matches!(err, PlanError::OverBudget { best_peak, .. } if best_peak > 1));
+    }
+
+    #[test]
+    fn searched_strategies_fit_a_middle_budget() {
+        let g = training_chain(16);
+        let full = g.store_all_peak();
+        let floor = g.memory_floor();
+        let budget = floor + (full - floor) / 2;
+        for s in [&ChenGreedy as &dyn Strategy, &MemoryThreshold(None)] {
+            let planned = s.plan(&problem(&g, budget)).unwrap();
+            assert!(planned.report.peak_bytes <= budget, "{}", s.name());
+            assert!(planned.report.recompute_time > 0.0, "{}", s.name());
+        }
+    }
+
+    #[test]
+    fn parses_parameterized_names() {
+        assert_eq!(parse("every:3").unwrap().name(), "every:3");
+        assert_eq!(parse("by-depth:2").unwrap().name(), "by-depth:2");
+        assert_eq!(parse("threshold:0.5").unwrap().name(), "threshold:0.5");
+        assert!(parse("every:0").is_none() && parse("threshold:2").is_none());
+    }
 }

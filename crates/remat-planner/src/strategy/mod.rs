@@ -11,6 +11,7 @@
 //! parameterized `every:N`, `by-depth:D` and `threshold:F`.
 
 pub mod baselines;
+pub mod mutwo;
 
 use crate::error::PlanError;
 use crate::ir::Graph;
@@ -101,10 +102,11 @@ pub fn plan_from_steps(
 
 /// Every registered strategy, fast ones first.
 pub fn registry() -> Vec<Box<dyn Strategy>> {
+    let mut strategies = baselines::all();
+    strategies.push(Box::new(mutwo::MuTwo));
     // Exact and large-graph strategies (crate::exact) extend this list.
-    let mut all = baselines::all();
-    all.extend(crate::exact::strategies());
-    all
+    strategies.extend(crate::exact::strategies());
+    strategies
 }
 
 /// Finds a strategy by name; `every:N`, `by-depth:D` and `threshold:F` take a parameter.

@@ -1,0 +1,470 @@
+//! MuTWO's scheduling policy (Purandare et al., "mu-TWO: 3x Faster Multi-Model Training
+//! with Orchestration and Memory Optimization", MLSys 2023, appendix A), for one model.
+//!
+//! Algorithm B repeatedly takes two candidates among the activations still kept:
+//! - the swap candidate, with the largest inactive time; its overhead is Algorithm C: the
+//!   part of its copy-in that compute cannot hide, walking the prefetch prompt back from its
+//!   first backward use over backward nodes (and the recomputations that run there), but
+//!   not into the peak-memory interval, and serialized behind the previous prompt since one
+//!   copy stream serves all prefetches;
+//! - the recompute candidate, with the largest recompute ratio (bytes per unit of total
+//!   recompute time); its overhead is Algorithm D: its total recompute time.
+//!
+//! The cheaper one is applied; Algorithms E and F then update recompute sources and times
+//! (a recomputed or swapped tensor stops being a source; its own sources replace it), the
+//! prompts of earlier swaps move later when new recomputations overlap their copies, and the
+//! memory simulator decides whether to stop. Where the paper's Algorithm G estimates the peak
+//! from per-node counters, we lower the current decisions and run the real simulator: the
+//! stop test then uses the very numbers the plan is judged by.
+//!
+//! Single-model deviation: Algorithm C's cases 2-3 also overlap a swap with forward nodes of
+//! *another* model fused into the same step; with one model there are none, so only backward
+//! nodes hide a prefetch.
+
+use super::{Planned, Problem, Strategy, plan_from_decisions};
+use crate::attrs::{TensorAttrs, prefix_times, tensor_attrs};
+use crate::error::PlanError;
+use crate::ir::{Graph, NodeId, Phase};
+use crate::lower::lower;
+use crate::plan::{Decision, Step};
+use crate::sim::simulate_steps;
+
+pub struct MuTwo;
+
+impl Strategy for MuTwo {
+    fn name(&self) -> String {
+        "mutwo".into()
+    }
+    fn summary(&self) -> &'static str {
+        "MuTWO: swap or recompute the cheaper candidate until the simulated peak fits"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let mut state = Scheduler::new(problem);
+        let decisions = state.run()?;
+        plan_from_decisions(problem, &self.name(), decisions)
+    }
+}
+
+/// Which action Algorithm B applied to a candidate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Choice {
+    Swap { prompt: NodeId },
+    Recompute,
+}
+
+pub(crate) struct Scheduler<'p> {
+    problem: &'p Problem<'p>,
+    graph: &'p Graph,
+    pub(crate) attrs: Vec<TensorAttrs>,
+    pub(crate) candidates: Vec<NodeId>,
+    pub(crate) decisions: Vec<Decision>,
+    swaps: Vec<NodeId>,
+    pub(crate) recomps: Vec<NodeId>,
+    /// The earliest prefetch prompt scheduled so far (Algorithm B's `last_prompt`).
+    last_prompt: NodeId,
+    reached_peak: bool,
+    /// Device bytes when each node of the current plan starts (for the peak interval).
+    node_mem: Vec<u64>,
+    prefix: Vec<f64>,
+    /// Choices in order, for tests and explanations.
+    pub(crate) trace: Vec<(NodeId, Choice)>,
+}
+
+impl<'p> Scheduler<'p> {
+    pub(crate) fn new(problem: &'p Problem<'p>) -> Scheduler<'p> {
+        let graph = problem.graph;
+        let attrs = tensor_attrs(graph, problem.bandwidth);
+        let candidates = (0..graph.len())
+            .filter(|&id| graph.node(id).phase == Phase::Forward && attrs[id].idle.is_some())
+            .collect();
+        Scheduler {
+            problem,
+            graph,
+            attrs,
+            candidates,
+            decisions: vec![Decision::Keep; graph.len()],
+            swaps: Vec::new(),
+            recomps: Vec::new(),
+            last_prompt: graph.len().saturating_sub(1),
+            reached_peak: false,
+            node_mem: vec![0; graph.len()],
+            prefix: prefix_times(graph),
+            trace: Vec::new(),
+        }
+    }
+
+    fn window(&self, t: NodeId) -> (NodeId, NodeId) {
+        self.attrs[t].idle.unwrap_or((t, t))
+    }
+
+    /// Algorithm B. Returns the decisions of the first plan whose simulated peak fits.
+    pub(crate) fn run(&mut self) -> Result<Vec<Decision>, PlanError> {
+        let mut smallest = self.measure()?;
+        if smallest <= self.problem.budget_bytes {
+            return Ok(self.decisions.clone());
+        }
+        while !self.candidates.is_empty() {
+            self.step();
+            let peak = self.measure()?;
+            smallest = smallest.min(peak);
+            if peak <= self.problem.budget_bytes {
+                return Ok(self.decisions.clone());
+            }
+        }
+        Err(PlanError::OverBudget {
+            strategy: "mutwo".into(),
+            budget: self.problem.budget_bytes,
+            best_peak: smallest,
+        })
+    }
+
+    /// One iteration of Algorithm B's loop, without the stop test.
+    pub(crate) fn step(&mut self) {
+        let s_cand = self.argmax(|a| a.inactive_time);
+        let r_cand = self.argmax(TensorAttrs::recompute_ratio);
+        let (s_overhead, prompt) = self.swap_overhead(s_cand);
+        let r_overhead = self.attrs[r_cand].total_recomp_time;
+        let (cand, choice) = if s_overhead < r_overhead {
+            (s_cand, Choice::Swap { prompt })
+        } else {
+            (r_cand, Choice::Recompute)
+        };
+        let (start, use_at) = self.window(cand);
+        match choice {
+            Choice::Swap { prompt } => {
+                self.decisions[cand] = Decision::Swap {
+                    swap_out_after: start,
+                    prefetch_at: prompt,
+                    use_at,
+                };
+                self.last_prompt = self.last_prompt.min(prompt);
+                self.swaps.push(cand);
+            }
+            Choice::Recompute => {
+                self.decisions[cand] = Decision::Recompute {
+                    from: self.attrs[cand].recomp_srcs.clone(),
+                    drop_after: start,
+                    use_at,
+                };
+                self.recomps.push(cand);
+            }
+        }
+        self.trace.push((cand, choice));
+        self.candidates.retain(|&c| c != cand);
+        let recomp_cnt = self.update_recomps(cand);
+        self.update_candidates(cand, recomp_cnt);
+        self.update_swap_prompts();
+    }
+
+    /// The candidate maximizing `key`, the earliest on ties (deterministic plans).
+    fn argmax(&self, key: impl Fn(&TensorAttrs) -> f64) -> NodeId {
+        let mut best = self.candidates[0];
+        for &c in &self.candidates[1..] {
+            if key(&self.attrs[c]) > key(&self.attrs[best]) {
+                best = c;
+            }
+        }
+        best
+    }
+
+    /// Recompute time scheduled just before node `v` (recomputations whose use is `v`).
+    fn recomp_time_at(&self, v: NodeId) -> f64 {
+        self.recomps
+            .iter()
+            .filter(|&&r| self.window(r).1 == v)
+            .map(|&r| self.attrs[r].recomp_time)
+            .sum()
+    }
+
+    /// Algorithm C: (exposed swap time, prefetch prompt) for swapping `cand`.
+    pub(crate) fn swap_overhead(&mut self, cand: NodeId) -> (f64, NodeId) {
+        let (start, bw_access) = self.window(cand);
+        let mut swap_time = self.attrs[cand].swap_time - self.recomp_time_at(bw_access);
+        if self.reached_peak {
+            if bw_access < self.last_prompt {
+                // Case 1(a): the copy cannot overlap anything inside the peak interval.
+                return (swap_time.max(0.0), bw_access);
+            }
+            // Case 1(b): it also waits for the in-flight copy of the last prompt.
+            return (swap_time.max(0.0) + self.in_flight_at(bw_access), bw_access);
+        }
+        // Cases 2 and 3: hide the copy behind backward nodes before the use, walking back
+        // from the use (or the earliest prompt, as copies in one stream are serialized).
+        let mut prompt = bw_access;
+        let mut p = bw_access.min(self.last_prompt);
+        while swap_time > 0.0 && p > start + 1 {
+            p -= 1;
+            if self.node_mem[p] > self.problem.budget_bytes {
+                // Prefetching inside the peak interval would raise the peak.
+                self.reached_peak = true;
+                break;
+            }
+            swap_time -= self.graph.node(p).compute_time + self.recomp_time_at(p);
+            prompt = p;
+        }
+        (swap_time.max(0.0), prompt)
+    }
+
+    /// Copy time of the swap prefetched at `last_prompt` still running when `v` starts.
+    fn in_flight_at(&self, v: NodeId) -> f64 {
+        let last = self.swaps.iter().copied().find(
+            |&s| matches!(self.decisions[s], Decision::Swap { prefetch_at, .. } if prefetch_at == self.last_prompt),
+        );
+        last.map_or(0.0, |s| {
+            let elapsed = self.prefix[v.max(self.last_prompt)] - self.prefix[self.last_prompt];
+            (self.attrs[s].swap_time - elapsed).max(0.0)
+        })
+    }
+
+    /// Algorithm E: `cand` leaves the sources of earlier recomputations, replaced by its own
+    /// sources; returns how many times it is recomputed in its lifetime.
+    pub(crate) fn update_recomps(&mut self, cand: NodeId) -> u32 {
+        let mut recomp_cnt = 1;
+        let cand_srcs = self.attrs[cand].recomp_srcs.clone();
+        let cand_time = self.attrs[cand].recomp_time;
+        for &rp in &self.recomps {
+            if rp == cand {
+                continue;
+            }
+            let srcs = &mut self.attrs[rp].recomp_srcs;
+            if let Some(pos) = srcs.iter().position(|&s| s == cand) {
+                srcs.swap_remove(pos);
+                merge(srcs, &cand_srcs);
+                self.attrs[rp].recomp_time += cand_time;
+                recomp_cnt += 1;
+            }
+        }
+        self.attrs[cand].recomp_cnt = recomp_cnt;
+        recomp_cnt
+    }
+
+    /// Algorithm F: the remaining candidates see `t` swapped or recomputed.
+    pub(crate) fn update_candidates(&mut self, t: NodeId, recomp_cnt: u32) {
+        let t_srcs = self.attrs[t].recomp_srcs.clone();
+        let t_time = self.attrs[t].recomp_time;
+        let t_active = (self.attrs[t].first_bw_access, self.attrs[t].last_bw_access);
+        for i in 0..self.candidates.len() {
+            let cand = self.candidates[i];
+            if self.attrs[cand].recomp_srcs.contains(&t) {
+                let first_bw = self.attrs[cand].first_bw_access;
+                let t_resident = matches!((first_bw, t_active), (Some(f), (Some(a), Some(b))) if a <= f && f <= b);
+                if !t_resident {
+                    let srcs = &mut self.attrs[cand].recomp_srcs;
+                    srcs.retain(|&s| s != t);
+                    merge(srcs, &t_srcs);
+                    self.attrs[cand].recomp_time += t_time;
+                    let per_run = self.attrs[cand].recomp_time;
+                    let uses = self
+                        .recomps
+                        .iter()
+                        .filter(|&&rp| self.attrs[rp].recomp_srcs.contains(&cand))
+                        .count();
+                    self.attrs[cand].total_recomp_time = per_run * (1 + uses) as f64;
+                }
+            }
+            if t_srcs.contains(&cand) && self.recomps.contains(&t) {
+                self.attrs[cand].total_recomp_time =
+                    f64::from(recomp_cnt) * self.attrs[cand].recomp_time;
+            }
+        }
+    }
+
+    /// Prompts of scheduled swaps move later when new recomputations in their prefetch
+    /// window hide part of the copy: less time holding the prefetched bytes.
+    fn update_swap_prompts(&mut self) {
+        let mut swaps = self.swaps.clone();
+        swaps.sort_by_key(|&s| std::cmp::Reverse(self.window(s).1));
+        let mut bound = self.graph.len().saturating_sub(1);
+        for s in swaps {
+            let Decision::Swap {
+                swap_out_after,
+                prefetch_at,
+                use_at,
+            } = self.decisions[s]
+            else {
+                continue;
+            };
+            let mut remaining = self.attrs[s].swap_time - self.recomp_time_at(use_at);
+            let mut prompt = use_at;
+            let mut p = use_at.min(bound);
+            while remaining > 0.0 && p > prefetch_at.max(swap_out_after + 1) {
+                p -= 1;
+                remaining -= self.graph.node(p).compute_time + self.recomp_time_at(p);
+                prompt = p;
+            }
+            let prompt = prompt.max(prefetch_at);
+            self.decisions[s] = Decision::Swap {
+                swap_out_after,
+                prefetch_at: prompt,
+                use_at,
+            };
+            bound = bound.min(prompt);
+        }
+        self.last_prompt = self.last_prompt.max(bound.min(self.last_prompt));
+    }
+
+    /// Simulates the current decisions; records per-node memory; returns the peak.
+    fn measure(&mut self) -> Result<u64, PlanError> {
+        let lowered = lower(self.graph, &self.decisions, self.problem.bandwidth)?;
+        let report = simulate_steps(self.graph, &lowered.steps, self.problem.bandwidth).map_err(
+            |source| PlanError::InvalidSchedule {
+                strategy: "mutwo".into(),
+                source,
+            },
+        )?;
+        let mut at_step = vec![0u64; lowered.steps.len()];
+        for point in &report.timeline {
+            if let Some(slot) = at_step.get_mut(point.step) {
+                *slot = (*slot).max(point.bytes);
+            }
+        }
+        let mut seen = vec![false; self.graph.len()];
+        for (i, step) in lowered.steps.iter().enumerate() {
+            if let Step::Compute { node } = *step
+                && !seen[node]
+            {
+                seen[node] = true;
+                self.node_mem[node] = at_step[i];
+            }
+        }
+        Ok(report.peak_bytes)
+    }
+}
+
+/// Adds the sources in `extra` not already in `srcs`.
+fn merge(srcs: &mut Vec<NodeId>, extra: &[NodeId]) {
+    for &s in extra {
+        if !srcs.contains(&s) {
+            srcs.push(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Node;
+
+    /// f0 -> f1 -> f2 -> f3 -> loss -> b3 -> b2 -> b1 -> b0, where b_i reads f_{i-1} (the
+    /// input of layer i) and the gradient before it. Sizes and times per layer are given.
+    fn chain(sizes: [u64; 4], times: [f64; 4]) -> Graph {
+        let mut nodes: Vec<Node> = (0..4)
+            .map(|i| Node {
+                name: format!("f{i}"),
+                phase: Phase::Forward,
+                compute_time: times[i],
+                output_bytes: sizes[i],
+                inputs: if i == 0 { vec![] } else { vec![i - 1] },
+            })
+            .collect();
+        nodes.push(Node {
+            name: "loss".into(),
+            phase: Phase::Backward,
+            compute_time: 1.0,
+            output_bytes: 1,
+            inputs: vec![3],
+        });
+        for k in 0..4 {
+            let layer = 3 - k;
+            let mut inputs = vec![4 + k];
+            if layer > 0 {
+                inputs.insert(0, layer - 1);
+            }
+            nodes.push(Node {
+                name: format!("b{layer}"),
+                phase: Phase::Backward,
+                compute_time: 2.0 * times[layer],
+                output_bytes: sizes[layer],
+                inputs,
+            });
+        }
+        Graph::new("chain4", nodes, 0, 1.0).unwrap()
+    }
+
+    #[test]
+    fn recompute_candidate_is_the_best_bytes_per_time() {
+        // Activations (idle interval): f0 (f1 .. b1), f1 (f2 .. b2), f2 (f3 .. b3).
+        // Bandwidth 1 byte/unit makes every swap cost its size (100s of units), far above any
+        // recompute time, so recompute wins. Ratios: f0 100/1, f1 100/4, f2 100/2: f0 first.
+        let g = chain([100, 100, 100, 100], [1.0, 4.0, 2.0, 1.0]);
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: 0,
+            bandwidth: 1.0,
+        };
+        let mut s = Scheduler::new(&problem);
+        s.measure().unwrap();
+        s.step();
+        assert_eq!(s.trace, vec![(0, Choice::Recompute)]);
+        // Then f2 (ratio 50) before f1 (25).
+        s.measure().unwrap();
+        s.step();
+        assert_eq!(s.trace[1], (2, Choice::Recompute));
+    }
+
+    #[test]
+    fn swap_wins_when_the_copy_hides_behind_backward_compute() {
+        // f0's idle interval runs from f1 (1) to b1 (7): loss, b3, b2 (nodes 4, 5, 6) run in
+        // between, 1 + 2 + 8 = 11 units before b1 (b2 is 2 x f2's 4 units).
+        // At 100 bytes/unit, swapping 100 bytes takes 1 unit: walking back from b1, b2 alone
+        // hides it: prompt b2 (6), overhead 0. Recomputing anything costs > 0, so swap wins.
+        let g = chain([100, 100, 100, 100], [1.0, 1.0, 4.0, 1.0]);
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: u64::MAX,
+            bandwidth: 100.0,
+        };
+        let mut s = Scheduler::new(&problem);
+        s.measure().unwrap();
+        assert_eq!(s.swap_overhead(0), (0.0, 6));
+        s.step();
+        assert_eq!(s.trace, vec![(0, Choice::Swap { prompt: 6 })]);
+    }
+
+    #[test]
+    fn recomputing_a_source_updates_later_candidates() {
+        // Recompute f1 first (ratio 100/1, the best). Algorithm F: f2's source f1 is gone, so
+        // f2 is rebuilt from f0 and its recompute time grows by f1's: 1 + 1 = 2.
+        let g = chain([10, 100, 10, 10], [1.0, 1.0, 1.0, 1.0]);
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: 0,
+            bandwidth: 1e-3,
+        };
+        let mut s = Scheduler::new(&problem);
+        s.measure().unwrap();
+        s.step();
+        assert_eq!(s.trace, vec![(1, Choice::Recompute)]);
+        assert_eq!(s.attrs[2].recomp_srcs, vec![0]);
+        assert_eq!(s.attrs[2].recomp_time, 2.0);
+        // Algorithm E: recomputing f0 next would make f1's recomputation start from f0's
+        // sources (none: f0 is the input) and cost f0's time too.
+        s.recomps.push(0);
+        let cnt = s.update_recomps(0);
+        assert_eq!(cnt, 2);
+        assert_eq!(s.attrs[1].recomp_time, 2.0);
+    }
+
+    #[test]
+    fn stops_as_soon_as_the_peak_fits_and_reports_the_smallest_peak() {
+        let g = chain([100, 100, 100, 100], [1.0, 4.0, 2.0, 1.0]);
+        let store_all = g.store_all_peak();
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: store_all - 1,
+            bandwidth: 1.0,
+        };
+        let planned = MuTwo.plan(&problem).unwrap();
+        assert!(planned.report.peak_bytes < store_all);
+        let impossible = Problem {
+            budget_bytes: 1,
+            ..problem
+        };
+        match MuTwo.plan(&impossible) {
+            Err(PlanError::OverBudget { best_peak, .. }) => {
+                assert!(best_peak >= g.memory_floor() && best_peak < store_all)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,596 @@
+//! A checkpoint on disk, in any of the layouts remat reads, as one model: global tensors
+//! made of pieces that live in memory-mapped safetensors files.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::dtype::Dtype;
+use crate::error::{ReshardError, Result, io_err};
+use crate::geometry::{Region, intersecting_pairs};
+use crate::index::{INDEX_NAME, parse_index};
+use crate::safetensors::{Entry, MappedFile, tensor_bytes, volume};
+use crate::target::Placement;
+
+/// The on-disk layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// remat's own: `rank-0000R-of-0000M.safetensors` files plus `remat.index.json`.
+    Remat,
+    /// PyTorch DCP with Hugging Face storage: `shard-0000R-model-00001-of-00001.safetensors`
+    /// with `DCP_SHARDING_INFO` metadata.
+    Dcp,
+    /// Hugging Face: `model.safetensors`, or `model-0000i-of-0000n.safetensors` with
+    /// `model.safetensors.index.json`.
+    Hf,
+}
+
+impl Format {
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "remat" => Some(Format::Remat),
+            "dcp" => Some(Format::Dcp),
+            "hf" => Some(Format::Hf),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Remat => "remat",
+            Format::Dcp => "dcp",
+            Format::Hf => "hf",
+        }
+    }
+}
+
+/// The `__metadata__` key PyTorch DCP stores piece offsets under.
+pub const DCP_SHARDING_INFO: &str = "DCP_SHARDING_INFO";
+/// Hugging Face's multi-file index.
+pub const HF_INDEX_NAME: &str = "model.safetensors.index.json";
+/// Hugging Face's single file.
+pub const HF_SINGLE_NAME: &str = "model.safetensors";
+
+/// A stored part of a global tensor.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    /// Index into [`Checkpoint::files`].
+    pub file: usize,
+    pub region: Region,
+    /// Absolute byte offset in the file.
+    pub start: u64,
+    pub len: u64,
+    /// Checksum from the index, when the layout has one.
+    pub checksum: Option<u64>,
+}
+
+/// A global tensor and where its pieces are.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// How the source placed it, when known or inferable.
+    pub placement: Option<Placement>,
+    pub pieces: Vec<Piece>,
+}
+
+impl TensorInfo {
+    /// Bytes of the global tensor.
+    pub fn nbytes(&self) -> u64 {
+        self.dtype
+            .bytes_for(self.shape.iter().product())
+            .unwrap_or(0)
+    }
+
+    /// One piece per distinct non-empty box: replicas beyond the first are left out.
+    pub fn distinct_pieces(&self) -> Vec<&Piece> {
+        let mut seen = std::collections::HashSet::new();
+        self.pieces
+            .iter()
+            .filter(|p| !p.region.is_empty() && seen.insert(&p.region))
+            .collect()
+    }
+}
+
+/// A checkpoint opened for reading.
+pub struct Checkpoint {
+    pub root: PathBuf,
+    pub format: Format,
+    pub world_size: usize,
+    pub files: Vec<MappedFile>,
+    /// Rank owning each file.
+    pub file_ranks: Vec<usize>,
+    /// Sorted by name.
+    pub tensors: Vec<TensorInfo>,
+    /// Checksum block size of the index, when there is one.
+    pub checksum_block: Option<u64>,
+}
+
+impl Checkpoint {
+    /// Opens `path` (a directory, or a single safetensors file), detecting the layout
+    /// unless `format` is given, and validates it entirely before returning.
+    pub fn open(path: &Path, format: Option<Format>) -> Result<Checkpoint> {
+        let format = match format {
+            Some(f) => f,
+            None => detect(path)?,
+        };
+        let ckpt = match format {
+            Format::Remat => read_remat(path)?,
+            Format::Dcp => read_dcp(path)?,
+            Format::Hf => read_hf(path)?,
+        };
+        ckpt.validate()?;
+        Ok(ckpt)
+    }
+
+    /// Bytes of all global tensors.
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(TensorInfo::nbytes).sum()
+    }
+
+    /// Finds a tensor by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors
+            .binary_search_by(|t| t.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.tensors[i])
+    }
+
+    fn validate(&self) -> Result<()> {
+        for t in &self.tensors {
+            self.validate_tensor(t)?;
+        }
+        Ok(())
+    }
+
+    fn validate_tensor(&self, t: &TensorInfo) -> Result<()> {
+        let total = volume(&t.shape).unwrap_or(u64::MAX);
+        let distinct = t.distinct_pieces();
+        let regions: Vec<&Region> = distinct.iter().map(|p| &p.region).collect();
+        if let Some(&(i, j)) = intersecting_pairs(&regions, None).first() {
+            let describe = |p: &Piece| {
+                format!(
+                    "offsets {:?} sizes {:?} in {}",
+                    p.region.offsets,
+                    p.region.sizes,
+                    self.files[p.file].path.display()
+                )
+            };
+            return Err(ReshardError::Overlap {
+                tensor: t.name.clone(),
+                first: describe(distinct[i]),
+                second: describe(distinct[j]),
+            });
+        }
+        let covered: u64 = regions.iter().map(|r| r.volume()).sum();
+        if covered != total {
+            return Err(ReshardError::Hole {
+                tensor: t.name.clone(),
+                shape: t.shape.clone(),
+                covered,
+                total,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn unknown(path: &Path, what: &str) -> ReshardError {
+    ReshardError::UnknownLayout {
+        path: path.into(),
+        what: what.into(),
+    }
+}
+
+/// Picks the layout of `path` from the files it holds.
+pub fn detect(path: &Path) -> Result<Format> {
+    if path.is_file() {
+        return Ok(Format::Hf);
+    }
+    if !path.is_dir() {
+        return Err(unknown(path, "no such file or directory"));
+    }
+    if path.join(INDEX_NAME).is_file() {
+        return Ok(Format::Remat);
+    }
+    if path.join(HF_INDEX_NAME).is_file() || path.join(HF_SINGLE_NAME).is_file() {
+        return Ok(Format::Hf);
+    }
+    if !dcp_files(path)?.is_empty() {
+        return Ok(Format::Dcp);
+    }
+    Err(unknown(
+        path,
+        "found no remat.index.json, model.safetensors(.index.json) or shard-*-model-*-of-*.safetensors",
+    ))
+}
+
+/// Accumulates pieces into global tensors while files are read.
+struct Builder {
+    files: Vec<MappedFile>,
+    ranks: Vec<usize>,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl Builder {
+    fn new() -> Builder {
+        Builder {
+            files: Vec::new(),
+            ranks: Vec::new(),
+            tensors: BTreeMap::new(),
+        }
+    }
+
+    fn open_file(&mut self, path: &Path, rank: usize) -> Result<usize> {
+        self.files.push(MappedFile::open(path)?);
+        self.ranks.push(rank);
+        Ok(self.files.len() - 1)
+    }
+
+    /// Adds `entry` of `file` as the piece of its tensor at `offsets`.
+    fn add(
+        &mut self,
+        file: usize,
+        entry: &Entry,
+        offsets: Vec<u64>,
+        checksum: Option<u64>,
+    ) -> Result<()> {
+        let f = &self.files[file];
+        let path = f.path.clone();
+        if offsets.len() != entry.shape.len() {
+            return Err(ReshardError::BadTensor {
+                path,
+                tensor: entry.name.clone(),
+                what: format!(
+                    "offsets {offsets:?} do not match the {} dimensions of shape {:?}",
+                    entry.shape.len(),
+                    entry.shape
+                ),
+            });
+        }
+        let piece = Piece {
+            file,
+            start: f.header.data_start + entry.start,
+            len: entry.end - entry.start,
+            region: Region {
+                offsets,
+                sizes: entry.shape.clone(),
+            },
+            checksum,
+        };
+        let tensor = self
+            .tensors
+            .entry(entry.name.clone())
+            .or_insert_with(|| TensorInfo {
+                name: entry.name.clone(),
+                dtype: entry.dtype,
+                shape: Vec::new(),
+                placement: None,
+                pieces: Vec::new(),
+            });
+        if let Some(first) = tensor.pieces.first() {
+            if tensor.dtype != entry.dtype {
+                return Err(ReshardError::DtypeMismatch {
+                    tensor: entry.name.clone(),
+                    first: tensor.dtype.name().into(),
+                    first_file: self.files[first.file].path.clone(),
+                    second: entry.dtype.name().into(),
+                    second_file: path,
+                });
+            }
+            if first.region.offsets.len() != piece.region.offsets.len() {
+                return Err(ReshardError::BadTensor {
+                    path,
+                    tensor: entry.name.clone(),
+                    what: format!(
+                        "has {} dimensions here but {} in {}",
+                        piece.region.offsets.len(),
+                        first.region.offsets.len(),
+                        self.files[first.file].path.display()
+                    ),
+                });
+            }
+        }
+        tensor.pieces.push(piece);
+        Ok(())
+    }
+
+    /// Global shapes from the pieces (DCP does not record them), checked for overflow.
+    fn infer_shapes(&mut self) -> Result<()> {
+        for t in self.tensors.values_mut() {
+            let ndim = t.pieces[0].region.offsets.len();
+            let mut shape = vec![0u64; ndim];
+            for p in &t.pieces {
+                for (d, s) in shape.iter_mut().enumerate() {
+                    let end = p.region.offsets[d].checked_add(p.region.sizes[d]);
+                    let Some(end) = end else {
+                        return Err(ReshardError::BadTensor {
+                            path: self.files[p.file].path.clone(),
+                            tensor: t.name.clone(),
+                            what: format!("offsets {:?} overflow", p.region.offsets),
+                        });
+                    };
+                    *s = (*s).max(end);
+                }
+            }
+            tensor_bytes(&self.files[t.pieces[0].file].path, &t.name, t.dtype, &shape)?;
+            t.shape = shape;
+        }
+        Ok(())
+    }
+
+    fn finish(
+        self,
+        root: &Path,
+        format: Format,
+        world_size: usize,
+        checksum_block: Option<u64>,
+    ) -> Checkpoint {
+        Checkpoint {
+            root: root.into(),
+            format,
+            world_size,
+            files: self.files,
+            file_ranks: self.ranks,
+            tensors: self.tensors.into_values().collect(),
+            checksum_block,
+        }
+    }
+}
+
+/// How a layout without placements most likely placed a tensor: the one dimension along
+/// which its pieces differ is sharded; identical pieces are replicas.
+fn infer_placement(t: &TensorInfo, single: Placement) -> Placement {
+    let first = &t.pieces[0].region;
+    let differing: Vec<usize> = (0..first.offsets.len())
+        .filter(|&d| {
+            t.pieces.iter().any(|p| {
+                p.region.offsets[d] != first.offsets[d] || p.region.sizes[d] != first.sizes[d]
+            })
+        })
+        .collect();
+    match differing.first() {
+        Some(&d) => Placement::Shard(d),
+        None if t.pieces.len() == 1 => single,
+        None => Placement::Replicate,
+    }
+}
+
+fn read_remat(root: &Path) -> Result<Checkpoint> {
+    let index_path = root.join(INDEX_NAME);
+    let bytes = std::fs::read(&index_path).map_err(io_err(&index_path))?;
+    let index = parse_index(&index_path, &bytes)?;
+    let format = Format::parse(&index.layout).unwrap_or(Format::Remat);
+    let mut b = Builder::new();
+    for f in &index.files {
+        let id = b.open_file(&root.join(&f.name), f.rank)?;
+        let actual = b.files[id].header.file_len;
+        if actual != f.bytes {
+            return Err(ReshardError::Index {
+                path: index_path.clone(),
+                what: format!(
+                    "file `{}` is {actual} bytes, the index says {}",
+                    f.name, f.bytes
+                ),
+            });
+        }
+    }
+    for t in &index.tensors {
+        for c in &t.chunks {
+            let file = &b.files[c.file];
+            let bad = |what: String| ReshardError::BadTensor {
+                path: file.path.clone(),
+                tensor: t.name.clone(),
+                what,
+            };
+            let entry = file.header.entry(&t.name).ok_or_else(|| {
+                bad("the index lists a chunk here but the file has no such tensor".into())
+            })?;
+            let range = [
+                file.header.data_start + entry.start,
+                file.header.data_start + entry.end,
+            ];
+            if entry.dtype.name() != t.dtype || entry.shape != c.sizes || range != c.byte_range {
+                return Err(bad(format!(
+                    "file holds {} {:?} at bytes {range:?}, the index says {} {:?} at {:?}",
+                    entry.dtype, entry.shape, t.dtype, c.sizes, c.byte_range
+                )));
+            }
+            let entry = entry.clone();
+            b.add(
+                c.file,
+                &entry,
+                c.offsets.clone(),
+                crate::checksum::from_hex(&c.checksum),
+            )?;
+        }
+        let info = b
+            .tensors
+            .entry(t.name.clone())
+            .or_insert_with(|| TensorInfo {
+                name: t.name.clone(),
+                dtype: Dtype::from_name(&t.dtype).unwrap_or(Dtype::U8),
+                shape: Vec::new(),
+                placement: None,
+                pieces: Vec::new(),
+            });
+        info.shape = t.shape.clone();
+        info.placement = Placement::parse(&t.placement);
+    }
+    Ok(b.finish(
+        root,
+        format,
+        index.world_size,
+        Some(index.checksum.block_bytes),
+    ))
+}
+
+/// `(rank, path)` of every `shard-R-model-i-of-n.safetensors` in `dir`, sorted.
+fn dcp_files(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(rank) = parse_dcp_name(&name) {
+            out.push((rank, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The 0-based rank of a DCP file name, `shard-00001-...` being rank 0.
+fn parse_dcp_name(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
+    let (shard, rest) = rest.split_once("-model-")?;
+    let (i, n) = rest.split_once("-of-")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    if !(digits(shard) && digits(i) && digits(n)) {
+        return None;
+    }
+    shard.parse::<usize>().ok()?.checked_sub(1)
+}
+
+/// `DCP_SHARDING_INFO` of one file: tensor name to saved offsets.
+fn dcp_offsets(file: &MappedFile) -> Result<BTreeMap<String, Vec<u64>>> {
+    let Some(text) = file.header.metadata.get(DCP_SHARDING_INFO) else {
+        return Ok(BTreeMap::new());
+    };
+    let bad = |what: String| ReshardError::HeaderJson {
+        path: file.path.clone(),
+        message: format!("{DCP_SHARDING_INFO}: {what}"),
+    };
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(bad("not a JSON object".into()));
+    };
+    let mut out = BTreeMap::new();
+    for (name, info) in map {
+        let offsets = info
+            .get("saved_offsets")
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor `{name}` has no list of unsigned `saved_offsets`"
+                ))
+            })?;
+        out.insert(name, offsets);
+    }
+    Ok(out)
+}
+
+fn read_dcp(root: &Path) -> Result<Checkpoint> {
+    let files = dcp_files(root)?;
+    if files.is_empty() {
+        return Err(unknown(root, "no shard-*-model-*-of-*.safetensors files"));
+    }
+    let mut b = Builder::new();
+    let mut world = 0;
+    for (rank, path) in &files {
+        world = world.max(rank + 1);
+        let id = b.open_file(path, *rank)?;
+        let offsets = dcp_offsets(&b.files[id])?;
+        let entries = b.files[id].header.entries.clone();
+        for e in &entries {
+            // PyTorch omits nothing it shards, but a tensor saved without sharding info
+            // starts at the origin, as PyTorch's own reader assumes.
+            let off = offsets
+                .get(&e.name)
+                .cloned()
+                .unwrap_or_else(|| vec![0; e.shape.len()]);
+            b.add(id, e, off, None)?;
+        }
+    }
+    b.infer_shapes()?;
+    for t in b.tensors.values_mut() {
+        // DCP writes a replicated tensor once, from one rank.
+        t.placement = Some(infer_placement(t, Placement::Replicate));
+    }
+    Ok(b.finish(root, Format::Dcp, world, None))
+}
+
+fn read_hf(path: &Path) -> Result<Checkpoint> {
+    let mut b = Builder::new();
+    let (root, names): (PathBuf, Vec<String>) = if path.is_file() {
+        let parent = crate::fsio::parent_of(path);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        (parent, vec![name])
+    } else if path.join(HF_INDEX_NAME).is_file() {
+        (path.into(), hf_index_files(&path.join(HF_INDEX_NAME))?)
+    } else {
+        (path.into(), vec![HF_SINGLE_NAME.into()])
+    };
+    for (rank, name) in names.iter().enumerate() {
+        let id = b.open_file(&root.join(name), rank)?;
+        let entries = b.files[id].header.entries.clone();
+        for e in &entries {
+            b.add(id, e, vec![0; e.shape.len()], None)?;
+        }
+    }
+    b.infer_shapes()?;
+    for t in b.tensors.values_mut() {
+        t.placement = Some(infer_placement(t, Placement::Whole));
+    }
+    Ok(b.finish(path, Format::Hf, names.len(), None))
+}
+
+/// Distinct file names of an HF `weight_map`, in order of first appearance.
+fn hf_index_files(index_path: &Path) -> Result<Vec<String>> {
+    let bytes = std::fs::read(index_path).map_err(io_err(index_path))?;
+    let bad = |what: String| ReshardError::Index {
+        path: index_path.into(),
+        what,
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let mut names: Vec<String> = Vec::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("tensor `{tensor}` maps to a non-string")))?;
+        if file.contains(['/', '\\']) || file.starts_with('.') {
+            return Err(bad(format!(
+                "tensor `{tensor}` maps to `{file}`, not a plain file name"
+            )));
+        }
+        if !names.iter().any(|n| n == file) {
+            names.push(file.into());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dcp_names_map_to_zero_based_ranks() {
+        assert_eq!(
+            parse_dcp_name("shard-00001-model-00001-of-00001.safetensors"),
+            Some(0)
+        );
+        assert_eq!(
+            parse_dcp_name("shard-00012-model-00002-of-00003.safetensors"),
+            Some(11)
+        );
+        assert_eq!(
+            parse_dcp_name("shard-00000-model-00001-of-00001.safetensors"),
+            None
+        );
+        assert_eq!(
+            parse_dcp_name("shard-x-model-00001-of-00001.safetensors"),
+            None
+        );
+        assert_eq!(parse_dcp_name("model.safetensors"), None);
+    }
+}

@@ -1,0 +1,165 @@
+//! Helpers shared by the integration tests: a seeded generator and random checkpoints.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use remat_reshard::safetensors::{TensorData, write_file};
+use remat_reshard::{
+    Checkpoint, Dtype, ExecOptions, Format, NameRule, Placement, Rule, TargetSpec, execute, plan,
+};
+
+/// splitmix64: small, seeded, good enough for test data.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// A random global tensor.
+pub struct Tensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+/// Random tensors: 0-d, empty and odd sizes included, every byte-sized dtype.
+pub fn random_tensors(rng: &mut Rng, count: usize) -> Vec<Tensor> {
+    let dtypes: Vec<Dtype> = Dtype::all().filter(|d| d.bits() % 8 == 0).collect();
+    (0..count)
+        .map(|i| {
+            let dtype = dtypes[rng.below(dtypes.len() as u64) as usize];
+            let ndim = rng.below(4) as usize;
+            let shape: Vec<u64> = (0..ndim)
+                .map(|_| match rng.below(10) {
+                    0 => 0,
+                    1 => 1,
+                    _ => 1 + rng.below(13),
+                })
+                .collect();
+            let n = dtype.bytes_for(shape.iter().product()).unwrap() as usize;
+            Tensor {
+                name: format!("t{i}.w"),
+                dtype,
+                shape,
+                data: rng.bytes(n),
+            }
+        })
+        .collect()
+}
+
+/// Writes tensors as one Hugging Face file.
+pub fn write_global(path: &Path, tensors: &[Tensor]) {
+    let data: Vec<TensorData> = tensors
+        .iter()
+        .map(|t| TensorData {
+            name: &t.name,
+            dtype: t.dtype,
+            shape: &t.shape,
+            data: &t.data,
+        })
+        .collect();
+    write_file(path, &data, &BTreeMap::new()).unwrap();
+}
+
+/// A random rule per tensor valid for its rank count.
+pub fn random_rules(rng: &mut Rng, tensors: &[Tensor], world: usize) -> Vec<NameRule> {
+    tensors
+        .iter()
+        .map(|t| {
+            let rule = match rng.below(5) {
+                0 | 1 if !t.shape.is_empty() => {
+                    Rule::Place(Placement::Shard(rng.below(t.shape.len() as u64) as usize))
+                }
+                2 => Rule::Place(Placement::Replicate),
+                3 => Rule::Rank(rng.below(world as u64) as usize),
+                4 => Rule::Source,
+                _ => Rule::Place(Placement::Whole),
+            };
+            NameRule {
+                pattern: t.name.clone(),
+                rule,
+            }
+        })
+        .collect()
+}
+
+/// Reshards `src` into `dst` with the given spec.
+pub fn reshard(src: &Path, dst: &Path, spec: &TargetSpec) {
+    let ckpt = Checkpoint::open(src, None).unwrap();
+    let p = plan(&ckpt, spec).unwrap();
+    execute(
+        &ckpt,
+        &p,
+        dst,
+        &ExecOptions {
+            max_buffer: 1 << 16,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+}
+
+/// The bytes of every tensor of a consolidated file, by name, read with our parser.
+pub fn read_global(path: &Path) -> BTreeMap<String, (Dtype, Vec<u64>, Vec<u8>)> {
+    let f = remat_reshard::safetensors::MappedFile::open(path).unwrap();
+    let base = f.header.data_start as usize;
+    f.header
+        .entries
+        .iter()
+        .map(|e| {
+            (
+                e.name.clone(),
+                (
+                    e.dtype,
+                    e.shape.clone(),
+                    f.map.bytes()[base + e.start as usize..base + e.end as usize].to_vec(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The same with the reference `safetensors` crate (which knows the classic dtypes only).
+pub fn read_global_reference(path: &Path) -> BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            (
+                name,
+                (
+                    format!("{:?}", view.dtype()),
+                    view.shape().iter().map(|&s| s as u64).collect(),
+                    view.data().to_vec(),
+                ),
+            )
+        })
+        .collect()
+}
+
+pub fn spec(world: usize, format: Format, rules: Vec<NameRule>) -> TargetSpec {
+    TargetSpec {
+        world_size: world,
+        format,
+        rules,
+        preset: None,
+    }
+}

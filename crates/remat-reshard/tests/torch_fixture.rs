@@ -1,0 +1,114 @@
+//! The real PyTorch DCP checkpoint in ../shared: consolidations reproduce its unsharded
+//! original byte for byte, and the DCP files we write parse back.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use remat_reshard::{Checkpoint, Format, Placement, verify};
+
+fn fixture() -> Option<PathBuf> {
+    let dir = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/fixtures/torch-dcp-hf-w4"
+    ));
+    if dir.is_dir() {
+        println!("reading the PyTorch fixture at {}", dir.display());
+        Some(dir.to_path_buf())
+    } else {
+        println!("skipping: {} is absent", dir.display());
+        None
+    }
+}
+
+#[test]
+fn reads_the_fixture_with_inferred_shapes_and_placements() {
+    let Some(dir) = fixture() else { return };
+    let ck = Checkpoint::open(&dir, None).unwrap();
+    assert_eq!((ck.format, ck.world_size), (Format::Dcp, 4));
+    let expect = [
+        ("conv.weight", vec![6, 5, 3, 3], Placement::Shard(2)),
+        ("embed.weight", vec![50, 16], Placement::Shard(0)),
+        (
+            "layers.0.attn.out.weight",
+            vec![16, 16],
+            Placement::Shard(1),
+        ),
+        (
+            "layers.0.mlp.down.weight",
+            vec![16, 37],
+            Placement::Shard(1),
+        ),
+        ("layers.0.norm.weight", vec![16], Placement::Replicate),
+        ("lm_head.bias", vec![7], Placement::Shard(0)),
+        ("step", vec![], Placement::Replicate),
+    ];
+    for (name, shape, placement) in expect {
+        let t = ck.tensor(name).unwrap();
+        assert_eq!((&t.shape, t.placement), (&shape, Some(placement)), "{name}");
+    }
+    let full = Checkpoint::open(&dir.join("full.safetensors"), None).unwrap();
+    assert_eq!(verify(&ck, &full, None).unwrap().difference, None);
+}
+
+#[test]
+fn four_to_one_and_four_to_three_to_one_reproduce_full_safetensors() {
+    let Some(dir) = fixture() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let want = read_global_reference(&dir.join("full.safetensors"));
+    let one = tmp.path().join("one");
+    reshard(&dir, &one, &spec(1, Format::Hf, vec![]));
+    assert_eq!(read_global_reference(&one.join("model.safetensors")), want);
+    for format in [Format::Dcp, Format::Remat] {
+        let three = tmp.path().join(format!("three-{}", format.name()));
+        let one = tmp.path().join(format!("one-{}", format.name()));
+        reshard(&dir, &three, &spec(3, format, vec![]));
+        reshard(&three, &one, &spec(1, Format::Hf, vec![]));
+        assert_eq!(
+            read_global_reference(&one.join("model.safetensors")),
+            want,
+            "via {}",
+            format.name()
+        );
+    }
+}
+
+#[test]
+fn dcp_written_for_m_ranks_parses_back_without_empty_pieces() {
+    let Some(dir) = fixture() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    for m in [2usize, 3, 5, 8] {
+        let out = tmp.path().join(format!("dcp-{m}"));
+        reshard(&dir, &out, &spec(m, Format::Dcp, vec![]));
+        // Read as PyTorch would: from the shard files' DCP_SHARDING_INFO alone.
+        let back = Checkpoint::open(&out, Some(Format::Dcp)).unwrap();
+        assert_eq!(back.world_size, m);
+        for f in &back.files {
+            assert!(
+                f.path
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .ends_with("-model-00001-of-00001.safetensors")
+            );
+            for e in &f.header.entries {
+                assert!(
+                    !e.shape.contains(&0),
+                    "{m} ranks: empty piece of {} in {}",
+                    e.name,
+                    f.path.display()
+                );
+            }
+            assert!(f.header.metadata.contains_key("DCP_SHARDING_INFO"));
+        }
+        let conv = back.tensor("conv.weight").unwrap();
+        assert_eq!(conv.shape, vec![6, 5, 3, 3]);
+        let original = Checkpoint::open(&dir, None).unwrap();
+        assert_eq!(
+            verify(&original, &back, None).unwrap().difference,
+            None,
+            "{m} ranks"
+        );
+    }
+}
