@@ -1,8 +1,271 @@
-//! `remat spec`.
+//! `remat spec`: inspect a declarative recompute spec's compiled per-layer plan.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use remat_engine::spec::shipped::ShippedBlock;
+use remat_engine::spec::{
+    BlockSpec, Disposition, LayerPlan, Mode, ModelConfig, Operand, Plan, Prefetch, compile,
+};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`remat spec` is not built yet")
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Compile a spec against a model config and print the per-layer plan and bytes.
+    Inspect(InspectArgs),
+}
+
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// A spec file (.toml or .json), or a shipped block: qwen3, qwen3-moe.
+    spec: String,
+    /// Model config (.toml, or .json such as a Hugging Face config.json). Defaults to the
+    /// shipped example config when SPEC names a shipped block.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a config value: KEY=VALUE (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Training mode the plan is for: full or lora.
+    #[arg(long, default_value = "full")]
+    mode: Mode,
+    /// Print every layer's steps even when they repeat the previous layer's.
+    #[arg(long)]
+    all_layers: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Inspect(a) => inspect(a),
+    }
+}
+
+/// Loads SPEC (a path or a shipped block name) and its config with overrides applied.
+pub fn load_spec_and_config(
+    spec: &str,
+    config: Option<&Path>,
+    overrides: &[String],
+) -> anyhow::Result<(BlockSpec, ModelConfig)> {
+    let shipped = ShippedBlock::by_name(spec);
+    let block = match shipped {
+        Some(b) if !Path::new(spec).exists() => b.spec()?,
+        _ => BlockSpec::load(Path::new(spec))?,
+    };
+    let mut model = match (config, shipped) {
+        (Some(path), _) => ModelConfig::load(path)?,
+        (None, Some(b)) => b.config()?,
+        (None, None) => anyhow::bail!(
+            "spec {spec}: no --config given (needed for every spec but the shipped qwen3 and qwen3-moe)"
+        ),
+    };
+    for assignment in overrides {
+        model.apply_override(assignment)?;
+    }
+    Ok((block, model))
+}
+
+fn inspect(args: InspectArgs) -> anyhow::Result<()> {
+    let (block, config) = load_spec_and_config(&args.spec, args.config.as_deref(), &args.set)?;
+    let plan = compile(&block, &config, args.mode)
+        .with_context(|| format!("compiling spec {}", args.spec))?;
+    println!(
+        "spec `{}` ({}), config {}, mode {}, {} layers",
+        block.name,
+        args.spec,
+        config.source,
+        args.mode.name(),
+        plan.layers.len()
+    );
+    // Consecutive layers with identical plans print once, as a range.
+    let mut shown = 0;
+    while shown < plan.layers.len() {
+        let first = &plan.layers[shown];
+        print_layer(&plan, first);
+        let mut next = shown + 1;
+        while !args.all_layers && next < plan.layers.len() && same_plan(first, &plan.layers[next]) {
+            next += 1;
+        }
+        if next > shown + 1 {
+            println!(
+                "\nlayers {}..={}: same plan as layer {}",
+                shown + 1,
+                next - 1,
+                shown
+            );
+        }
+        shown = next;
+    }
+    print_bytes(&plan);
+    Ok(())
+}
+
+fn same_plan(a: &LayerPlan, b: &LayerPlan) -> bool {
+    a.steps == b.steps && a.slots == b.slots && a.prefetch == b.prefetch
+}
+
+fn operand_name(plan: &Plan, operand: &Operand) -> String {
+    let spec = plan.spec();
+    match *operand {
+        Operand::Slot(s) => spec.slots[s].name.clone(),
+        Operand::Input(i) => format!("@input:{}", spec.inputs[i].name),
+        Operand::Param(p) => format!("@param:{}", spec.params[p].name),
+        Operand::Global(g) => format!("@global:{}", spec.globals[g].name),
+        Operand::Absent => "(absent)".into(),
+    }
+}
+
+fn print_layer(plan: &Plan, layer: &LayerPlan) {
+    let spec = plan.spec();
+    println!("\nlayer {}", layer.layer);
+    let prefetch: Vec<String> = layer
+        .prefetch
+        .iter()
+        .map(|p| match *p {
+            Prefetch::Input(i) => format!("@input:{}", spec.inputs[i].name),
+            Prefetch::Slot(s) => spec.slots[s].name.clone(),
+        })
+        .collect();
+    if !prefetch.is_empty() {
+        println!("  prefetch from host: {}", prefetch.join(", "));
+    }
+    let rows: Vec<Vec<String>> = layer
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let inputs: Vec<String> = step.inputs.iter().map(|o| operand_name(plan, o)).collect();
+            let outputs: Vec<String> = step
+                .outputs
+                .iter()
+                .map(|o| o.map_or("-".into(), |s| spec.slots[s].name.clone()))
+                .collect();
+            vec![
+                (i + 1).to_string(),
+                step.op.clone(),
+                inputs.join(", "),
+                outputs.join(", "),
+                step.policy.name().into(),
+                step.lora_targets.join(","),
+            ]
+        })
+        .collect();
+    print_table(&["#", "op", "inputs", "outputs", "policy", "lora"], &rows);
+    let slot_rows: Vec<Vec<String>> = layer
+        .slots
+        .iter()
+        .filter(|s| s.disposition != Disposition::Absent)
+        .map(|s| {
+            let shape: Vec<String> = s.shape.iter().map(|d| d.to_string()).collect();
+            vec![
+                s.name.clone(),
+                format!("[{}]", shape.join(", ")),
+                s.dtype.name().into(),
+                s.disposition.name().into(),
+                human_bytes(s.bytes),
+                s.buffer
+                    .map_or(String::new(), |b| spec.slots[b].name.clone()),
+            ]
+        })
+        .collect();
+    print_table(
+        &["slot", "shape", "dtype", "disposition", "bytes", "buffer"],
+        &slot_rows,
+    );
+}
+
+fn print_bytes(plan: &Plan) {
+    println!("\nactivation bytes per layer ({} mode)", plan.mode.name());
+    let mut rows: Vec<Vec<String>> = plan
+        .layers
+        .iter()
+        .map(|l| {
+            vec![
+                l.layer.to_string(),
+                human_bytes(l.bytes.saved),
+                human_bytes(l.bytes.recomputed),
+                human_bytes(l.bytes.offloaded),
+            ]
+        })
+        .collect();
+    rows.push(vec![
+        "total".into(),
+        human_bytes(plan.saved_bytes()),
+        human_bytes(plan.recomputed_bytes()),
+        human_bytes(plan.offloaded_bytes()),
+    ]);
+    print_table(
+        &["layer", "saved (device)", "recomputed", "offloaded (host)"],
+        &rows,
+    );
+    let buffers: Vec<String> = plan
+        .shared_buffers
+        .iter()
+        .map(|b| format!("{} {}", b.name, human_bytes(b.bytes)))
+        .collect();
+    println!(
+        "recompute buffers shared by all layers: {} ({})",
+        human_bytes(plan.shared_buffer_bytes()),
+        if buffers.is_empty() {
+            "none".into()
+        } else {
+            buffers.join(", ")
+        }
+    );
+    println!(
+        "device activation bytes between forward and backward: {} saved + {} shared = {}",
+        human_bytes(plan.saved_bytes()),
+        human_bytes(plan.shared_buffer_bytes()),
+        human_bytes(plan.device_bytes())
+    );
+}
+
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Prints left-aligned columns separated by two spaces, with a rule under the header.
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("  {}", padded.join("  ").trim_end());
+    };
+    line(headers.to_vec());
+    line(
+        widths
+            .iter()
+            .map(|w| "-".repeat(*w))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str)
+            .collect(),
+    );
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
 }

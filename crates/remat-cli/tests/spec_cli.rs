@@ -1,0 +1,75 @@
+//! `remat spec inspect` end to end: shipped blocks, files, overrides and errors.
+
+use std::process::Command;
+
+fn remat(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .output()
+        .expect("run remat");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn inspect_prints_steps_slots_and_bytes_per_layer() {
+    let (ok, out, err) = remat(&["spec", "inspect", "qwen3", "--mode", "lora"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("mode lora, 4 layers"), "{out}");
+    assert!(out.contains("qkv_proj") && out.contains("q,k,v"), "{out}");
+    assert!(out.contains("prefetch from host: @input:x, h"), "{out}");
+    assert!(out.contains("layers 1..=3: same plan as layer 0"), "{out}");
+    assert!(
+        out.contains("saved (device)") && out.contains("total"),
+        "{out}"
+    );
+}
+
+#[test]
+fn inspect_reads_files_and_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/qwen3-moe.toml");
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 24, "batch": 1, "seq_len": 8}"#,
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let (ok, out, err) = remat(&[
+        "spec",
+        "inspect",
+        spec,
+        "--config",
+        config,
+        "--mode",
+        "lora",
+        "--set",
+        "use_shared_expert=true",
+        "--set",
+        "shared_expert_intermediate_size=16",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("shared_act") && out.contains("moe_gate_up"),
+        "{out}"
+    );
+    let (ok, _, err) = remat(&[
+        "spec",
+        "inspect",
+        spec,
+        "--config",
+        config,
+        "--set",
+        "use_qk_norm=3",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("bad condition `use_qk_norm`"), "{err}");
+    let (ok, _, err) = remat(&["spec", "inspect", spec]);
+    assert!(!ok && err.contains("no --config"), "{err}");
+}

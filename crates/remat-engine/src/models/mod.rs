@@ -1,0 +1,3 @@
+//! Models built on the graph.
+
+pub mod mlp;

@@ -1,0 +1,71 @@
+//! Shapes in named dims: each entry is a product (`*`) of integers, names from the spec's
+//! `[dims]` table and model-config keys.
+
+use std::collections::BTreeMap;
+
+use super::super::config::ModelConfig;
+use super::super::error::{Result, SpecError};
+
+pub struct ShapeResolver<'a> {
+    pub block: &'a str,
+    pub dims: &'a BTreeMap<String, String>,
+    pub config: &'a ModelConfig,
+}
+
+impl ShapeResolver<'_> {
+    pub fn shape(&self, owner: &str, shape: &[String]) -> Result<Vec<usize>> {
+        shape.iter().map(|d| self.dim(owner, d)).collect()
+    }
+
+    fn dim(&self, owner: &str, text: &str) -> Result<usize> {
+        let bad = |reason: String| SpecError::BadShape {
+            block: self.block.into(),
+            owner: owner.into(),
+            dim: text.into(),
+            reason,
+        };
+        let mut product: usize = 1;
+        for factor in text.split('*').map(str::trim) {
+            let value = self.factor(factor, true).map_err(bad)?;
+            product = product
+                .checked_mul(value)
+                .ok_or_else(|| SpecError::BadShape {
+                    block: self.block.into(),
+                    owner: owner.into(),
+                    dim: text.into(),
+                    reason: "overflows".into(),
+                })?;
+        }
+        Ok(product)
+    }
+
+    /// An integer, a named dim (expanded one level, into config keys and integers), or a
+    /// config key.
+    fn factor(&self, factor: &str, expand_dims: bool) -> std::result::Result<usize, String> {
+        if factor.is_empty() {
+            return Err("empty factor".into());
+        }
+        if let Ok(n) = factor.parse::<usize>() {
+            return Ok(n);
+        }
+        if expand_dims && let Some(expr) = self.dims.get(factor) {
+            let mut product: usize = 1;
+            for inner in expr.split('*').map(str::trim) {
+                let v = self
+                    .factor(inner, false)
+                    .map_err(|e| format!("dim `{factor}` = `{expr}`: {e}"))?;
+                product = product.checked_mul(v).ok_or("overflows")?;
+            }
+            return Ok(product);
+        }
+        match self.config.get(factor) {
+            Some(super::super::types::Value::Int(i)) if *i >= 0 => Ok(*i as usize),
+            Some(other) => Err(format!(
+                "`{factor}` = {other} is not a non-negative integer"
+            )),
+            None => Err(format!(
+                "`{factor}` is neither a dim of the spec nor a key of the model config"
+            )),
+        }
+    }
+}
