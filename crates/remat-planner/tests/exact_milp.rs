@@ -1,0 +1,171 @@
+//! Checkmate's MILP (feature `milp`): its schedules validate in the simulator, it is never
+//! beaten by the other strategies, and it proves budgets below the floor infeasible.
+#![cfg(feature = "milp")]
+
+use remat_planner::exact::chain_strategy::ChainDp;
+use remat_planner::exact::evict::Evict;
+use remat_planner::exact::milp::{MilpError, MilpOptions, solve_milp};
+use remat_planner::{Graph, Node, Phase, Problem, Strategy, simulate_steps};
+
+const BANDWIDTH: f64 = 16e9;
+
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn node(name: String, phase: Phase, time: u64, bytes: u64, inputs: Vec<usize>) -> Node {
+    Node {
+        name,
+        phase,
+        compute_time: time as f64,
+        output_bytes: bytes,
+        inputs,
+    }
+}
+
+/// A small training graph: a forward pass where each layer reads the previous one and,
+/// when `skips`, sometimes an older one (a U-Net-like skip); a loss; and a backward pass in
+/// which each layer's gradient reads the incoming gradient and the layer's forward inputs
+/// and output.
+fn training_graph(rng: &mut Rng, layers: usize, skips: bool) -> Graph {
+    let mut nodes = Vec::new();
+    for k in 0..layers {
+        let mut inputs = if k == 0 { vec![] } else { vec![k - 1] };
+        if skips && k >= 3 && rng.below(3) == 0 {
+            inputs.insert(0, rng.below(k as u64 - 2) as usize);
+        }
+        nodes.push(node(
+            format!("f{k}"),
+            Phase::Forward,
+            1 + rng.below(20),
+            1 + rng.below(100),
+            inputs,
+        ));
+    }
+    nodes.push(node("loss".into(), Phase::Backward, 2, 1, vec![layers - 1]));
+    for k in (0..layers).rev() {
+        let mut inputs = nodes[k].inputs.clone();
+        inputs.push(k);
+        inputs.push(nodes.len() - 1);
+        inputs.sort_unstable();
+        let bytes = nodes[k].output_bytes;
+        nodes.push(node(
+            format!("f{k}_backward"),
+            Phase::Backward,
+            1 + rng.below(30),
+            bytes,
+            inputs,
+        ));
+    }
+    Graph::new("small", nodes, 10, 1e-3).unwrap()
+}
+
+fn budgets(graph: &Graph) -> impl Iterator<Item = u64> {
+    let (floor, peak) = (graph.memory_floor(), graph.store_all_peak());
+    (0..=4).map(move |i| floor + (peak - floor) * i / 4)
+}
+
+fn milp_time(graph: &Graph, budget: u64) -> Option<f64> {
+    let options = MilpOptions {
+        time_limit_s: 60.0,
+        ..MilpOptions::default()
+    };
+    match solve_milp(graph, budget, &options) {
+        Ok(solution) => {
+            assert!(
+                solution.optimal,
+                "{}: not proven optimal at {budget}",
+                graph.name()
+            );
+            let report =
+                simulate_steps(graph, &solution.steps, BANDWIDTH).expect("milp schedule validates");
+            assert!(
+                report.peak_bytes <= budget,
+                "peak {} > budget {budget}",
+                report.peak_bytes
+            );
+            assert!((report.total_time - solution.objective).abs() <= 1e-6 * report.total_time);
+            Some(report.total_time)
+        }
+        Err(MilpError::Infeasible { .. }) => None,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn strategy_time(strategy: &dyn Strategy, graph: &Graph, budget: u64) -> Option<f64> {
+    let planned = strategy
+        .plan(&Problem {
+            graph,
+            budget_bytes: budget,
+            bandwidth: BANDWIDTH,
+        })
+        .ok()?;
+    assert!(planned.report.peak_bytes <= budget);
+    Some(planned.report.total_time)
+}
+
+#[test]
+fn milp_is_never_beaten_and_matches_the_chain_dp_on_chains() {
+    let mut rng = Rng(0xdead_beef_cafe);
+    for case in 0..6 {
+        let graph = training_graph(&mut rng, 4 + case % 3, false);
+        for budget in budgets(&graph) {
+            let Some(best) = milp_time(&graph, budget) else {
+                continue;
+            };
+            for strategy in [&ChainDp as &dyn Strategy, &Evict] {
+                if let Some(time) = strategy_time(strategy, &graph, budget) {
+                    assert!(
+                        best <= time + 1e-9,
+                        "case {case}: milp {best} beaten by {} {time}",
+                        strategy.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn milp_is_never_beaten_on_graphs_with_skips() {
+    let mut rng = Rng(0x1234_5678);
+    let mut compared = 0;
+    for case in 0..6 {
+        let graph = training_graph(&mut rng, 5 + case % 2, true);
+        for budget in budgets(&graph) {
+            let Some(best) = milp_time(&graph, budget) else {
+                continue;
+            };
+            if let Some(time) = strategy_time(&Evict, &graph, budget) {
+                assert!(
+                    best <= time + 1e-9,
+                    "case {case}: milp {best} beaten by evict {time}"
+                );
+                eprintln!(
+                    "case {case} budget {budget}: evict / milp = {:.4}",
+                    time / best
+                );
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 10, "only {compared} comparisons");
+}
+
+#[test]
+fn milp_proves_budgets_below_the_floor_infeasible() {
+    let mut rng = Rng(77);
+    let graph = training_graph(&mut rng, 5, true);
+    let err = solve_milp(&graph, graph.memory_floor() - 1, &MilpOptions::default()).unwrap_err();
+    assert!(matches!(err, MilpError::Infeasible { .. }), "{err}");
+    assert!(
+        milp_time(&graph, graph.memory_floor()).is_some()
+            || milp_time(&graph, graph.store_all_peak()).is_some()
+    );
+}
