@@ -2,6 +2,7 @@
 //! activation checkpointing.
 
 pub mod kernels;
+pub mod models;
 pub mod pipeline;
 pub mod spec;
 pub mod swap;

@@ -1,0 +1,3 @@
+//! Models built from the engine's kernels.
+
+pub mod qwen3;
