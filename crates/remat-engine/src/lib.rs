@@ -1,8 +1,91 @@
 //! remat-engine: tensors, a byte-budgeted memory pool, CPU kernels, autograd and exact
 //! activation checkpointing.
+//!
+//! # Building and running a graph
+//!
+//! ```
+//! use remat_engine::{Category, ExecContext, Graph, MemoryPool, Tensor};
+//!
+//! # fn main() -> Result<(), remat_engine::EngineError> {
+//! let pool = MemoryPool::with_budget(1 << 20);
+//! let ctx = ExecContext::new(pool.clone(), 1)?;
+//! let w = Tensor::from_vec(&pool, "w", &[2, 2], vec![1.0f32, 2.0, 3.0, 4.0], Category::Parameters)?;
+//! let x = Tensor::from_vec(&pool, "x", &[1, 2], vec![1.0f32, -1.0], Category::Activations)?;
+//! let y = Tensor::from_vec(&pool, "y", &[1, 2], vec![0.0f32, 0.0], Category::Activations)?;
+//!
+//! let mut g = Graph::new(&ctx);
+//! let (xn, yn, wn) = (g.input("x", x), g.input("y", y), g.param("w", &w));
+//! let h = g.matmul(xn, wn)?;          // records the node, checks shapes
+//! let loss = g.mse(h, yn)?;
+//! g.forward()?;                       // computes, freeing values at their last use
+//! let _loss = g.scalar(loss)?;
+//! g.backward(loss)?;                  // rebuilds dropped values on demand
+//! let dw = g.grad(wn)?.expect("w requires grad");
+//! assert_eq!(dw.shape(), &[2, 2]);
+//! println!("peak {} bytes", pool.stats().peak);
+//! # Ok(()) }
+//! ```
+//!
+//! Graphs are recorded first (shapes checked at once) and executed by [`Graph::forward`],
+//! so every value's last forward use is known and the value is freed right after it unless
+//! backward reads it and its [`Retention`] keeps it. [`Graph::checkpoint`] marks a node as
+//! a checkpoint (dropped after forward, recomputed in backward, see [`CheckpointOptions`]);
+//! [`policy::Policy`] marks a whole graph (store-all, recompute-all, every-N, by-depth,
+//! sqrt(n)); [`Graph::segment`] checkpoints what a closure records, keeping only its inputs
+//! and output. Recorded RNG states make recomputed dropout identical.
+//!
+//! # Adding an op
+//!
+//! Write a type implementing [`Op`] in its own file under `src/ops/` (forward and backward
+//! side by side), declare which inputs and whether the output its backward reads
+//! ([`Op::saves_input`], [`Op::saves_output`]), allocate through the [`OpCtx`] (outputs,
+//! temporaries, gradients: all charged to the pool and to the node), draw randomness with
+//! [`OpCtx::rng`], and add a builder method in an `impl Graph` block in the same file.
+//! Check the gradient with [`gradcheck::check_op`] (f64 finite differences).
+//!
+//! # Memory accounting
+//!
+//! A [`MemoryPool`] counts requested bytes exactly (`numel * dtype size`) per [`Category`].
+//! When a pool has a budget, going over it is [`EngineError::OutOfMemory`] naming the node.
+//! What is allocated when:
+//! - forward: each op's output (activations; aux tensors too), freed when its last forward
+//!   consumer ran unless held for backward; reshape is a view costing nothing.
+//! - backward, per node in reverse order: dropped values it reads are rebuilt (activations),
+//!   then its input gradients are allocated (temporaries, or gradients for leaves), then its
+//!   output gradient is freed, then values with no backward reads left are freed.
+//!   Rebuilt values are held until their last backward use (a segment is recomputed once).
+//! - the optimizer's state is [`Category::OptimizerState`]. [`MemoryPool::enable_event_log`]
+//!   records the timeline with the node of every allocation.
 
+pub mod checkpoint;
+pub mod context;
+pub mod dtype;
+pub mod elementwise;
+pub mod error;
+pub mod gradcheck;
+pub mod graph;
 pub mod kernels;
+pub mod linalg;
 pub mod models;
+pub mod op;
+pub mod ops;
+pub mod optim;
 pub mod pipeline;
+pub mod policy;
+pub mod pool;
+pub mod rng;
 pub mod spec;
 pub mod swap;
+pub mod tensor;
+
+pub use checkpoint::{CheckpointOptions, Retention};
+pub use context::ExecContext;
+pub use dtype::{DType, Element};
+pub use error::{EngineError, Result};
+pub use graph::{Graph, GraphObserver, GraphStats, NodeEvent, NodeId, NodeKind};
+pub use op::{Op, OpCtx, OpOutput, Phase, Saved};
+pub use optim::{AdamW, AdamWConfig};
+pub use policy::Policy;
+pub use pool::{Category, MemoryPool, PoolEvent, PoolStats};
+pub use rng::{CounterRng, RngState};
+pub use tensor::Tensor;

@@ -1,3 +1,4 @@
-//! Models built from the engine's kernels.
+//! Models built on the graph, and spec-driven Qwen3 blocks built from the kernels.
 
+pub mod mlp;
 pub mod qwen3;

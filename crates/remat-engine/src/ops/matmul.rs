@@ -1,0 +1,165 @@
+//! Batched matrix multiply: `a[..., m, k] x b[k, n]` (one weight shared by the batch, done as
+//! a single gemm) or `a[..., m, k] x b[..., k, n]` (same batch dims).
+
+use crate::error::Result;
+use crate::float_dispatch;
+use crate::graph::{Graph, NodeId};
+use crate::linalg::{MatRef, matmul_into};
+use crate::op::{Op, OpCtx, OpOutput, Saved};
+use crate::tensor::{Tensor, numel};
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MatMul;
+
+struct Dims {
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    shared_b: bool,
+}
+
+fn dims(a: &[usize], b: &[usize]) -> Result<Dims, String> {
+    if a.len() < 2 || b.len() < 2 {
+        return Err(format!("matmul needs matrices, got shapes {a:?} and {b:?}"));
+    }
+    let (m, k) = (a[a.len() - 2], a[a.len() - 1]);
+    let (kb, n) = (b[b.len() - 2], b[b.len() - 1]);
+    if k != kb {
+        return Err(format!("inner dimensions differ: {a:?} x {b:?}"));
+    }
+    let batch = numel(&a[..a.len() - 2]);
+    let shared_b = b.len() == 2;
+    if !shared_b && a[..a.len() - 2] != b[..b.len() - 2] {
+        return Err(format!("batch dimensions differ: {a:?} x {b:?}"));
+    }
+    Ok(Dims {
+        batch,
+        m,
+        k,
+        n,
+        shared_b,
+    })
+}
+
+impl Op for MatMul {
+    fn kind(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
+        let [a, b] = inputs else {
+            return Err("matmul takes 2 inputs".into());
+        };
+        let d = dims(a, b)?;
+        let mut out = a[..a.len() - 2].to_vec();
+        out.extend([d.m, d.n]);
+        Ok(out)
+    }
+
+    fn saves_input(&self, _slot: usize) -> bool {
+        true
+    }
+
+    fn flops(&self, inputs: &[&[usize]]) -> u64 {
+        match inputs {
+            [a, b] => dims(a, b).map_or(0, |d| 2 * (d.batch * d.m * d.k * d.n) as u64),
+            _ => 0,
+        }
+    }
+
+    fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
+        let (a, b) = (inputs[0], inputs[1]);
+        let d = dims(a.shape(), b.shape()).map_err(|m| cx.shape_error(m))?;
+        let shape = self
+            .output_shape(&[a.shape(), b.shape()])
+            .map_err(|m| cx.shape_error(m))?;
+        let out = cx.alloc_output(&shape, a.dtype())?;
+        let par = cx.gemm_parallelism();
+        float_dispatch!(a.dtype(), cx.node_name(), T => {
+            let (ar, br) = (a.read(), b.read());
+            let (av, bv) = (ar.as_slice::<T>()?, br.as_slice::<T>()?);
+            let mut w = out.write();
+            let ov = w.as_mut_slice::<T>()?;
+            if d.shared_b {
+                let am = MatRef { data: av, rows: d.batch * d.m, cols: d.k, trans: false };
+                let bm = MatRef { data: bv, rows: d.k, cols: d.n, trans: false };
+                matmul_into(ov, am, bm, false, par)
+            } else {
+                for i in 0..d.batch {
+                    let am = MatRef { data: &av[i * d.m * d.k..][..d.m * d.k], rows: d.m, cols: d.k, trans: false };
+                    let bm = MatRef { data: &bv[i * d.k * d.n..][..d.k * d.n], rows: d.k, cols: d.n, trans: false };
+                    matmul_into(&mut ov[i * d.m * d.n..][..d.m * d.n], am, bm, false, par)?;
+                }
+                Ok(())
+            }
+        })?;
+        Ok(out.into())
+    }
+
+    fn backward(
+        &self,
+        cx: &mut OpCtx<'_>,
+        saved: &Saved<'_>,
+        g: &Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let (a, b) = (saved.input(0)?, saved.input(1)?);
+        let d = dims(a.shape(), b.shape()).map_err(|m| cx.shape_error(m))?;
+        let par = cx.gemm_parallelism();
+        let da = if cx.needs_grad(0) {
+            Some(cx.alloc_grad(0, a.shape(), a.dtype())?)
+        } else {
+            None
+        };
+        let db = if cx.needs_grad(1) {
+            Some(cx.alloc_grad(1, b.shape(), b.dtype())?)
+        } else {
+            None
+        };
+        float_dispatch!(a.dtype(), cx.node_name(), T => {
+            let (ar, br, gr) = (a.read(), b.read(), g.read());
+            let (av, bv, gv) = (ar.as_slice::<T>()?, br.as_slice::<T>()?, gr.as_slice::<T>()?);
+            if let Some(da) = &da {
+                let mut w = da.write();
+                let dav = w.as_mut_slice::<T>()?;
+                // dA = dY * B^T
+                if d.shared_b {
+                    let gm = MatRef { data: gv, rows: d.batch * d.m, cols: d.n, trans: false };
+                    let bt = MatRef { data: bv, rows: d.n, cols: d.k, trans: true };
+                    matmul_into(dav, gm, bt, false, par)?;
+                } else {
+                    for i in 0..d.batch {
+                        let gm = MatRef { data: &gv[i * d.m * d.n..][..d.m * d.n], rows: d.m, cols: d.n, trans: false };
+                        let bt = MatRef { data: &bv[i * d.k * d.n..][..d.k * d.n], rows: d.n, cols: d.k, trans: true };
+                        matmul_into(&mut dav[i * d.m * d.k..][..d.m * d.k], gm, bt, false, par)?;
+                    }
+                }
+            }
+            if let Some(db) = &db {
+                let mut w = db.write();
+                let dbv = w.as_mut_slice::<T>()?;
+                // dB = A^T * dY (summed over the batch when B is shared: one gemm over all rows)
+                if d.shared_b {
+                    let at = MatRef { data: av, rows: d.k, cols: d.batch * d.m, trans: true };
+                    let gm = MatRef { data: gv, rows: d.batch * d.m, cols: d.n, trans: false };
+                    matmul_into(dbv, at, gm, false, par)?;
+                } else {
+                    for i in 0..d.batch {
+                        let at = MatRef { data: &av[i * d.m * d.k..][..d.m * d.k], rows: d.k, cols: d.m, trans: true };
+                        let gm = MatRef { data: &gv[i * d.m * d.n..][..d.m * d.n], rows: d.m, cols: d.n, trans: false };
+                        matmul_into(&mut dbv[i * d.k * d.n..][..d.k * d.n], at, gm, false, par)?;
+                    }
+                }
+            }
+            Ok::<(), crate::EngineError>(())
+        })?;
+        Ok(vec![da, db])
+    }
+}
+
+impl Graph {
+    /// `a[..., m, k] x b[k, n]` or batched `a[..., m, k] x b[..., k, n]`.
+    pub fn matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.apply(MatMul, &[a, b])
+    }
+}

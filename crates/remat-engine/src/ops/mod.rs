@@ -1,0 +1,14 @@
+//! Graph ops, one per file, each implementing [`crate::op::Op`] with its forward and
+//! backward side by side, plus a builder method on [`crate::Graph`].
+
+pub mod add;
+pub mod bias;
+pub mod dropout;
+pub mod matmul;
+pub mod mse;
+pub mod mul;
+pub mod relu;
+pub mod reshape;
+pub mod scale;
+pub mod slice;
+pub mod transpose;
