@@ -129,6 +129,12 @@ pub fn solve_milp(
     let cap = budget_bytes
         .checked_sub(graph.static_bytes())
         .ok_or_else(infeasible)?;
+    // Every node runs at least once with its inputs and output on the device, so no schedule
+    // goes below the floor: that is a proof of infeasibility, and one HiGHS takes minutes
+    // to find by branching when the budget is a byte under the floor.
+    if budget_bytes < graph.memory_floor() {
+        return Err(infeasible());
+    }
     if n == 0 {
         return Ok(MilpSolution {
             steps: Vec::new(),
