@@ -12,7 +12,9 @@
 //!   step, and measures peak memory, time (compute, recompute, exposed swap) and the memory
 //!   timeline. [`sim::Machine`] applies one step at a time.
 //! - [`lower`]: the shared lowering from per-tensor decisions to a schedule.
-//! - [`strategy`]: the [`Strategy`] trait, the [`registry`] and the strategies.
+//! - [`strategy`]: the [`Strategy`] trait, the [`registry`] and the strategies (baselines,
+//!   MuTWO; [`exact`] adds the exact ones).
+//! - [`plot`]: memory-timeline charts as SVG or PNG; [`synth`]: synthetic graphs for benches.
 //!
 //! Memory accounting, exactly (the engine is compared to it to the byte): device memory is
 //! the static bytes plus the bytes of every tensor on the device. `Compute(v)` allocates v's
@@ -30,6 +32,7 @@ pub mod plan;
 pub mod plot;
 pub mod sim;
 pub mod strategy;
+pub mod synth;
 
 pub use error::{GraphError, ImportError, PlanError, SimError};
 pub use ir::{Graph, Node, NodeId, Phase};

@@ -29,6 +29,29 @@ pub struct Lowered {
 
 /// Lowers decisions (one per tensor) into a schedule at `bandwidth` bytes per second.
 pub fn lower(graph: &Graph, decisions: &[Decision], bandwidth: f64) -> Result<Lowered, PlanError> {
+    lower_with(graph, decisions, bandwidth, Helpers::Free)
+}
+
+/// What happens to a tensor recomputed only as a helper of another recomputation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Helpers {
+    /// Freed right after its last read in the chain, recomputed again when needed: the
+    /// accounting of MuTWO's recomp_cnt (least memory).
+    #[default]
+    Free,
+    /// Kept until its own last use when it is itself a dropped tensor needed later: a
+    /// checkpointed segment is replayed once and its activations serve the segment's whole
+    /// backward, as in Chen et al. and PyTorch's checkpoint (least time).
+    KeepNeeded,
+}
+
+/// [`lower`] with a choice of what happens to recompute helpers.
+pub fn lower_with(
+    graph: &Graph,
+    decisions: &[Decision],
+    bandwidth: f64,
+    helpers: Helpers,
+) -> Result<Lowered, PlanError> {
     if decisions.len() != graph.len() {
         return Err(PlanError::BadDecision {
             tensor: graph.name().to_string(),
@@ -36,6 +59,7 @@ pub fn lower(graph: &Graph, decisions: &[Decision], bandwidth: f64) -> Result<Lo
         });
     }
     let mut lowerer = Lowerer::new(graph, decisions, bandwidth)?;
+    lowerer.helpers = helpers;
     for v in 0..graph.len() {
         lowerer
             .node(v)
@@ -62,6 +86,10 @@ struct Lowerer<'g> {
     drop_after: Vec<Vec<NodeId>>,
     /// `freed_after[v]`: tensors whose last use is `v`.
     freed_after: Vec<Vec<NodeId>>,
+    scratch: Scratch,
+    helpers: Helpers,
+    /// The node whose inputs are being prepared.
+    current: NodeId,
 }
 
 impl<'g> Lowerer<'g> {
@@ -86,6 +114,9 @@ impl<'g> Lowerer<'g> {
             swap_out_after: vec![Vec::new(); n],
             drop_after: vec![Vec::new(); n],
             freed_after: vec![Vec::new(); n],
+            scratch: Scratch::new(n),
+            helpers: Helpers::Free,
+            current: 0,
         };
         for (t, decision) in decisions.iter().enumerate() {
             lowerer.freed_after[graph.last_use(t)].push(t);
@@ -127,6 +158,7 @@ impl<'g> Lowerer<'g> {
     }
 
     fn node(&mut self, v: NodeId) -> Result<(), SimError> {
+        self.current = v;
         self.release_finished_swaps()?;
         for t in std::mem::take(&mut self.prefetch_at[v]) {
             if let Some(pos) = self.pending_frees.iter().position(|&p| p == t) {
@@ -184,20 +216,26 @@ impl<'g> Lowerer<'g> {
         for &t in &fetched {
             self.emit(Step::SwapIn { tensor: t })?;
         }
-        // Reads of each helper still to come inside the chain.
-        let mut reads_left = vec![0u32; self.graph.len()];
+        // Reads of each temporary tensor still to come inside the chain; a temporary (a
+        // recomputed helper or a fetched tensor) is freed after its last one.
         for &x in &chain {
             for &i in &self.graph.node(x).inputs {
-                reads_left[i] += 1;
+                self.scratch.reads_left[i] += 1;
             }
         }
-        let is_helper = |t: NodeId| t != u && !keep.contains(&t);
         for &x in &chain {
             self.emit(Step::Compute { node: x })?;
             for &i in &self.graph.node(x).inputs {
-                reads_left[i] -= 1;
-                let temporary = chain.contains(&i) || fetched.contains(&i);
-                if reads_left[i] == 0 && temporary && is_helper(i) {
+                self.scratch.reads_left[i] -= 1;
+                let temporary = self.scratch.is_temporary(i);
+                let needed_later = self.helpers == Helpers::KeepNeeded
+                    && matches!(self.decisions[i], Decision::Recompute { use_at, .. } if use_at > self.current);
+                if self.scratch.reads_left[i] == 0
+                    && temporary
+                    && i != u
+                    && !keep.contains(&i)
+                    && !needed_later
+                {
                     self.emit(Step::Free { tensor: i })?;
                 }
             }
@@ -209,23 +247,30 @@ impl<'g> Lowerer<'g> {
     }
 
     /// The nodes to recompute for `u` (ascending, `u` last), the tensors to swap in for
-    /// them, and the on-device tensors they start from.
-    fn missing_ancestors(&self, u: NodeId) -> (Vec<NodeId>, Vec<NodeId>, Vec<NodeId>) {
+    /// them, and the on-device tensors they start from. Marks the first two as temporary.
+    fn missing_ancestors(&mut self, u: NodeId) -> (Vec<NodeId>, Vec<NodeId>, Vec<NodeId>) {
+        let scratch = &mut self.scratch;
+        scratch.epoch += 1;
+        let epoch = scratch.epoch;
         let mut chain = vec![u];
         let mut fetched = Vec::new();
         let mut sources = Vec::new();
-        let mut seen = std::collections::HashSet::from([u]);
+        scratch.seen[u] = epoch;
+        scratch.temporary[u] = epoch;
         let mut stack = vec![u];
         while let Some(x) = stack.pop() {
             for &i in &self.graph.node(x).inputs {
-                if !seen.insert(i) {
+                if scratch.seen[i] == epoch {
                     continue;
                 }
+                scratch.seen[i] = epoch;
                 if self.machine.is_on_device(i) {
                     sources.push(i);
                 } else if self.machine.has_host_copy(i) {
+                    scratch.temporary[i] = epoch;
                     fetched.push(i);
                 } else {
+                    scratch.temporary[i] = epoch;
                     chain.push(i);
                     stack.push(i);
                 }
@@ -235,6 +280,29 @@ impl<'g> Lowerer<'g> {
         fetched.sort_unstable();
         sources.sort_unstable();
         (chain, fetched, sources)
+    }
+}
+
+/// Per-node scratch marks reused across rematerializations, so a chain costs time in its
+/// own length rather than in the graph's size.
+struct Scratch {
+    epoch: u32,
+    seen: Vec<u32>,
+    temporary: Vec<u32>,
+    reads_left: Vec<u32>,
+}
+
+impl Scratch {
+    fn new(n: usize) -> Scratch {
+        Scratch {
+            epoch: 0,
+            seen: vec![0; n],
+            temporary: vec![0; n],
+            reads_left: vec![0; n],
+        }
+    }
+    fn is_temporary(&self, t: NodeId) -> bool {
+        self.temporary[t] == self.epoch
     }
 }
 

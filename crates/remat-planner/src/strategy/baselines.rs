@@ -6,11 +6,17 @@
 //! which they keep. Fixed rules (every-N, by-depth, sqrt) ignore the budget and report
 //! [`PlanError::OverBudget`] when their plan does not fit; the greedy and the threshold search
 //! their parameter for the fastest plan that fits.
+//!
+//! Segment strategies (every-N, by-depth, sqrt) replay a segment once and keep its
+//! activations for the segment's backward, as checkpointing does ([`Helpers::KeepNeeded`]);
+//! recompute-all and the threshold recompute each activation from the last kept one and
+//! free the helpers ([`Helpers::Free`]): more time, the least memory. The greedy tries both.
 
-use super::{Planned, Problem, Strategy, plan_from_decisions};
+use super::{Planned, Problem, Strategy, plan_from_decisions_with};
 use crate::attrs::tensor_attrs;
 use crate::error::PlanError;
 use crate::ir::{Graph, NodeId, Phase};
+use crate::lower::Helpers;
 use crate::plan::Decision;
 
 /// The tensors a baseline may drop: forward activations with an idle interval, in order,
@@ -49,12 +55,12 @@ fn decisions_keeping(
 fn best_of(
     problem: &Problem,
     name: &str,
-    candidates: impl IntoIterator<Item = Vec<Decision>>,
+    candidates: impl IntoIterator<Item = (Vec<Decision>, Helpers)>,
 ) -> Result<Planned, PlanError> {
     let mut best: Option<Planned> = None;
     let mut smallest_peak = u64::MAX;
-    for decisions in candidates {
-        match plan_from_decisions(problem, name, decisions) {
+    for (decisions, helpers) in candidates {
+        match plan_from_decisions_with(problem, name, decisions, helpers) {
             Ok(planned) => {
                 if best
                     .as_ref()
@@ -88,7 +94,7 @@ impl Strategy for StoreAll {
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let decisions = vec![Decision::Keep; problem.graph.len()];
-        plan_from_decisions(problem, &self.name(), decisions)
+        plan_from_decisions_with(problem, &self.name(), decisions, Helpers::Free)
     }
 }
 
@@ -105,7 +111,7 @@ impl Strategy for RecomputeAll {
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let acts = activations(problem.graph);
         let decisions = decisions_keeping(problem.graph, &acts, |_, _| false);
-        plan_from_decisions(problem, &self.name(), decisions)
+        plan_from_decisions_with(problem, &self.name(), decisions, Helpers::Free)
     }
 }
 
@@ -123,7 +129,7 @@ impl Strategy for EveryN {
         let n = self.0.max(1);
         let acts = activations(problem.graph);
         let decisions = decisions_keeping(problem.graph, &acts, |k, _| (k + 1).is_multiple_of(n));
-        plan_from_decisions(problem, &self.name(), decisions)
+        plan_from_decisions_with(problem, &self.name(), decisions, Helpers::KeepNeeded)
     }
 }
 
@@ -147,7 +153,7 @@ impl Strategy for ByDepth {
         }
         let acts = activations(graph);
         let decisions = decisions_keeping(graph, &acts, |_, id| (depth[id] + 1).is_multiple_of(d));
-        plan_from_decisions(problem, &self.name(), decisions)
+        plan_from_decisions_with(problem, &self.name(), decisions, Helpers::KeepNeeded)
     }
 }
 
@@ -196,17 +202,28 @@ impl Strategy for MemoryThreshold {
             .sum();
         if let Some(fraction) = self.0 {
             let limit = (total as f64 * fraction.clamp(0.0, 1.0)) as u64;
-            return plan_from_decisions(problem, &self.name(), self.decisions(graph, &acts, limit));
+            let decisions = self.decisions(graph, &acts, limit);
+            return plan_from_decisions_with(problem, &self.name(), decisions, Helpers::Free);
         }
-        // Each prefix of the activations is a candidate threshold; try them all (a prefix's
-        // peak is not monotone in its length, so no bisection).
+        // Each prefix of the activations is a candidate threshold. A prefix's peak is not
+        // monotone in its length, so no bisection: try up to THRESHOLDS prefixes spread
+        // evenly (all of them on graphs with fewer activations).
+        const THRESHOLDS: usize = 64;
         let mut prefix = 0u64;
         let mut limits = vec![0u64];
         for &(id, _) in &acts {
             prefix += graph.node(id).output_bytes;
             limits.push(prefix);
         }
-        let candidates = limits.into_iter().map(|l| self.decisions(graph, &acts, l));
+        let stride = limits.len().div_ceil(THRESHOLDS).max(1);
+        let last = limits.len() - 1;
+        let picked = (0..limits.len())
+            .filter(move |i| i % stride == 0 || *i == last)
+            .map(|i| limits[i])
+            .collect::<Vec<_>>();
+        let candidates = picked
+            .into_iter()
+            .map(|l| (self.decisions(graph, &acts, l), Helpers::Free));
         best_of(problem, &self.name(), candidates)
     }
 }
@@ -226,7 +243,7 @@ impl Strategy for SqrtN {
         let segment = (acts.len() as f64).sqrt().ceil().max(1.0) as usize;
         let decisions =
             decisions_keeping(problem.graph, &acts, |k, _| (k + 1).is_multiple_of(segment));
-        plan_from_decisions(problem, &self.name(), decisions)
+        plan_from_decisions_with(problem, &self.name(), decisions, Helpers::KeepNeeded)
     }
 }
 
@@ -273,12 +290,15 @@ impl Strategy for ChenGreedy {
         let total: f64 = sizes.clone().sum();
         let smallest = sizes.fold(f64::INFINITY, f64::min).max(1.0);
         const GRID: usize = 48;
-        let mut candidates = Vec::with_capacity(2 * GRID + 1);
+        let mut candidates = Vec::with_capacity(4 * GRID + 4);
         for i in 0..=GRID {
             let b = smallest * (total.max(smallest) / smallest).powf(i as f64 / GRID as f64);
             let (decisions, refined) = Self::with_b(graph, &acts, b);
-            candidates.push(decisions);
-            candidates.push(Self::with_b(graph, &acts, refined).0);
+            let refined = Self::with_b(graph, &acts, refined).0;
+            for helpers in [Helpers::KeepNeeded, Helpers::Free] {
+                candidates.push((decisions.clone(), helpers));
+                candidates.push((refined.clone(), helpers));
+            }
         }
         best_of(problem, &self.name(), candidates)
     }

@@ -15,7 +15,7 @@ pub mod mutwo;
 
 use crate::error::PlanError;
 use crate::ir::Graph;
-use crate::lower::lower;
+use crate::lower::{Helpers, lower_with};
 use crate::plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
 use crate::sim::{SimReport, simulate_steps};
 
@@ -57,13 +57,24 @@ pub fn plan_from_decisions(
     strategy: &str,
     decisions: Vec<Decision>,
 ) -> Result<Planned, PlanError> {
-    let lowered = lower(problem.graph, &decisions, problem.bandwidth).map_err(|e| match e {
-        PlanError::InvalidSchedule { source, .. } => PlanError::InvalidSchedule {
-            strategy: strategy.to_string(),
-            source,
-        },
-        other => other,
-    })?;
+    plan_from_decisions_with(problem, strategy, decisions, Helpers::Free)
+}
+
+/// [`plan_from_decisions`] with a choice of what happens to recompute helpers.
+pub fn plan_from_decisions_with(
+    problem: &Problem,
+    strategy: &str,
+    decisions: Vec<Decision>,
+    helpers: Helpers,
+) -> Result<Planned, PlanError> {
+    let lowered =
+        lower_with(problem.graph, &decisions, problem.bandwidth, helpers).map_err(|e| match e {
+            PlanError::InvalidSchedule { source, .. } => PlanError::InvalidSchedule {
+                strategy: strategy.to_string(),
+                source,
+            },
+            other => other,
+        })?;
     plan_from_steps(problem, strategy, lowered.steps, lowered.decisions)
 }
 

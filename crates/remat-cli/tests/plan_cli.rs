@@ -1,0 +1,146 @@
+//! `remat plan` end to end on a small graph in remat's schema.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// An 8-layer training chain, 1 MiB activations, written in remat's JSON schema.
+fn write_graph(dir: &Path) -> PathBuf {
+    let layers = 8;
+    let mut nodes = Vec::new();
+    for i in 0..layers {
+        let inputs = if i == 0 {
+            String::new()
+        } else {
+            format!("{}", i - 1)
+        };
+        nodes.push(format!(
+            r#"{{"name": "fc{i}", "phase": "forward", "compute_time": 10, "output_bytes": 1048576, "inputs": [{inputs}]}}"#
+        ));
+    }
+    nodes.push(format!(
+        r#"{{"name": "loss", "phase": "backward", "compute_time": 1, "output_bytes": 4, "inputs": [{}]}}"#,
+        layers - 1
+    ));
+    for k in 0..layers {
+        let fw = layers - 1 - k;
+        let inputs = if fw == 0 {
+            format!("{}", layers + k)
+        } else {
+            format!("{}, {}", fw - 1, layers + k)
+        };
+        nodes.push(format!(
+            r#"{{"name": "fc{fw}_backward", "phase": "backward", "compute_time": 20, "output_bytes": 1048576, "inputs": [{inputs}]}}"#
+        ));
+    }
+    let text = format!(
+        r#"{{"format": "remat-graph", "version": 1, "name": "mlp8", "time_unit_s": 1e-6, "static_bytes": 0, "nodes": [{}]}}"#,
+        nodes.join(",\n")
+    );
+    let path = dir.join("mlp8.json");
+    std::fs::write(&path, text).expect("writes the graph");
+    path
+}
+
+fn remat(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .output()
+        .expect("runs remat");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn plans_writes_a_valid_plan_and_plots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let out = dir.path().join("plan.json");
+    let svg = dir.path().join("t.svg");
+    let png = dir.path().join("t.png");
+    let g = graph.to_str().expect("utf-8 path");
+    let (ok, text) = remat(&[
+        "plan",
+        g,
+        "--budget",
+        "0.7",
+        "--strategy",
+        "mutwo",
+        "--out",
+        out.to_str().expect("utf-8 path"),
+        "--plot",
+        svg.to_str().expect("utf-8 path"),
+    ]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("time overhead") && text.contains("recomputed"),
+        "{text}"
+    );
+    let plan = remat_planner::Plan::from_json(&std::fs::read_to_string(&out).expect("plan"))
+        .expect("plan parses");
+    let graph_ir = remat_planner::import::load(&graph, Default::default()).expect("graph");
+    let report = remat_planner::simulate(&graph_ir, &plan).expect("plan validates");
+    assert!(report.peak_bytes <= plan.budget_bytes);
+    assert!(report.recompute_time > 0.0);
+    assert!(
+        std::fs::read_to_string(&svg)
+            .expect("svg")
+            .contains("<polyline")
+    );
+    let (ok, text) = remat(&[
+        "plan",
+        g,
+        "--budget",
+        "0.7",
+        "--plot",
+        png.to_str().expect("utf-8"),
+    ]);
+    assert!(ok, "{text}");
+    assert_eq!(&std::fs::read(&png).expect("png")[1..4], b"PNG");
+}
+
+#[test]
+fn compare_prints_one_row_per_strategy_and_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let g = graph.to_str().expect("utf-8 path");
+    let (ok, text) = remat(&["plan", g, "--budget", "0.9,6MiB", "--compare"]);
+    assert!(ok, "{text}");
+    for name in ["store-all", "sqrt", "chen-greedy", "mutwo"] {
+        assert_eq!(
+            text.matches(&format!("| {name} ")).count(),
+            2,
+            "{name}: {text}"
+        );
+    }
+}
+
+#[test]
+fn infeasible_budget_states_the_smallest_peak() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let (ok, text) = remat(&["plan", graph.to_str().expect("utf-8"), "--budget", "1MiB"]);
+    assert!(!ok);
+    assert!(
+        text.contains("infeasible") && text.contains("smallest peak"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_graph_names_the_node_and_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let text = std::fs::read_to_string(&graph).expect("graph").replacen(
+        "\"compute_time\": 20",
+        "\"compute_time\": -20",
+        1,
+    );
+    std::fs::write(&graph, text).expect("rewrites the graph");
+    let (ok, text) = remat(&["plan", graph.to_str().expect("utf-8"), "--budget", "0.7"]);
+    assert!(!ok);
+    assert!(
+        text.contains("fc7_backward") && text.contains("compute_time"),
+        "{text}"
+    );
+}

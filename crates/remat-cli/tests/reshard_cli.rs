@@ -1,0 +1,210 @@
+//! `remat reshard` end to end: dry run, reshard, verify, refusal to overwrite, `--rank`
+//! parts with the final index step, Hugging Face multi-file output, a named difference.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use remat_reshard::Dtype;
+use remat_reshard::safetensors::{TensorData, write_file};
+
+fn remat<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
+    let out = remat(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> String {
+    let out = remat(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A small global checkpoint with matrices, a vector and a scalar.
+fn source(dir: &Path) -> String {
+    let a: Vec<u8> = (0..10 * 6 * 4).map(|i| (i * 7 % 251) as u8).collect();
+    let b: Vec<u8> = (0..5 * 9 * 2).map(|i| (i * 13 % 251) as u8).collect();
+    let c: Vec<u8> = (0..8).collect();
+    let tensors = [
+        TensorData {
+            name: "layers.0.w",
+            dtype: Dtype::F32,
+            shape: &[10, 6],
+            data: &a,
+        },
+        TensorData {
+            name: "layers.1.w",
+            dtype: Dtype::BF16,
+            shape: &[5, 9],
+            data: &b,
+        },
+        TensorData {
+            name: "step",
+            dtype: Dtype::I64,
+            shape: &[],
+            data: &c,
+        },
+    ];
+    let path = dir.join("model.safetensors");
+    write_file(&path, &tensors, &BTreeMap::new()).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn p(dir: &Path, name: &str) -> String {
+    dir.join(name).to_string_lossy().into_owned()
+}
+
+#[test]
+fn dry_run_reshard_verify_and_overwrite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let out = p(tmp.path(), "out");
+    let table = ok(&[
+        "reshard",
+        &src,
+        &out,
+        "-w",
+        "3",
+        "--preset",
+        "parallel",
+        "--dry-run",
+    ]);
+    assert!(
+        table.contains("| rank |")
+            && table.contains("read amplification")
+            && table.contains("peak buffer memory"),
+        "{table}"
+    );
+    assert!(!Path::new(&out).exists());
+    let summary = ok(&[
+        "reshard",
+        &src,
+        &out,
+        "-w",
+        "3",
+        "--preset",
+        "parallel",
+        "--place",
+        "layers.1.*=shard(1)",
+    ]);
+    assert!(summary.contains("GB/s"), "{summary}");
+    assert!(ok(&["reshard", "verify", &src, &out]).contains("hold the same 3 tensors"));
+    let e = fails(&["reshard", &src, &out, "-w", "2"]);
+    assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+    ok(&["reshard", &src, &out, "-w", "2", "--force"]);
+    assert!(ok(&["reshard", "verify", &out, &src]).contains("hold the same"));
+    let e = fails(&[
+        "reshard",
+        &src,
+        &out,
+        "-w",
+        "2",
+        "--place",
+        "step=shard(0)",
+        "--force",
+    ]);
+    assert!(e.contains("tensor `step`") && e.contains("shard(0)"), "{e}");
+}
+
+#[test]
+fn rank_parts_then_final_index_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let out = p(tmp.path(), "parts");
+    let common = [
+        "reshard", &src, &out, "-w", "2", "--format", "dcp", "--preset", "parallel",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<String> {
+        common.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    ok(&with(&["--rank", "0"]));
+    let e = fails(&with(&["--finalize"]));
+    assert!(e.contains("rank 1 has not finished"), "{e}");
+    assert!(!Path::new(&out).join("remat.index.json").exists());
+    assert!(
+        !Path::new(&out)
+            .join("shard-00001-model-00001-of-00001.safetensors")
+            .exists()
+    );
+    ok(&with(&["--rank", "1"]));
+    let e = fails(&[
+        "reshard",
+        &src,
+        &out,
+        "-w",
+        "2",
+        "--format",
+        "dcp",
+        "--finalize",
+    ]);
+    assert!(e.contains("different plan"), "{e}");
+    ok(&with(&["--finalize"]));
+    assert!(
+        Path::new(&out)
+            .join("shard-00002-model-00001-of-00001.safetensors")
+            .exists()
+    );
+    assert!(ok(&["reshard", "verify", &src, &out, "--from-b", "dcp"]).contains("hold the same"));
+    assert!(ok(&["reshard", "verify", &src, &out]).contains("chunk checksums checked"));
+}
+
+#[test]
+fn hugging_face_multi_file_output_reads_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let out = p(tmp.path(), "hf");
+    ok(&[
+        "reshard", &src, &out, "-w", "2", "--format", "hf", "--preset", "simple",
+    ]);
+    let index =
+        std::fs::read_to_string(Path::new(&out).join("model.safetensors.index.json")).unwrap();
+    assert!(
+        index.contains("model-00001-of-00002.safetensors") && index.contains("weight_map"),
+        "{index}"
+    );
+    assert!(ok(&["reshard", "verify", &out, &src, "--from-a", "hf"]).contains("hold the same"));
+    let e = fails(&[
+        "reshard",
+        &src,
+        &p(tmp.path(), "hf2"),
+        "-w",
+        "2",
+        "--format",
+        "hf",
+        "--preset",
+        "parallel",
+    ]);
+    assert!(e.contains("stores whole tensors"), "{e}");
+}
+
+#[test]
+fn verify_names_the_first_differing_tensor_and_element() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let out = p(tmp.path(), "one");
+    ok(&["reshard", &src, &out, "-w", "1", "--format", "hf"]);
+    let file = Path::new(&out).join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    // layers.0.w is first in the data: element [2, 3] starts at byte (2 * 6 + 3) * 4.
+    bytes[8 + n + (2 * 6 + 3) * 4 + 1] ^= 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let e = fails(&["reshard", "verify", &src, &out, "--from-b", "hf"]);
+    assert!(
+        e.contains("tensor `layers.0.w` differs first at element [2, 3]"),
+        "{e}"
+    );
+    let e = fails(&["reshard", "verify", &src, &out]);
+    assert!(e.contains("layers.0.w"), "{e}");
+}

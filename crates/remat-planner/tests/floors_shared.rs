@@ -1,0 +1,91 @@
+//! The floors of `../shared/graphs` (README): below a graph's floor every strategy reports
+//! infeasible, and the combined planner states the smallest peak reached; just above the
+//! store-all peak's middle ground MuTWO finds a valid plan. Skipped, saying so, when the
+//! shared folder is absent.
+
+use std::path::PathBuf;
+
+use remat_planner::import::{ImportOptions, load};
+use remat_planner::strategy::{Problem, plan_best, registry};
+use remat_planner::{PlanError, lookup, simulate};
+
+fn graphs_dir() -> Option<PathBuf> {
+    let beside = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/graphs"
+    ));
+    let from_env = std::env::var_os("REMAT_SHARED_DIR").map(|d| PathBuf::from(d).join("graphs"));
+    let dir = if beside.is_dir() {
+        beside
+    } else {
+        from_env.unwrap_or(beside)
+    };
+    if dir.is_dir() {
+        println!("reading shared graphs from {}", dir.display());
+        Some(dir)
+    } else {
+        println!("skipping: {} is absent", dir.display());
+        None
+    }
+}
+
+const TRAINING: [&str; 4] = [
+    "vgg16-b256-train.json",
+    "vgg19-b256-train.json",
+    "vgg-unet-b32-train.json",
+    "mobilenet-b512-train.json",
+];
+
+#[test]
+fn below_the_floor_every_strategy_is_infeasible() {
+    let Some(dir) = graphs_dir() else { return };
+    for file in TRAINING {
+        let graph = load(&dir.join(file), ImportOptions::default()).expect(file);
+        let floor = graph.memory_floor();
+        let problem = Problem {
+            graph: &graph,
+            budget_bytes: floor - 1,
+            bandwidth: 32e9,
+        };
+        for strategy in registry() {
+            match strategy.plan(&problem) {
+                Err(PlanError::OverBudget { best_peak, .. }) => {
+                    assert!(best_peak >= floor, "{file} {}", strategy.name())
+                }
+                Err(PlanError::NotApplicable { .. }) => {}
+                other => panic!("{file} {}: {other:?}", strategy.name()),
+            }
+        }
+        match plan_best(&problem) {
+            Err(PlanError::Infeasible { best_peak, .. }) => {
+                assert!(best_peak >= floor);
+                let message = PlanError::Infeasible {
+                    budget: problem.budget_bytes,
+                    best_peak,
+                    strategy: "x".into(),
+                }
+                .to_string();
+                assert!(message.contains(&best_peak.to_string()));
+            }
+            other => panic!("{file}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn between_floor_and_peak_mutwo_plans_validate() {
+    let Some(dir) = graphs_dir() else { return };
+    for file in TRAINING {
+        let graph = load(&dir.join(file), ImportOptions::default()).expect(file);
+        let (floor, peak) = (graph.memory_floor(), graph.store_all_peak());
+        let problem = Problem {
+            graph: &graph,
+            budget_bytes: floor + (peak - floor) / 2,
+            bandwidth: 32e9,
+        };
+        let planned = lookup("mutwo").unwrap().plan(&problem).expect(file);
+        let report = simulate(&graph, &planned.plan).expect(file);
+        assert!(report.peak_bytes <= problem.budget_bytes, "{file}");
+        println!("{file}: mutwo overhead {:.2}%", 100.0 * report.overhead());
+    }
+}

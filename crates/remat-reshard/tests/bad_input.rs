@@ -1,0 +1,397 @@
+//! Every kind of bad input is a clear error naming the file and tensor, raised before
+//! anything is written: no output is left behind.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use remat_reshard::safetensors::{TensorData, write_file};
+use remat_reshard::{Checkpoint, Dtype, ExecOptions, Format, TargetSpec, execute, plan};
+
+/// Writes a DCP shard file holding `(name, dtype, shape, offsets)` pieces.
+fn dcp_file(dir: &Path, rank: usize, pieces: &[(&str, Dtype, Vec<u64>, Vec<u64>)]) {
+    let info: serde_json::Map<String, serde_json::Value> = pieces
+        .iter()
+        .map(|(n, _, _, o)| (n.to_string(), serde_json::json!({ "saved_offsets": o })))
+        .collect();
+    let mut meta = BTreeMap::new();
+    meta.insert(
+        "DCP_SHARDING_INFO".to_string(),
+        serde_json::Value::Object(info).to_string(),
+    );
+    let data: Vec<Vec<u8>> = pieces
+        .iter()
+        .map(|(_, d, s, _)| vec![7u8; d.bytes_for(s.iter().product()).unwrap() as usize])
+        .collect();
+    let tensors: Vec<TensorData> = pieces
+        .iter()
+        .zip(&data)
+        .map(|((n, d, s, _), bytes)| TensorData {
+            name: n,
+            dtype: *d,
+            shape: s,
+            data: bytes,
+        })
+        .collect();
+    let path = dir.join(format!(
+        "shard-{:05}-model-00001-of-00001.safetensors",
+        rank + 1
+    ));
+    write_file(&path, &tensors, &meta).unwrap();
+}
+
+/// Runs open + plan + execute and returns the error text; checks nothing was written.
+fn fails(src: &Path) -> String {
+    let dst = src.parent().unwrap().join("out");
+    let err = (|| {
+        let ck = Checkpoint::open(src, None)?;
+        let p = plan(&ck, &TargetSpec::new(2, Format::Remat))?;
+        execute(&ck, &p, &dst, &ExecOptions::default())
+    })()
+    .expect_err("bad input must fail")
+    .to_string();
+    assert!(!dst.exists(), "output left behind for: {err}");
+    let leftovers: Vec<_> = std::fs::read_dir(src.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".out"))
+        .collect();
+    assert!(leftovers.is_empty(), "staging left behind for: {err}");
+    err
+}
+
+/// A good two-rank checkpoint to corrupt.
+fn good(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir(&src).unwrap();
+    dcp_file(
+        &src,
+        0,
+        &[
+            ("w", Dtype::F32, vec![2, 4], vec![0, 0]),
+            ("b", Dtype::BF16, vec![3], vec![0]),
+        ],
+    );
+    dcp_file(&src, 1, &[("w", Dtype::F32, vec![2, 4], vec![2, 0])]);
+    src
+}
+
+/// Rewrites text in a file's JSON header, fixing the length prefix, keeping the data.
+fn patch_header(path: &Path, edits: &[(&str, &str)]) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut json = String::from_utf8(bytes[8..8 + n].to_vec()).unwrap();
+    for (from, to) in edits {
+        assert!(json.contains(from), "{from} not in {json}");
+        json = json.replace(from, to);
+    }
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(json.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(path, out).unwrap();
+}
+
+fn shard(src: &Path, rank: usize) -> std::path::PathBuf {
+    src.join(format!(
+        "shard-{:05}-model-00001-of-00001.safetensors",
+        rank + 1
+    ))
+}
+
+#[test]
+fn the_good_checkpoint_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let ck = Checkpoint::open(&src, None).unwrap();
+    assert_eq!(ck.tensor("w").unwrap().shape, vec![4, 4]);
+}
+
+#[test]
+fn truncated_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    std::fs::write(shard(&src, 1), [1u8, 2, 3]).unwrap();
+    let e = fails(&src);
+    assert!(e.contains("shard-00002") && e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn data_cut_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let bytes = std::fs::read(shard(&src, 0)).unwrap();
+    std::fs::write(shard(&src, 0), &bytes[..bytes.len() - 4]).unwrap();
+    let e = fails(&src);
+    assert!(
+        e.contains("shard-00001") && e.contains("outside the data section"),
+        "{e}"
+    );
+}
+
+#[test]
+fn header_length_beyond_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let mut bytes = std::fs::read(shard(&src, 1)).unwrap();
+    bytes[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    std::fs::write(shard(&src, 1), &bytes).unwrap();
+    let e = fails(&src);
+    assert!(
+        e.contains("shard-00002")
+            && e.contains("header length 1099511627776 goes beyond the end of the file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn invalid_header_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let mut bytes = std::fs::read(shard(&src, 0)).unwrap();
+    bytes[8] = b'[';
+    std::fs::write(shard(&src, 0), &bytes).unwrap();
+    let e = fails(&src);
+    assert!(
+        e.contains("shard-00001") && e.contains("invalid header JSON"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_dtype() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    patch_header(&shard(&src, 0), &[("\"BF16\"", "\"BF17\"")]);
+    let e = fails(&src);
+    assert!(
+        e.contains("shard-00001") && e.contains("tensor `b`") && e.contains("unknown dtype `BF17`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn dtype_differs_across_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    dcp_file(&src, 1, &[("w", Dtype::F16, vec![2, 4], vec![2, 0])]);
+    let e = fails(&src);
+    assert!(
+        e.contains("tensor `w`")
+            && e.contains("dtype differs")
+            && e.contains("F32")
+            && e.contains("F16")
+            && e.contains("shard-00002"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overlapping_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    dcp_file(&src, 1, &[("w", Dtype::F32, vec![2, 4], vec![1, 0])]);
+    let e = fails(&src);
+    assert!(
+        e.contains("tensor `w`")
+            && e.contains("overlap")
+            && e.contains("shard-00001")
+            && e.contains("shard-00002"),
+        "{e}"
+    );
+}
+
+#[test]
+fn chunks_leaving_a_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    dcp_file(&src, 1, &[("w", Dtype::F32, vec![2, 4], vec![3, 0])]);
+    let e = fails(&src);
+    assert!(
+        e.contains("tensor `w`") && e.contains("hole") && e.contains("16 of the 20 elements"),
+        "{e}"
+    );
+}
+
+#[test]
+fn data_offsets_outside_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    patch_header(
+        &shard(&src, 1),
+        &[("[0,32]", "[0,96]"), ("\"shape\":[2,4]", "\"shape\":[6,4]")],
+    );
+    let e = fails(&src);
+    assert!(
+        e.contains("shard-00002")
+            && e.contains("tensor `w`")
+            && e.contains("outside the data section"),
+        "{e}"
+    );
+}
+
+#[test]
+fn shape_whose_byte_size_overflows() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    patch_header(
+        &shard(&src, 1),
+        &[("\"shape\":[2,4]", "\"shape\":[4611686018427387904,4]")],
+    );
+    let e = fails(&src);
+    assert!(
+        e.contains("shard-00002") && e.contains("tensor `w`") && e.contains("overflows"),
+        "{e}"
+    );
+}
+
+#[test]
+fn index_pointing_at_a_mismatched_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let remat = dir.path().join("remat");
+    common::reshard(&src, &remat, &TargetSpec::new(2, Format::Remat));
+    let index = remat.join("remat.index.json");
+    let text = std::fs::read_to_string(&index)
+        .unwrap()
+        .replacen("\"F32\"", "\"I32\"", 1);
+    std::fs::write(&index, text).unwrap();
+    let e = fails(&remat);
+    assert!(
+        e.contains("rank-0000") && e.contains("tensor `w`") && e.contains("the index says I32"),
+        "{e}"
+    );
+}
+
+#[test]
+fn existing_output_is_not_overwritten_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let dst = dir.path().join("out");
+    std::fs::create_dir(&dst).unwrap();
+    std::fs::write(dst.join("keep.txt"), b"mine").unwrap();
+    let ck = Checkpoint::open(&src, None).unwrap();
+    let p = plan(&ck, &TargetSpec::new(2, Format::Remat)).unwrap();
+    let e = execute(&ck, &p, &dst, &ExecOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already exists"), "{e}");
+    assert_eq!(std::fs::read(dst.join("keep.txt")).unwrap(), b"mine");
+    execute(
+        &ck,
+        &p,
+        &dst,
+        &ExecOptions {
+            overwrite: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!dst.join("keep.txt").exists());
+    assert!(dst.join("remat.index.json").exists());
+    let e = execute(
+        &ck,
+        &p,
+        &src,
+        &ExecOptions {
+            overwrite: true,
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("overlaps the source"), "{e}");
+}
+
+#[test]
+fn a_stale_staging_directory_from_an_interrupted_run_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let dst = dir.path().join("out");
+    let stale = dir.path().join(".out.remat-staging");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("rank-00000-of-00002.safetensors"), b"half").unwrap();
+    common::reshard(&src, &dst, &TargetSpec::new(2, Format::Remat));
+    assert!(!stale.exists());
+    assert!(dst.join("remat.index.json").exists());
+}
+
+#[test]
+fn sub_byte_dtypes_split_on_byte_boundaries_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f4.safetensors");
+    let data: Vec<u8> = (0..12).collect();
+    let t = [TensorData {
+        name: "q",
+        dtype: Dtype::F4,
+        shape: &[4, 6],
+        data: &data,
+    }];
+    write_file(&src, &t, &BTreeMap::new()).unwrap();
+    let ck = Checkpoint::open(&src, None).unwrap();
+    let rows = remat_reshard::NameRule::parse("q=shard(0)").unwrap();
+    let spec = TargetSpec {
+        world_size: 4,
+        format: Format::Remat,
+        rules: vec![rows],
+        preset: None,
+    };
+    let out = dir.path().join("rows");
+    execute(
+        &ck,
+        &plan(&ck, &spec).unwrap(),
+        &out,
+        &ExecOptions::default(),
+    )
+    .unwrap();
+    let back = Checkpoint::open(&out, None).unwrap();
+    assert_eq!(
+        remat_reshard::verify(&ck, &back, None).unwrap().difference,
+        None
+    );
+    let cols = remat_reshard::NameRule::parse("q=shard(1)").unwrap();
+    // Columns of 3 four-bit elements end inside a byte.
+    let spec = TargetSpec {
+        world_size: 2,
+        format: Format::Remat,
+        rules: vec![cols],
+        preset: None,
+    };
+    let e = plan(&ck, &spec).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor `q`") && e.contains("inside a byte"),
+        "{e}"
+    );
+}
+
+#[test]
+fn hf_weight_map_naming_the_wrong_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let hf = dir.path().join("hf");
+    common::reshard(
+        &src,
+        &hf,
+        &TargetSpec {
+            world_size: 2,
+            format: Format::Hf,
+            rules: vec![],
+            preset: Some(remat_reshard::Preset::Simple),
+        },
+    );
+    let index = hf.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    let swapped = text
+        .replace("model-00001-of-00002", "TMP")
+        .replace("model-00002-of-00002", "model-00001-of-00002")
+        .replace("TMP", "model-00002-of-00002");
+    std::fs::write(&index, swapped).unwrap();
+    let e = Checkpoint::open(&hf, Some(Format::Hf))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("model.safetensors.index.json") && e.contains("is mapped to"),
+        "{e}"
+    );
+}
