@@ -565,3 +565,78 @@ pub fn finalize(ckpt: &Checkpoint, plan: &Plan, dst: &Path, overwrite: bool) -> 
     }
     sync_dir(dst)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::{Region, for_each_run, strided_copy};
+
+    fn r(offsets: &[u64], sizes: &[u64]) -> Region {
+        Region {
+            offsets: offsets.to_vec(),
+            sizes: sizes.to_vec(),
+        }
+    }
+
+    /// Seeking anywhere lands on the first byte the copy writes at or after that point.
+    #[test]
+    fn seek_lands_on_the_first_run_byte_at_or_after_any_position() {
+        let cases = [
+            (r(&[0, 2, 1], &[4, 3, 5]), r(&[1, 0, 0], &[3, 6, 7]), 16),
+            (r(&[0, 0], &[5, 2]), r(&[0, 0], &[5, 8]), 32),
+            (r(&[2, 0], &[2, 8]), r(&[0, 0], &[5, 8]), 8),
+        ];
+        for (src, dst, bits) in cases {
+            let inter = src.intersect(&dst).unwrap();
+            let copy = strided_copy((0, &src, 100), (&dst, 40), &inter, bits).unwrap();
+            let mut bytes = Vec::new();
+            for_each_run(&copy, |_, d| bytes.extend(d..d + copy.run));
+            for pos in 0..copy.dst_end() + 3 {
+                let c = Cursor::seek(&copy, pos);
+                match bytes.iter().find(|&&b| b >= pos) {
+                    Some(&b) => assert_eq!((c.finished, c.pos()), (false, b), "seek to {pos}"),
+                    None => assert!(c.finished, "seek to {pos}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_cut_big_chunks_at_block_boundaries_and_group_small_ones() {
+        let f = TargetFile {
+            rank: 0,
+            name: "f".into(),
+            chunks: [
+                (0, 10),
+                (10, 2 * BLOCK_BYTES + 5),
+                (2 * BLOCK_BYTES + 15, 7),
+            ]
+            .iter()
+            .map(|&(start, len)| crate::plan::PlannedChunk {
+                tensor: 0,
+                region: r(&[], &[]),
+                data_start: start,
+                len,
+            })
+            .collect(),
+            header: Vec::new(),
+            data_len: 2 * BLOCK_BYTES + 22,
+            copies: Vec::new(),
+        };
+        let tasks = tasks_for(0, &f);
+        let spans: Vec<(u64, u64)> = tasks.iter().map(|t| (t.start, t.end)).collect();
+        assert_eq!(
+            spans,
+            vec![
+                (0, BLOCK_BYTES + 10),
+                (BLOCK_BYTES + 10, 2 * BLOCK_BYTES + 10),
+                (2 * BLOCK_BYTES + 10, 2 * BLOCK_BYTES + 22)
+            ]
+        );
+        let blocks: Vec<(usize, u64)> = tasks
+            .iter()
+            .flat_map(|t| t.segments.iter().map(|s| (s.chunk, s.block)))
+            .collect();
+        assert_eq!(blocks, vec![(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]);
+    }
+}
