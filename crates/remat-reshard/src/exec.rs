@@ -2,6 +2,8 @@
 //! bounded buffers, checksummed on the way, crash-safe.
 
 use std::fs::{File, OpenOptions};
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -422,21 +424,6 @@ impl<'c> Cursor<'c> {
         }
     }
 
-    /// Copies this copy's bytes that fall in `[w0, w1)` into `buf` (which starts at `w0`).
-    fn fill(&mut self, w0: u64, w1: u64, buf: &mut [u8], src: &[u8]) {
-        while !self.finished {
-            let p = self.pos();
-            if p >= w1 {
-                break;
-            }
-            let n = self.run_left().min(w1 - p);
-            let s = self.src_pos() as usize;
-            let at = (p - w0) as usize;
-            buf[at..at + n as usize].copy_from_slice(&src[s..s + n as usize]);
-            self.advance(n);
-        }
-    }
-
     /// Gives back source pages wholly behind the cursor, in steps.
     fn release(&mut self, map: &Map) {
         let upto = if self.finished {
@@ -449,6 +436,105 @@ impl<'c> Cursor<'c> {
             self.released = upto;
         }
     }
+}
+
+/// Runs shorter than this are copied into the window buffer; longer ones are written
+/// straight from the source map by a gathering write, saving a copy.
+const GATHER_MIN: u64 = 4096;
+
+/// A piece of a window: bytes in a source map, or in the window buffer.
+enum Seg {
+    Map {
+        file: usize,
+        start: usize,
+        len: usize,
+    },
+    Buf {
+        start: usize,
+        len: usize,
+    },
+}
+
+/// Lays out the window `[pos, end)` in destination order: at every position exactly one
+/// cursor continues (the plan covers each target byte once), so the one furthest behind
+/// is the next to write.
+fn gather(
+    cursors: &mut [Cursor],
+    pos: u64,
+    end: u64,
+    buf: &mut [u8],
+    ckpt: &Checkpoint,
+) -> Vec<Seg> {
+    let mut segs: Vec<Seg> = Vec::new();
+    let mut p = pos;
+    let mut used = 0usize;
+    while p < end {
+        let Some(c) = cursors
+            .iter_mut()
+            .filter(|c| !c.finished)
+            .min_by_key(|c| c.pos())
+        else {
+            break;
+        };
+        debug_assert_eq!(c.pos(), p, "the plan leaves a gap");
+        let n = c.run_left().min(end - p);
+        let start = c.src_pos() as usize;
+        let len = n as usize;
+        if n >= GATHER_MIN {
+            segs.push(Seg::Map {
+                file: c.copy.src_file,
+                start,
+                len,
+            });
+        } else {
+            let src = &ckpt.files[c.copy.src_file].map.bytes()[start..start + len];
+            buf[used..used + len].copy_from_slice(src);
+            match segs.last_mut() {
+                Some(Seg::Buf { start: s, len: l }) if *s + *l == used => *l += len,
+                _ => segs.push(Seg::Buf { start: used, len }),
+            }
+            used += len;
+        }
+        c.advance(n);
+        p += n;
+    }
+    segs
+}
+
+/// Writes all `slices` at `offset` with as few `pwritev` calls as the iovec limit allows.
+fn write_vectored_at(out: &File, mut slices: Vec<IoSlice>, mut offset: u64) -> std::io::Result<()> {
+    const IOV_MAX: usize = 1024;
+    let mut rest: &mut [IoSlice] = &mut slices;
+    while !rest.is_empty() {
+        let batch = rest.len().min(IOV_MAX);
+        let iov = rest.as_ptr().cast::<libc::iovec>();
+        // SAFETY: IoSlice is ABI-compatible with iovec on Unix (guaranteed by std), the
+        // slices outlive the call, and the descriptor is open for writing.
+        let n = unsafe {
+            libc::pwritev(
+                out.as_raw_fd(),
+                iov,
+                batch as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
+        }
+        offset += n as u64;
+        IoSlice::advance_slices(&mut rest, n as usize);
+    }
+    Ok(())
 }
 
 /// Hashes a task's bytes, block by block, as they are written in order.
@@ -520,15 +606,24 @@ fn run_task(
                 n
             } else {
                 let end = (pos + pool.window).min(task.end);
-                let window = &mut buf[..(end - pos) as usize];
-                for c in cursors.iter_mut().filter(|c| !c.finished && c.pos() < end) {
+                let segs = gather(&mut cursors, pos, end, &mut buf, ckpt);
+                let slices: Vec<IoSlice> = segs
+                    .iter()
+                    .map(|seg| match *seg {
+                        Seg::Map { file, start, len } => {
+                            IoSlice::new(&ckpt.files[file].map.bytes()[start..start + len])
+                        }
+                        Seg::Buf { start, len } => IoSlice::new(&buf[start..start + len]),
+                    })
+                    .collect();
+                for slice in &slices {
+                    hasher.feed(slice);
+                }
+                write_vectored_at(out, slices, header + pos).map_err(io_err(path))?;
+                for c in cursors.iter_mut() {
                     let map = &ckpt.files[c.copy.src_file].map;
-                    c.fill(pos, end, window, map.bytes());
                     c.release(map);
                 }
-                out.write_all_at(window, header + pos)
-                    .map_err(io_err(path))?;
-                hasher.feed(window);
                 end - pos
             };
             pos += n;
