@@ -93,3 +93,13 @@ pub(crate) const PARALLEL_MIN_ELEMS: usize = 1 << 15;
 /// Chunk length for parallel elementwise kernels. Fixed (not derived from the thread
 /// count) so that chunking never changes which operations produce an element.
 pub(crate) const ELEMWISE_CHUNK: usize = 1 << 13;
+
+impl KernelError {
+    /// The engine error for this failure inside graph node `node`.
+    pub fn at(self, node: &str) -> crate::error::EngineError {
+        crate::error::EngineError::Shape {
+            node: node.to_string(),
+            message: self.to_string(),
+        }
+    }
+}

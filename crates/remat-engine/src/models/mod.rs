@@ -1,3 +1,4 @@
 //! Models built on the graph.
 
+pub mod gpt;
 pub mod mlp;
