@@ -531,11 +531,48 @@ fn read_hf(path: &Path) -> Result<Checkpoint> {
             b.add(id, e, vec![0; e.shape.len()], None)?;
         }
     }
+    if path.is_dir() && path.join(HF_INDEX_NAME).is_file() {
+        check_weight_map(&path.join(HF_INDEX_NAME), &b)?;
+    }
     b.infer_shapes()?;
     for t in b.tensors.values_mut() {
         t.placement = Some(infer_placement(t, Placement::Whole));
     }
     Ok(b.finish(path, Format::Hf, names.len(), None))
+}
+
+/// Every tensor the `weight_map` lists is in the file it names, and in no other.
+fn check_weight_map(index_path: &Path, b: &Builder) -> Result<()> {
+    let bytes = std::fs::read(index_path).map_err(io_err(index_path))?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let Some(map) = value.get("weight_map").and_then(|m| m.as_object()) else {
+        return Ok(());
+    };
+    for (tensor, file) in map {
+        let file = file.as_str().unwrap_or_default();
+        let holders: Vec<&Path> = b
+            .tensors
+            .get(tensor)
+            .map(|t| {
+                t.pieces
+                    .iter()
+                    .map(|p| b.files[p.file].path.as_path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let in_named = holders
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == file));
+        if !in_named || holders.len() != 1 {
+            return Err(ReshardError::Index {
+                path: index_path.into(),
+                what: format!(
+                    "tensor `{tensor}` is mapped to `{file}` but is stored in {holders:?}"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Distinct file names of an HF `weight_map`, in order of first appearance.

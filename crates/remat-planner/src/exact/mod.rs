@@ -5,11 +5,24 @@
 pub mod chain;
 pub mod chain_graph;
 pub mod chain_strategy;
+pub mod evict;
+#[cfg(feature = "milp")]
+pub mod milp;
 pub mod revolve;
 
 use crate::strategy::Strategy;
 
 /// The strategies of this module, for the registry.
 pub fn strategies() -> Vec<Box<dyn Strategy>> {
-    vec![Box::new(chain_strategy::ChainDp)]
+    let all: Vec<Box<dyn Strategy>> =
+        vec![Box::new(evict::Evict), Box::new(chain_strategy::ChainDp)];
+    #[cfg(feature = "milp")]
+    let all = {
+        let mut all = all;
+        all.push(Box::new(milp::CheckmateMilp {
+            options: milp::MilpOptions::default(),
+        }));
+        all
+    };
+    all
 }
