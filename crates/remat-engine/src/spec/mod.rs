@@ -17,6 +17,7 @@ pub mod config;
 pub mod error;
 pub mod expr;
 pub mod ops;
+pub mod run;
 pub mod shipped;
 pub mod types;
 

@@ -1,0 +1,150 @@
+//! Spec-driven training steps: recompute, offload and LoRA give the gradients of keeping
+//! everything, bit for bit; recompute ops equal the forward's values bit for bit.
+
+use std::sync::Arc;
+
+use remat_engine::models::qwen3::{BlockKind, Qwen3};
+use remat_engine::spec::run::lora::LoraConfig;
+use remat_engine::spec::run::meter::Meter;
+use remat_engine::spec::shipped::{QWEN3, QWEN3_MOE};
+use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
+use remat_engine::swap::HostStore;
+
+fn config(kind: BlockKind, overrides: &[&str]) -> ModelConfig {
+    let mut c = ModelConfig::new("test")
+        .set("vocab_size", Value::Int(48))
+        .set("hidden_size", Value::Int(32))
+        .set("num_attention_heads", Value::Int(4))
+        .set("num_key_value_heads", Value::Int(2))
+        .set("head_dim", Value::Int(8))
+        .set("num_hidden_layers", Value::Int(3))
+        .set("batch", Value::Int(2))
+        .set("seq_len", Value::Int(8))
+        .set("rms_norm_eps", Value::Float(1e-6))
+        .set("rope_theta", Value::Float(10000.0));
+    c = match kind {
+        BlockKind::Dense => c.set("intermediate_size", Value::Int(40)),
+        BlockKind::Moe => c
+            .set("num_experts", Value::Int(4))
+            .set("num_experts_per_tok", Value::Int(2))
+            .set("moe_intermediate_size", Value::Int(24)),
+    };
+    for o in overrides {
+        c.apply_override(o).unwrap();
+    }
+    c
+}
+
+fn tokens() -> (Vec<u32>, Vec<u32>) {
+    let t: Vec<u32> = (0..16u32).map(|i| (i * 7 + 3) % 48).collect();
+    let y: Vec<u32> = (0..16u32).map(|i| (i * 5 + 1) % 48).collect();
+    (t, y)
+}
+
+fn spec_of(kind: BlockKind) -> BlockSpec {
+    match kind {
+        BlockKind::Dense => QWEN3.spec().unwrap(),
+        BlockKind::Moe => QWEN3_MOE.spec().unwrap(),
+    }
+}
+
+fn lora() -> LoraConfig {
+    LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.1,
+        targets: ["q", "k", "v", "o", "up", "gate", "down"]
+            .map(String::from)
+            .to_vec(),
+        seed: 7,
+    }
+}
+
+fn run(
+    model: &Qwen3,
+    plan: &Plan,
+) -> (
+    remat_engine::models::qwen3::Qwen3Grads,
+    remat_engine::models::qwen3::StepStats,
+) {
+    let (t, y) = tokens();
+    let host = HostStore::in_memory();
+    let meter: Arc<Meter> = Meter::new();
+    model.step(plan, &t, &y, &host, &meter).unwrap()
+}
+
+/// The shipped spec in `mode` against save-everything, bit for bit.
+fn assert_exact(kind: BlockKind, mode: Mode, overrides: &[&str]) {
+    let cfg = config(kind, overrides);
+    let mut model = Qwen3::new(kind, &cfg, 11).unwrap();
+    if mode == Mode::Lora {
+        model = model.with_lora(lora(), true).unwrap();
+    }
+    let spec = spec_of(kind);
+    let plan = compile(&spec, &cfg, mode).unwrap();
+    let reference = compile(&spec.save_everything(), &cfg, mode).unwrap();
+    let (g_spec, s_spec) = run(&model, &plan);
+    let (g_ref, s_ref) = run(&model, &reference);
+    assert_eq!(s_spec.loss.to_bits(), s_ref.loss.to_bits());
+    assert!(s_spec.recomputed_ops > 0, "the spec recomputed nothing");
+    assert_eq!(s_ref.recomputed_ops, 0);
+    let diff = g_spec.bit_diff(&g_ref);
+    assert!(
+        diff.is_empty(),
+        "{kind:?} {mode:?} {overrides:?}: gradients differ in {diff:?}"
+    );
+    assert!(!g_spec.named().is_empty());
+    assert!(
+        s_spec.activations.peak < s_ref.activations.peak,
+        "spec peak {} vs save-all {}",
+        s_spec.activations.peak,
+        s_ref.activations.peak
+    );
+    assert!(
+        s_spec.host_peak > 0,
+        "the shipped spec offloads the residual stream"
+    );
+    // The meter shows the plan: per-layer saved bytes for every layer, one shared buffer set.
+    assert_eq!(s_spec.activations.saved_peak, plan.saved_bytes());
+    assert_eq!(s_ref.activations.saved_peak, reference.saved_bytes());
+    assert_eq!(s_spec.activations.shared_peak, plan.shared_buffer_bytes());
+    assert_eq!(s_ref.activations.shared_peak, 0);
+    assert_eq!(s_spec.host_peak, plan.offloaded_bytes());
+}
+
+#[test]
+fn dense_full_step_equals_save_everything() {
+    assert_exact(BlockKind::Dense, Mode::Full, &[]);
+}
+
+#[test]
+fn dense_lora_step_equals_save_everything() {
+    assert_exact(BlockKind::Dense, Mode::Lora, &[]);
+}
+
+#[test]
+fn dense_without_qk_norm_with_bias() {
+    assert_exact(
+        BlockKind::Dense,
+        Mode::Full,
+        &["use_qk_norm=false", "attention_bias=true"],
+    );
+    assert_exact(
+        BlockKind::Dense,
+        Mode::Lora,
+        &["use_qk_norm=false", "attention_bias=true"],
+    );
+}
+
+#[test]
+fn moe_steps_equal_save_everything() {
+    assert_exact(BlockKind::Moe, Mode::Full, &[]);
+    assert_exact(
+        BlockKind::Moe,
+        Mode::Lora,
+        &[
+            "use_shared_expert=true",
+            "shared_expert_intermediate_size=16",
+        ],
+    );
+}
