@@ -2,6 +2,8 @@
 //! bounded buffers, checksummed on the way, crash-safe.
 
 use std::fs::{File, OpenOptions};
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -422,21 +424,6 @@ impl<'c> Cursor<'c> {
         }
     }
 
-    /// Copies this copy's bytes that fall in `[w0, w1)` into `buf` (which starts at `w0`).
-    fn fill(&mut self, w0: u64, w1: u64, buf: &mut [u8], src: &[u8]) {
-        while !self.finished {
-            let p = self.pos();
-            if p >= w1 {
-                break;
-            }
-            let n = self.run_left().min(w1 - p);
-            let s = self.src_pos() as usize;
-            let at = (p - w0) as usize;
-            buf[at..at + n as usize].copy_from_slice(&src[s..s + n as usize]);
-            self.advance(n);
-        }
-    }
-
     /// Gives back source pages wholly behind the cursor, in steps.
     fn release(&mut self, map: &Map) {
         let upto = if self.finished {
@@ -449,6 +436,105 @@ impl<'c> Cursor<'c> {
             self.released = upto;
         }
     }
+}
+
+/// Runs shorter than this are copied into the window buffer; longer ones are written
+/// straight from the source map by a gathering write, saving a copy.
+const GATHER_MIN: u64 = 4096;
+
+/// A piece of a window: bytes in a source map, or in the window buffer.
+enum Seg {
+    Map {
+        file: usize,
+        start: usize,
+        len: usize,
+    },
+    Buf {
+        start: usize,
+        len: usize,
+    },
+}
+
+/// Lays out the window `[pos, end)` in destination order: at every position exactly one
+/// cursor continues (the plan covers each target byte once), so the one furthest behind
+/// is the next to write.
+fn gather(
+    cursors: &mut [Cursor],
+    pos: u64,
+    end: u64,
+    buf: &mut [u8],
+    ckpt: &Checkpoint,
+) -> Vec<Seg> {
+    let mut segs: Vec<Seg> = Vec::new();
+    let mut p = pos;
+    let mut used = 0usize;
+    while p < end {
+        let Some(c) = cursors
+            .iter_mut()
+            .filter(|c| !c.finished)
+            .min_by_key(|c| c.pos())
+        else {
+            break;
+        };
+        debug_assert_eq!(c.pos(), p, "the plan leaves a gap");
+        let n = c.run_left().min(end - p);
+        let start = c.src_pos() as usize;
+        let len = n as usize;
+        if n >= GATHER_MIN {
+            segs.push(Seg::Map {
+                file: c.copy.src_file,
+                start,
+                len,
+            });
+        } else {
+            let src = &ckpt.files[c.copy.src_file].map.bytes()[start..start + len];
+            buf[used..used + len].copy_from_slice(src);
+            match segs.last_mut() {
+                Some(Seg::Buf { start: s, len: l }) if *s + *l == used => *l += len,
+                _ => segs.push(Seg::Buf { start: used, len }),
+            }
+            used += len;
+        }
+        c.advance(n);
+        p += n;
+    }
+    segs
+}
+
+/// Writes all `slices` at `offset` with as few `pwritev` calls as the iovec limit allows.
+fn write_vectored_at(out: &File, mut slices: Vec<IoSlice>, mut offset: u64) -> std::io::Result<()> {
+    const IOV_MAX: usize = 1024;
+    let mut rest: &mut [IoSlice] = &mut slices;
+    while !rest.is_empty() {
+        let batch = rest.len().min(IOV_MAX);
+        let iov = rest.as_ptr().cast::<libc::iovec>();
+        // SAFETY: IoSlice is ABI-compatible with iovec on Unix (guaranteed by std), the
+        // slices outlive the call, and the descriptor is open for writing.
+        let n = unsafe {
+            libc::pwritev(
+                out.as_raw_fd(),
+                iov,
+                batch as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
+        }
+        offset += n as u64;
+        IoSlice::advance_slices(&mut rest, n as usize);
+    }
+    Ok(())
 }
 
 /// Hashes a task's bytes, block by block, as they are written in order.
@@ -520,15 +606,24 @@ fn run_task(
                 n
             } else {
                 let end = (pos + pool.window).min(task.end);
-                let window = &mut buf[..(end - pos) as usize];
-                for c in cursors.iter_mut().filter(|c| !c.finished && c.pos() < end) {
+                let segs = gather(&mut cursors, pos, end, &mut buf, ckpt);
+                let slices: Vec<IoSlice> = segs
+                    .iter()
+                    .map(|seg| match *seg {
+                        Seg::Map { file, start, len } => {
+                            IoSlice::new(&ckpt.files[file].map.bytes()[start..start + len])
+                        }
+                        Seg::Buf { start, len } => IoSlice::new(&buf[start..start + len]),
+                    })
+                    .collect();
+                for slice in &slices {
+                    hasher.feed(slice);
+                }
+                write_vectored_at(out, slices, header + pos).map_err(io_err(path))?;
+                for c in cursors.iter_mut() {
                     let map = &ckpt.files[c.copy.src_file].map;
-                    c.fill(pos, end, window, map.bytes());
                     c.release(map);
                 }
-                out.write_all_at(window, header + pos)
-                    .map_err(io_err(path))?;
-                hasher.feed(window);
                 end - pos
             };
             pos += n;
@@ -564,4 +659,79 @@ pub fn finalize(ckpt: &Checkpoint, plan: &Plan, dst: &Path, overwrite: bool) -> 
         let _ = std::fs::remove_file(output::manifest_path(dst, rank));
     }
     sync_dir(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::{Region, for_each_run, strided_copy};
+
+    fn r(offsets: &[u64], sizes: &[u64]) -> Region {
+        Region {
+            offsets: offsets.to_vec(),
+            sizes: sizes.to_vec(),
+        }
+    }
+
+    /// Seeking anywhere lands on the first byte the copy writes at or after that point.
+    #[test]
+    fn seek_lands_on_the_first_run_byte_at_or_after_any_position() {
+        let cases = [
+            (r(&[0, 2, 1], &[4, 3, 5]), r(&[1, 0, 0], &[3, 6, 7]), 16),
+            (r(&[0, 0], &[5, 2]), r(&[0, 0], &[5, 8]), 32),
+            (r(&[2, 0], &[2, 8]), r(&[0, 0], &[5, 8]), 8),
+        ];
+        for (src, dst, bits) in cases {
+            let inter = src.intersect(&dst).unwrap();
+            let copy = strided_copy((0, &src, 100), (&dst, 40), &inter, bits).unwrap();
+            let mut bytes = Vec::new();
+            for_each_run(&copy, |_, d| bytes.extend(d..d + copy.run));
+            for pos in 0..copy.dst_end() + 3 {
+                let c = Cursor::seek(&copy, pos);
+                match bytes.iter().find(|&&b| b >= pos) {
+                    Some(&b) => assert_eq!((c.finished, c.pos()), (false, b), "seek to {pos}"),
+                    None => assert!(c.finished, "seek to {pos}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tasks_cut_big_chunks_at_block_boundaries_and_group_small_ones() {
+        let f = TargetFile {
+            rank: 0,
+            name: "f".into(),
+            chunks: [
+                (0, 10),
+                (10, 2 * BLOCK_BYTES + 5),
+                (2 * BLOCK_BYTES + 15, 7),
+            ]
+            .iter()
+            .map(|&(start, len)| crate::plan::PlannedChunk {
+                tensor: 0,
+                region: r(&[], &[]),
+                data_start: start,
+                len,
+            })
+            .collect(),
+            header: Vec::new(),
+            data_len: 2 * BLOCK_BYTES + 22,
+            copies: Vec::new(),
+        };
+        let tasks = tasks_for(0, &f);
+        let spans: Vec<(u64, u64)> = tasks.iter().map(|t| (t.start, t.end)).collect();
+        assert_eq!(
+            spans,
+            vec![
+                (0, BLOCK_BYTES + 10),
+                (BLOCK_BYTES + 10, 2 * BLOCK_BYTES + 10),
+                (2 * BLOCK_BYTES + 10, 2 * BLOCK_BYTES + 22)
+            ]
+        );
+        let blocks: Vec<(usize, u64)> = tasks
+            .iter()
+            .flat_map(|t| t.segments.iter().map(|s| (s.chunk, s.block)))
+            .collect();
+        assert_eq!(blocks, vec![(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]);
+    }
 }

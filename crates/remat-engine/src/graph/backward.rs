@@ -195,17 +195,7 @@ impl Graph {
 
     /// One backward read of each value node `c` declared is done; free those with none left.
     fn release_backward_uses(&mut self, c: usize) {
-        let Some(op) = self.nodes[c].op() else { return };
-        let mut done: Vec<usize> = Vec::new();
-        for (slot, j) in self.nodes[c].inputs.iter().enumerate() {
-            if op.saves_input(slot) {
-                done.push(j.0);
-            }
-        }
-        if op.saves_output() {
-            done.push(c);
-        }
-        for j in done {
+        for j in self.backward_reads(c) {
             let left = &mut self.plan.bwd_remaining[j];
             *left = left.saturating_sub(1);
             if *left == 0 && !self.nodes[j].is_leaf() {
