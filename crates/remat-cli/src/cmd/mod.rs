@@ -10,4 +10,5 @@ pub mod profile;
 pub mod reshard;
 pub mod spec;
 pub mod train;
+pub mod train_pipeline;
 pub mod train_spec;
