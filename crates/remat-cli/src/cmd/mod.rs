@@ -12,3 +12,4 @@ pub mod spec;
 pub mod train;
 pub mod train_auto;
 pub mod train_pipeline;
+pub mod train_spec;
