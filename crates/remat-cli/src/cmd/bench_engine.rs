@@ -4,13 +4,16 @@
 //! are reported as ratios to store-all measured in the same run, and the step's achieved
 //! GFLOP/s against the GFLOP/s of a plain matmul of the model's shapes, also measured here.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use indicatif::ProgressBar;
 use remat_engine::kernels::philox_hash;
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
-use remat_engine::{Category, ExecContext, Graph, MemoryPool, Policy, Tensor};
+use remat_engine::{
+    Category, ExecContext, Graph, GraphObserver, MemoryPool, NodeEvent, Policy, Tensor,
+};
 
 use super::train::format_bytes;
 use super::train::table;
@@ -32,6 +35,58 @@ pub struct Args {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 256)]
     seq: usize,
+    /// Also print where one store-all step spends its time, per op kind and phase.
+    #[arg(long)]
+    profile: bool,
+}
+
+/// Sums node execution times per (op kind, phase).
+#[derive(Clone, Default)]
+struct OpTimes(Arc<Mutex<TimeTable>>);
+
+/// `(op kind, phase) -> (seconds, runs)`.
+type TimeTable = BTreeMap<(String, String), (f64, u64)>;
+
+impl GraphObserver for OpTimes {
+    fn after_node(&mut self, e: &NodeEvent<'_>) {
+        if let Ok(mut m) = self.0.lock() {
+            let slot = m
+                .entry((e.kind.to_string(), format!("{:?}", e.phase)))
+                .or_default();
+            slot.0 += e.elapsed.as_secs_f64();
+            slot.1 += 1;
+        }
+    }
+}
+
+fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> anyhow::Result<()> {
+    let times = OpTimes::default();
+    let start = Instant::now();
+    gpt.forward_backward_observed(ctx, b, ckpt, 0, Some(Box::new(times.clone())))?;
+    let total = start.elapsed().as_secs_f64();
+    let map = times
+        .0
+        .lock()
+        .map_err(|_| anyhow::anyhow!("profile lock poisoned"))?;
+    let mut rows: Vec<_> = map.iter().collect();
+    rows.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|((kind, phase), (secs, n))| {
+            vec![
+                format!("{kind} {phase}"),
+                n.to_string(),
+                format!("{:.1}", secs * 1e3),
+                format!("{:.1}", 100.0 * secs / total),
+            ]
+        })
+        .collect();
+    println!("profile of one {ckpt} step ({total:.3} s):");
+    print!(
+        "{}",
+        table::render(&["op", "runs", "ms", "% of step"], &cells)
+    );
+    Ok(())
 }
 
 struct Measured {
@@ -197,5 +252,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "reference: PyTorch (2 threads) 0.83 s store-all, 1.04 s per-block. goals: store-all < 0.83 s; per-block <= 1.3x store-all; per-block activations <= 1/L + one block = {:.3} of store-all",
         2.0 / cfg.n_layers as f64
     );
+    if args.profile {
+        profile(&ctx, &gpt, &b, Checkpointing::Graph(Policy::StoreAll))?;
+    }
     Ok(())
 }

@@ -10,3 +10,4 @@ pub mod profile;
 pub mod reshard;
 pub mod spec;
 pub mod train;
+pub mod train_pipeline;

@@ -79,6 +79,9 @@ pub struct Args {
     /// Steps per policy for --compare.
     #[arg(long, default_value_t = 3)]
     pub compare_steps: u64,
+    /// Pipelined training: --stages, --micro-batches, --schedule, --stage-policy.
+    #[command(flatten)]
+    pub pipeline: super::train_pipeline::PipelineArgs,
 }
 
 /// Files read or written (boxed: paths are large and `Args` sits in the CLI's enum).
@@ -147,6 +150,15 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let task = args.task()?;
+    if let Some(stages) = args.pipeline.stages {
+        let batch = |step| task.batch(args.seed, step, args.batch);
+        let source = super::train_pipeline::TaskSource {
+            vocab: task.vocab(),
+            description: task.describe(),
+            batch: &batch,
+        };
+        return super::train_pipeline::run(&args, stages, &source);
+    }
     if args.compare {
         compare::run(&args, &task)
     } else {

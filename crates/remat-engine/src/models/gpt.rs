@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::context::ExecContext;
 use crate::error::{EngineError, Result};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Graph, GraphObserver, NodeId};
 use crate::kernels::philox_hash;
 use crate::ops::attention::Attention;
 use crate::policy::Policy;
@@ -444,8 +444,21 @@ impl Gpt {
         ckpt: Checkpointing,
         seed: u64,
     ) -> Result<StepOutput> {
+        self.forward_backward_observed(ctx, batch, ckpt, seed, None)
+    }
+
+    /// [`Gpt::forward_backward`] reporting every node execution to `observer` (profiling).
+    pub fn forward_backward_observed(
+        &self,
+        ctx: &ExecContext,
+        batch: &Batch,
+        ckpt: Checkpointing,
+        seed: u64,
+        observer: Option<Box<dyn GraphObserver>>,
+    ) -> Result<StepOutput> {
         let mut g = Graph::new(ctx);
         g.set_seed(seed);
+        g.set_observer(observer);
         let step = self.record(&mut g, batch, ckpt)?;
         g.forward()?;
         let loss = g.scalar(step.loss)?;

@@ -13,6 +13,7 @@ pub mod manager;
 pub mod partition;
 pub mod runner;
 pub mod schedule;
+pub mod staged_gpt;
 pub mod staged_mlp;
 pub mod transport;
 

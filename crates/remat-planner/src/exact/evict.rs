@@ -86,6 +86,8 @@ struct Evictor<'g> {
     pins: Vec<u32>,
     /// Resident tensors, for the eviction scan.
     pool: Vec<NodeId>,
+    /// Tensors computed while materializing the current node (itself included).
+    fresh: Vec<NodeId>,
     /// prefix[v]: compute time of nodes before v, to measure distances in time.
     prefix: Vec<f64>,
     now: NodeId,
@@ -124,6 +126,7 @@ pub fn evict_pass_protecting(
         resident: vec![false; graph.len()],
         pins: vec![0; graph.len()],
         pool: Vec::new(),
+        fresh: Vec::new(),
         prefix,
         now: 0,
         steps: Vec::new(),
@@ -191,6 +194,7 @@ impl Evictor<'_> {
         self.live += bytes;
         self.resident[x] = true;
         self.pool.push(x);
+        self.fresh.push(x);
         self.steps.push(Step::Compute { node: x });
         self.time += self.graph.node(x).compute_time;
         for &i in &self.graph.node(x).inputs {
@@ -270,16 +274,17 @@ impl Evictor<'_> {
         self.steps.push(Step::Free { tensor: t });
     }
 
-    /// After the current node: free every resident tensor no later node reads.
+    /// After the current node: free every resident tensor no later node reads. Only the
+    /// node's inputs, the node itself and the tensors computed for it can have just become
+    /// dead (any other tensor's last reader is still ahead or already freed it).
     fn free_dead(&mut self) {
-        let dead: Vec<NodeId> = self
-            .pool
-            .iter()
-            .copied()
-            .filter(|&t| self.pins[t] == 0 && self.next_use(t).is_none())
-            .collect();
-        for t in dead {
-            self.evict(t);
+        let now = self.now;
+        let mut candidates = std::mem::take(&mut self.fresh);
+        candidates.extend(self.graph.node(now).inputs.iter().copied());
+        for t in candidates {
+            if self.resident[t] && self.pins[t] == 0 && self.next_use(t).is_none() {
+                self.evict(t);
+            }
         }
     }
 }
@@ -295,29 +300,46 @@ impl Strategy for Evict {
         "greedy eviction with look-ahead (DTR-style, Belady distance), best of 12 weightings"
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let mut best: Option<(Weights, Vec<Step>, f64)> = None;
-        let mut smallest_need = u64::MAX;
-        for weights in weightings() {
-            match evict_pass(problem.graph, problem.budget_bytes, weights) {
-                Pass::Fits { steps, time } => {
-                    if best.as_ref().is_none_or(|b| time < b.2) {
-                        best = Some((weights, steps, time));
-                    }
+        let (found, smallest_need) = best_pass(problem.graph, problem.budget_bytes);
+        let (weights, steps, time, at) = match found {
+            Some((weights, steps, time)) => (weights, steps, time, problem.budget_bytes),
+            // Greedy passes are not monotone in the budget: one that gets stuck at this
+            // budget may fit a smaller one. The search for the smallest reachable peak finds
+            // such a schedule, or the peak to report.
+            None => match smallest_reachable(problem) {
+                Some(reached) if reached.peak <= problem.budget_bytes => {
+                    (reached.weights, reached.steps, reached.time, reached.budget)
                 }
-                Pass::Stuck { needed } => smallest_need = smallest_need.min(needed),
-            }
-        }
-        let Some((weights, steps, time)) = best else {
-            return Err(PlanError::OverBudget {
-                strategy: NAME.into(),
-                budget: problem.budget_bytes,
-                best_peak: smallest_reachable_peak(problem).unwrap_or(smallest_need),
-            });
+                reached => {
+                    return Err(PlanError::OverBudget {
+                        strategy: NAME.into(),
+                        budget: problem.budget_bytes,
+                        best_peak: reached.map_or(smallest_need, |r| r.peak),
+                    });
+                }
+            },
         };
-        let steps = refine(problem, weights, steps, time);
+        let steps = refine(problem.graph, at, weights, steps, time);
         let decisions = decisions_of(problem.graph, &steps);
         plan_from_steps(problem, NAME, steps, decisions)
     }
+}
+
+/// The fastest pass over every weighting, and the least memory a stuck pass asked for.
+fn best_pass(graph: &Graph, budget: u64) -> (Option<(Weights, Vec<Step>, f64)>, u64) {
+    let mut best: Option<(Weights, Vec<Step>, f64)> = None;
+    let mut smallest_need = u64::MAX;
+    for weights in weightings() {
+        match evict_pass(graph, budget, weights) {
+            Pass::Fits { steps, time } => {
+                if best.as_ref().is_none_or(|b| time < b.2) {
+                    best = Some((weights, steps, time));
+                }
+            }
+            Pass::Stuck { needed } => smallest_need = smallest_need.min(needed),
+        }
+    }
+    (best, smallest_need)
 }
 
 /// Recomputed tensors to try protecting per round, and the number of rounds.
@@ -328,8 +350,13 @@ const REFINE_ROUNDS: usize = 3;
 /// cheapest *now*, and may then pay for recomputing it several times), so try protecting
 /// each of the most expensive recomputed tensors from eviction and keep the change when the
 /// whole schedule gets faster. A few dozen passes at most.
-fn refine(problem: &Problem, weights: Weights, mut steps: Vec<Step>, mut time: f64) -> Vec<Step> {
-    let graph = problem.graph;
+fn refine(
+    graph: &Graph,
+    budget: u64,
+    weights: Weights,
+    mut steps: Vec<Step>,
+    mut time: f64,
+) -> Vec<Step> {
     let mut protected = vec![false; graph.len()];
     for _ in 0..REFINE_ROUNDS {
         let mut improved = false;
@@ -338,7 +365,7 @@ fn refine(problem: &Problem, weights: Weights, mut steps: Vec<Step>, mut time: f
                 continue;
             }
             protected[candidate] = true;
-            match evict_pass_protecting(graph, problem.budget_bytes, weights, &protected) {
+            match evict_pass_protecting(graph, budget, weights, &protected) {
                 Pass::Fits {
                     steps: better,
                     time: t,
@@ -371,9 +398,19 @@ fn costliest_recomputed(graph: &Graph, steps: &[Step], limit: usize) -> Vec<Node
     recomputed.into_iter().take(limit).map(|(_, v)| v).collect()
 }
 
+/// A schedule found while searching for the least reachable peak.
+struct Reached {
+    peak: u64,
+    /// The budget the pass was run with.
+    budget: u64,
+    weights: Weights,
+    steps: Vec<Step>,
+    time: f64,
+}
+
 /// The least peak a pass reaches, by bisection on the budget between the floor and the
-/// store-all peak (passes are cheap). Only computed when the asked budget fails.
-fn smallest_reachable_peak(problem: &Problem) -> Option<u64> {
+/// store-all peak (passes are cheap). Only run when the asked budget fails.
+fn smallest_reachable(problem: &Problem) -> Option<Reached> {
     let graph = problem.graph;
     let (mut lo, mut hi) = (
         graph.memory_floor().saturating_sub(1),
@@ -382,15 +419,22 @@ fn smallest_reachable_peak(problem: &Problem) -> Option<u64> {
     let mut best = None;
     while hi > lo + 1 + hi / 10_000 {
         let mid = lo + (hi - lo) / 2;
-        let fits = weightings().find_map(|w| match evict_pass(graph, mid, w) {
-            Pass::Fits { steps, .. } => {
-                crate::sim::simulate_steps(graph, &steps, problem.bandwidth).ok()
+        let fits = weightings().find_map(|weights| match evict_pass(graph, mid, weights) {
+            Pass::Fits { steps, time } => {
+                let report = crate::sim::simulate_steps(graph, &steps, problem.bandwidth).ok()?;
+                Some(Reached {
+                    peak: report.peak_bytes,
+                    budget: mid,
+                    weights,
+                    steps,
+                    time,
+                })
             }
             Pass::Stuck { .. } => None,
         });
         match fits {
-            Some(report) if report.peak_bytes <= mid => {
-                best = Some(report.peak_bytes);
+            Some(reached) if reached.peak <= mid => {
+                best = Some(reached);
                 hi = mid;
             }
             _ => lo = mid,

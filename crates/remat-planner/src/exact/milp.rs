@@ -129,6 +129,12 @@ pub fn solve_milp(
     let cap = budget_bytes
         .checked_sub(graph.static_bytes())
         .ok_or_else(infeasible)?;
+    // Every node runs at least once with its inputs and output on the device, so no schedule
+    // goes below the floor: that is a proof of infeasibility, and one HiGHS takes minutes
+    // to find by branching when the budget is a byte under the floor.
+    if budget_bytes < graph.memory_floor() {
+        return Err(infeasible());
+    }
     if n == 0 {
         return Ok(MilpSolution {
             steps: Vec::new(),
@@ -136,6 +142,47 @@ pub fn solve_milp(
             optimal: true,
         });
     }
+    // HiGHS accepts a memory row violated by up to its feasibility tolerance (1e-6 of the
+    // budget, kilobytes on real graphs), so the simulator checks the extracted schedule in
+    // exact bytes; a schedule over the budget by such a sliver makes us solve again with the
+    // cap lowered by the excess plus the tolerance band.
+    let mut effective = cap;
+    for _ in 0..3 {
+        let (steps, optimal) = match solve_once(graph, cap, effective, options) {
+            Ok(found) => found,
+            Err(MilpError::Infeasible { .. }) => return Err(infeasible()),
+            Err(e) => return Err(e),
+        };
+        let report =
+            crate::sim::simulate_steps(graph, &steps, 1.0).map_err(|e| MilpError::Solver {
+                graph: graph.name().into(),
+                what: format!("extracted schedule does not run: {e}"),
+            })?;
+        if report.peak_bytes <= budget_bytes {
+            return Ok(MilpSolution {
+                objective: report.total_time,
+                steps,
+                optimal,
+            });
+        }
+        let band = (cap as f64 * 2e-6) as u64 + 1;
+        effective = effective.saturating_sub(report.peak_bytes - budget_bytes + band);
+    }
+    Err(MilpError::NoSolution {
+        graph: graph.name().into(),
+        status: "every schedule found exceeds the budget within HiGHS's tolerance".into(),
+    })
+}
+
+/// Builds and solves the model once with memory rows capped at `effective` bytes (sizes are
+/// scaled by `cap` so coefficients stay near 1). Returns the schedule and whether HiGHS
+/// proved it optimal.
+fn solve_once(
+    graph: &Graph,
+    cap: u64,
+    effective: u64,
+    options: &MilpOptions,
+) -> Result<(Vec<Step>, bool), MilpError> {
     let scale = cap.max(1) as f64;
     let mut b = Builder {
         graph,
@@ -144,35 +191,38 @@ pub fn solve_milp(
     };
     let vars = add_stage_vars(&mut b);
     add_dependency_rows(&mut b, &vars);
-    add_memory_rows(&mut b, &vars, cap as f64 / scale);
-    let solver = |what: &str, status: highs::HighsStatus| MilpError::Solver {
+    add_memory_rows(&mut b, &vars, effective as f64 / scale);
+    let solver = |what: &str, status: &dyn std::fmt::Debug| MilpError::Solver {
         graph: graph.name().into(),
         what: format!("{what}: {status:?}"),
     };
     let mut model =
         b.pb.try_optimise(Sense::Minimise)
-            .map_err(|e| solver("model rejected", e))?;
+            .map_err(|e| solver("model rejected", &e))?;
     for (option, value) in [("output_flag", 0.0), ("log_to_console", 0.0)] {
         model
             .try_set_option(option, value != 0.0)
-            .map_err(|e| solver(option, e))?;
+            .map_err(|e| solver(option, &e))?;
     }
     model
         .try_set_option("time_limit", options.time_limit_s)
-        .map_err(|e| solver("time_limit", e))?;
+        .map_err(|e| solver("time_limit", &e))?;
     model
         .try_set_option("mip_rel_gap", options.mip_rel_gap)
-        .map_err(|e| solver("mip_rel_gap", e))?;
+        .map_err(|e| solver("mip_rel_gap", &e))?;
     model
         .try_set_option("threads", 1)
-        .map_err(|e| solver("threads", e))?;
-    let solved = model.try_solve().map_err(|e| solver("solve", e))?;
+        .map_err(|e| solver("threads", &e))?;
+    let solved = model.try_solve().map_err(|e| solver("solve", &e))?;
     let status = solved.status();
     if matches!(
         status,
         HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
     ) {
-        return Err(infeasible());
+        return Err(MilpError::Infeasible {
+            graph: graph.name().into(),
+            budget: effective,
+        });
     }
     if solved.primal_solution_status() != HighsSolutionStatus::Feasible {
         return Err(MilpError::NoSolution {
@@ -194,21 +244,7 @@ pub fn solve_milp(
         .map(|row| row.iter().map(|&i| on(i)).collect())
         .collect();
     let steps = extract_schedule(graph, &r, &s);
-    let objective = steps
-        .iter()
-        .filter_map(|s| {
-            if let Step::Compute { node } = s {
-                Some(graph.node(*node).compute_time)
-            } else {
-                None
-            }
-        })
-        .sum();
-    Ok(MilpSolution {
-        steps,
-        objective,
-        optimal: status == HighsModelStatus::Optimal,
-    })
+    Ok((steps, status == HighsModelStatus::Optimal))
 }
 
 fn add_stage_vars(b: &mut Builder) -> Vars {
@@ -339,10 +375,10 @@ fn extract_schedule(graph: &Graph, r: &[Vec<bool>], s: &[Vec<bool>]) -> Vec<Step
     let mut on_device = vec![false; n];
     let mut steps = Vec::new();
     let kept_next = |t: usize, i: usize| t + 1 < n && s[t + 1][i];
-    for t in 0..n {
+    for (t, computes) in r.iter().enumerate() {
         // last_reader[i]: the last node of this stage reading i (or i itself).
         let mut last_reader: Vec<Option<NodeId>> = vec![None; n];
-        for k in (0..=t).filter(|&k| r[t][k]) {
+        for k in (0..=t).filter(|&k| computes[k]) {
             last_reader[k] = Some(last_reader[k].unwrap_or(k).max(k));
             for &j in &graph.node(k).inputs {
                 last_reader[j] = Some(k);
@@ -354,7 +390,7 @@ fn extract_schedule(graph: &Graph, r: &[Vec<bool>], s: &[Vec<bool>]) -> Vec<Step
                 on_device[i] = false;
             }
         }
-        for k in (0..=t).filter(|&k| r[t][k]) {
+        for k in (0..=t).filter(|&k| computes[k]) {
             if !on_device[k] {
                 steps.push(Step::Compute { node: k });
                 on_device[k] = true;

@@ -21,7 +21,7 @@ pub fn measure_peak(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Re
         log_every: Some(u64::MAX),
         ..args.clone()
     };
-    super::session::train(&probe, task, &pool)?;
+    super::session::train(&probe, task, &pool, true)?;
     Ok(pool.stats().peak)
 }
 

@@ -41,7 +41,7 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         Some(b) => MemoryPool::with_budget(b),
         None => MemoryPool::unbounded(),
     };
-    match train(args, task, &pool) {
+    match train(args, task, &pool, false) {
         Ok(t) => {
             print_summary(args, task, &t);
             Ok(())
@@ -66,11 +66,12 @@ fn bar(steps: u64) -> ProgressBar {
     bar
 }
 
-/// Runs the configured training on `pool`.
+/// Runs the configured training on `pool`; `quiet` prints nothing (memory probes).
 pub fn train(
     args: &Args,
     task: &Task,
     pool: &std::sync::Arc<MemoryPool>,
+    quiet: bool,
 ) -> anyhow::Result<Trained> {
     let config = args.model_config(task.vocab());
     let ckpt = args.checkpointing()?;
@@ -78,7 +79,9 @@ pub fn train(
     let gpt = Gpt::new(pool, config)?;
     if let Some(path) = &args.files.init {
         hf::load_params(&gpt, path)?;
-        println!("loaded parameters from {}", path.display());
+        if !quiet {
+            println!("loaded parameters from {}", path.display());
+        }
     }
     let opt_config = AdamWConfig {
         lr: args.lr,
@@ -87,7 +90,11 @@ pub fn train(
     };
     let mut opt = AdamW::new(pool, gpt.params(), opt_config)?;
     let log_every = args.log_every.unwrap_or((args.steps / 15).max(1));
-    let bar = bar(args.steps);
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        bar(args.steps)
+    };
     let mut losses = Vec::new();
     let mut step_times = Vec::new();
     for step in 0..args.steps {
@@ -103,7 +110,7 @@ pub fn train(
         losses.push(out.loss);
         bar.set_message(format!("{:.4}", out.loss));
         bar.inc(1);
-        if step % log_every == 0 || step + 1 == args.steps {
+        if !quiet && (step % log_every == 0 || step + 1 == args.steps) {
             // Through `suspend` so the line also prints when stderr is not a terminal
             // (indicatif then hides the bar and would swallow `bar.println`).
             bar.suspend(|| println!("step {step:>5}  loss {:.4}", out.loss));
