@@ -89,3 +89,31 @@ fn registered_by_name() {
     assert_eq!(lookup("evict").unwrap().name(), "evict");
     assert!(lookup("chain-dp").unwrap().is_exact());
 }
+
+#[test]
+fn plans_large_synthetic_graphs() {
+    // ~350 and ~1,000 nodes with skip connections: plans validate and fit. The time is
+    // printed for information; `remat bench plan` measures it properly.
+    for layers in [175, 500] {
+        let graph = remat_planner::synth::training_graph(layers, 11);
+        let (floor, peak) = (graph.memory_floor(), graph.store_all_peak());
+        for fraction in [0.25, 0.5] {
+            let budget = floor + ((peak - floor) as f64 * fraction) as u64;
+            let start = std::time::Instant::now();
+            let planned = Evict
+                .plan(&Problem {
+                    graph: &graph,
+                    budget_bytes: budget,
+                    bandwidth: BANDWIDTH,
+                })
+                .unwrap();
+            eprintln!(
+                "{} nodes at {fraction}: overhead {:.4} in {:?}",
+                graph.len(),
+                planned.report.overhead(),
+                start.elapsed()
+            );
+            assert!(planned.report.peak_bytes <= budget);
+        }
+    }
+}

@@ -86,6 +86,8 @@ struct Evictor<'g> {
     pins: Vec<u32>,
     /// Resident tensors, for the eviction scan.
     pool: Vec<NodeId>,
+    /// Tensors computed while materializing the current node (itself included).
+    fresh: Vec<NodeId>,
     /// prefix[v]: compute time of nodes before v, to measure distances in time.
     prefix: Vec<f64>,
     now: NodeId,
@@ -124,6 +126,7 @@ pub fn evict_pass_protecting(
         resident: vec![false; graph.len()],
         pins: vec![0; graph.len()],
         pool: Vec::new(),
+        fresh: Vec::new(),
         prefix,
         now: 0,
         steps: Vec::new(),
@@ -191,6 +194,7 @@ impl Evictor<'_> {
         self.live += bytes;
         self.resident[x] = true;
         self.pool.push(x);
+        self.fresh.push(x);
         self.steps.push(Step::Compute { node: x });
         self.time += self.graph.node(x).compute_time;
         for &i in &self.graph.node(x).inputs {
@@ -270,16 +274,17 @@ impl Evictor<'_> {
         self.steps.push(Step::Free { tensor: t });
     }
 
-    /// After the current node: free every resident tensor no later node reads.
+    /// After the current node: free every resident tensor no later node reads. Only the
+    /// node's inputs, the node itself and the tensors computed for it can have just become
+    /// dead (any other tensor's last reader is still ahead or already freed it).
     fn free_dead(&mut self) {
-        let dead: Vec<NodeId> = self
-            .pool
-            .iter()
-            .copied()
-            .filter(|&t| self.pins[t] == 0 && self.next_use(t).is_none())
-            .collect();
-        for t in dead {
-            self.evict(t);
+        let now = self.now;
+        let mut candidates = std::mem::take(&mut self.fresh);
+        candidates.extend(self.graph.node(now).inputs.iter().copied());
+        for t in candidates {
+            if self.resident[t] && self.pins[t] == 0 && self.next_use(t).is_none() {
+                self.evict(t);
+            }
         }
     }
 }
