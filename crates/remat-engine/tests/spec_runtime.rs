@@ -148,3 +148,38 @@ fn moe_steps_equal_save_everything() {
         ],
     );
 }
+
+/// `remat spec derive`: the derived spec recomputes the whole block from its input and still
+/// gives the save-everything gradients, in both modes and for both blocks.
+#[test]
+fn derived_spec_recomputes_everything_exactly() {
+    for kind in [BlockKind::Dense, BlockKind::Moe] {
+        let cfg = config(kind, &["attention_bias=true"]);
+        let model = Qwen3::new(kind, &cfg, 5)
+            .unwrap()
+            .with_lora(lora(), true)
+            .unwrap();
+        let shipped = compile(&spec_of(kind), &cfg, Mode::Full).unwrap();
+        let derived = model.derive_spec(&shipped).unwrap();
+        // Round trip through TOML, as `remat spec derive` writes it.
+        let derived = BlockSpec::from_toml(&derived.to_toml().unwrap(), "derived.toml").unwrap();
+        for mode in [Mode::Full, Mode::Lora] {
+            let plan = compile(&derived, &cfg, mode).unwrap();
+            let reference = compile(&spec_of(kind).save_everything(), &cfg, mode).unwrap();
+            let (g, s) = run(&model, &plan);
+            let (g_ref, s_ref) = run(&model, &reference);
+            assert_eq!(
+                g.bit_diff(&g_ref),
+                Vec::<String>::new(),
+                "{kind:?} {mode:?}"
+            );
+            assert_eq!(s.loss.to_bits(), s_ref.loss.to_bits());
+            // Only block inputs stay saved: full-block recompute.
+            assert_eq!(
+                s.activations.saved_peak,
+                3 * 2 * 8 * 32 * 4,
+                "{kind:?} {mode:?}"
+            );
+        }
+    }
+}

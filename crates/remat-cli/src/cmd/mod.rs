@@ -11,3 +11,4 @@ pub mod reshard;
 pub mod spec;
 pub mod train;
 pub mod train_pipeline;
+pub mod train_spec;

@@ -11,7 +11,7 @@ mod compare;
 mod hint;
 mod session;
 pub mod table;
-mod task;
+pub mod task;
 
 use std::path::PathBuf;
 
@@ -23,6 +23,9 @@ pub use budget::{format_bytes, parse_bytes};
 pub struct Args {
     #[command(flatten)]
     pub files: Box<FileArgs>,
+    /// Spec-driven Qwen3 blocks (`--block`, `--spec`, `--mode`): see `train_spec.rs`.
+    #[command(flatten)]
+    pub spec_args: Box<super::train_spec::SpecArgs>,
     /// Digits per sequence of the reversal task (sequence length 2 x digits).
     #[arg(long, default_value_t = 12)]
     pub digits: usize,
@@ -150,6 +153,9 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let task = args.task()?;
+    if args.spec_args.block.is_some() || args.spec_args.spec.is_some() {
+        return super::train_spec::run(&args, &task);
+    }
     if let Some(stages) = args.pipeline.stages {
         let batch = |step| task.batch(args.seed, step, args.batch);
         let source = super::train_pipeline::TaskSource {

@@ -1222,3 +1222,27 @@ pub fn record_block(model: &Qwen3, plan: &Plan, tokens: &[u32]) -> RunResult<Vec
     model.block_forward(&mut f)?;
     Ok(f.records().to_vec())
 }
+
+impl Qwen3 {
+    /// `remat spec derive`: records layer 0's forward (under `plan`, any compiled spec of
+    /// this block) and writes a spec with every op output a slot rebuilt by replay.
+    pub fn derive_spec(&self, plan: &Plan) -> RunResult<crate::spec::BlockSpec> {
+        let d = &self.dims;
+        let tokens: Vec<u32> = (0..d.rows()).map(|i| (i % d.vocab) as u32).collect();
+        let records = record_block(self, plan, &tokens)?;
+        let inputs = BTreeMap::from([("x".to_string(), vec![d.batch, d.seq, d.hidden])]);
+        let params: BTreeMap<String, Vec<usize>> = self.layers[0]
+            .iter()
+            .map(|(k, v)| (k.clone(), v.shape.clone()))
+            .collect();
+        let shapes = crate::spec::derive::DeriveShapes {
+            inputs: &inputs,
+            params: &params,
+        };
+        let name = format!("{}-derived", self.kind.spec_name());
+        let mut spec = crate::spec::derive::derive_spec(&name, &records, &shapes, "out");
+        // The recorded attributes name config keys; keep the defaults they may fall back on.
+        spec.config_defaults = plan.spec().config_defaults.clone();
+        Ok(spec)
+    }
+}

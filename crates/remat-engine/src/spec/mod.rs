@@ -14,6 +14,7 @@
 
 pub mod compile;
 pub mod config;
+pub mod derive;
 pub mod error;
 pub mod expr;
 pub mod ops;

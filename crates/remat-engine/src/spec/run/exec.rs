@@ -37,8 +37,13 @@ pub struct Record {
     /// absent optional operand.
     pub operands: Vec<String>,
     pub outputs: Vec<String>,
+    pub output_shapes: Vec<Vec<usize>>,
     /// LoRA target applied to each output (`None`: no adapter).
     pub lora: Vec<Option<String>>,
+    /// LoRA target the block declares for each output, whether or not adapters exist.
+    pub lora_declared: Vec<Option<String>>,
+    /// Operands as a spec would write them (`@param:q_bias?` for an optional one).
+    pub declared: Vec<String>,
 }
 
 /// What every layer shares: config, RoPE table, adapters' settings, stores.
@@ -143,8 +148,13 @@ impl<'a> Forward<'a> {
             .collect();
         let mut names = Vec::with_capacity(operands.len());
         let mut values = Vec::with_capacity(operands.len());
+        let mut declared = Vec::with_capacity(operands.len());
         for &src in operands {
             let (name, value) = self.operand(src)?;
+            declared.push(match src {
+                Src::OptParam(p) => format!("@param:{p}?"),
+                _ => name.clone(),
+            });
             names.push(name);
             values.push(value);
         }
@@ -169,15 +179,22 @@ impl<'a> Forward<'a> {
                 }
             }
         }
+        let output_shapes = produced.iter().map(|a| a.shape.clone()).collect();
         for (name, value) in outputs.iter().zip(produced) {
             self.values.insert(name.to_string(), value);
         }
+        let mut lora_declared: Vec<Option<String>> =
+            lora.iter().map(|t| t.map(str::to_string)).collect();
+        lora_declared.resize(outputs.len(), None);
         self.records.push(Record {
             op: op.into(),
             attrs,
             operands: names,
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            output_shapes,
             lora: applied,
+            lora_declared,
+            declared,
         });
         Ok(())
     }
