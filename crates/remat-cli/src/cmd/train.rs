@@ -54,9 +54,10 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Checkpointing: store-all, recompute-all, every:N, depth:N, sqrt (node segments),
-    /// per-block, blocks:N, sqrt-blocks.
-    #[arg(long, default_value = "store-all", value_parser = parse_policy)]
-    pub policy: Checkpointing,
+    /// per-block, blocks:N, sqrt-blocks; or auto[:STRATEGY] (profile, plan for
+    /// --memory-budget, execute the plan: see `train_auto`).
+    #[arg(long, default_value = "store-all", value_parser = super::train_auto::parse_policy_choice)]
+    pub policy: super::train_auto::PolicyChoice,
     /// Byte budget of the memory pool (parameters, gradients, optimizer state,
     /// activations, temporaries), e.g. 256MiB, 2GiB, 1048576.
     #[arg(long, value_parser = parse_budget)]
@@ -100,9 +101,13 @@ pub struct FileArgs {
     /// Write the gradients of the first step to a safetensors file (same names/layouts).
     #[arg(long)]
     pub dump_grads: Option<PathBuf>,
+    /// With --policy auto: keep swapped activations in a memory-mapped file in this
+    /// directory instead of in memory.
+    #[arg(long)]
+    pub swap_dir: Option<PathBuf>,
 }
 
-fn parse_policy(s: &str) -> Result<Checkpointing, String> {
+pub(crate) fn parse_policy(s: &str) -> Result<Checkpointing, String> {
     s.parse()
         .map_err(|e: remat_engine::EngineError| e.to_string())
 }
@@ -119,7 +124,7 @@ impl Args {
     }
 
     pub fn checkpointing(&self) -> anyhow::Result<Checkpointing> {
-        Ok(self.policy)
+        self.policy.fixed()
     }
 
     pub fn budget(&self) -> anyhow::Result<Option<u64>> {
@@ -153,6 +158,9 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let task = args.task()?;
+    if let super::train_auto::PolicyChoice::Auto(strategy) = &args.policy {
+        return super::train_auto::run(&args, &task, strategy.clone());
+    }
     if args.spec_args.block.is_some() || args.spec_args.spec.is_some() {
         return super::train_spec::run(&args, &task);
     }

@@ -15,7 +15,7 @@ pub fn measure_peak(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Re
     let mut files = args.files.clone();
     files.dump_grads = None;
     let probe = Args {
-        policy: ckpt,
+        policy: crate::cmd::train_auto::PolicyChoice::Fixed(ckpt),
         steps: 1,
         files,
         log_every: Some(u64::MAX),
