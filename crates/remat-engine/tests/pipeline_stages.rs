@@ -60,7 +60,7 @@ fn a_recomputed_stage_forward_equals_the_stored_one_bit_for_bit() {
     // The middle stage of three, fed a received activation, with dropout drawing from the
     // carried random stream.
     let mut stage = GraphStage::new(&staged, 1, 3, 1..2, MemoryPool::unbounded(), 1).unwrap();
-    stage.begin_step(batches(2), 9);
+    stage.begin_step(batches(2), 9).unwrap();
     let data: Vec<f32> = (0..ROWS * 32).map(|i| (i as f32 * 0.11).sin()).collect();
     let received = remat_engine::pipeline::graph_stage::Boundary {
         tensor: remat_engine::pipeline::HostTensor::f32(vec![ROWS, 32], data).unwrap(),

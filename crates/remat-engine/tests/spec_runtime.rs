@@ -183,3 +183,66 @@ fn derived_spec_recomputes_everything_exactly() {
         }
     }
 }
+
+/// Each recompute op's output equals the forward's value bit for bit, in every layer.
+#[test]
+fn every_recomputed_slot_equals_the_forward_bit_for_bit() {
+    for kind in [BlockKind::Dense, BlockKind::Moe] {
+        for overrides in [&[][..], &["use_qk_norm=false", "attention_bias=true"][..]] {
+            let cfg = config(kind, overrides);
+            let model = Qwen3::new(kind, &cfg, 3)
+                .unwrap()
+                .with_lora(lora(), true)
+                .unwrap();
+            for mode in [Mode::Full, Mode::Lora] {
+                let plan = compile(&spec_of(kind), &cfg, mode).unwrap();
+                let checks = model.verify_recompute(&plan, &tokens().0).unwrap();
+                assert!(checks.len() >= 3 * 4, "{kind:?} {mode:?}: {checks:?}");
+                let bad: Vec<_> = checks.iter().filter(|c| !c.bit_equal).collect();
+                assert!(bad.is_empty(), "{kind:?} {mode:?} {overrides:?}: {bad:?}");
+            }
+        }
+    }
+}
+
+/// A spec that drifted from the forward code, or that drops a slot backward reads, is an
+/// error naming the layer and slot, never a wrong gradient.
+#[test]
+fn drift_and_missing_slots_are_errors() {
+    let cfg = config(BlockKind::Dense, &[]);
+    let model = Qwen3::new(BlockKind::Dense, &cfg, 3).unwrap();
+    let (t, y) = tokens();
+    let step = |spec: &BlockSpec| {
+        let plan = compile(spec, &cfg, Mode::Lora).unwrap();
+        let model = model.clone().with_lora(lora(), true).unwrap();
+        model
+            .step(&plan, &t, &y, &HostStore::in_memory(), &Meter::new())
+            .unwrap_err()
+            .to_string()
+    };
+    // The attention replay says it reads k where the forward read q.
+    let mut drift = QWEN3.spec().unwrap();
+    let attn = drift.slots.iter_mut().find(|s| s.name == "attn").unwrap();
+    attn.recompute_from = vec!["k".into(), "k".into(), "v".into()];
+    let e = step(&drift);
+    assert!(e.contains("drifted") && e.contains("`attn`"), "{e}");
+    // LoRA targets that disagree with the forward's adapters.
+    let mut lora_drift = QWEN3.spec().unwrap();
+    let gate = lora_drift
+        .slots
+        .iter_mut()
+        .find(|s| s.name == "gate")
+        .unwrap();
+    gate.lora_targets = vec!["up".into()];
+    let e = step(&lora_drift);
+    assert!(
+        e.contains("drifted") && e.contains("`gate`") && e.contains("LoRA"),
+        "{e}"
+    );
+    // Backward reads `act`, which this spec marks forward-only.
+    let mut missing = QWEN3.spec().unwrap();
+    let act = missing.slots.iter_mut().find(|s| s.name == "act").unwrap();
+    *act = remat_engine::spec::SlotSpec::new("act", &["B", "T", "F"]).save(false);
+    let e = step(&missing);
+    assert!(e.contains("slot `act`") && e.contains("transient"), "{e}");
+}

@@ -17,6 +17,7 @@ use crate::tensor::Tensor;
 impl Graph {
     /// Backpropagates from `loss`, seeding its gradient with ones.
     pub fn backward(&mut self, loss: NodeId) -> Result<()> {
+        self.check_not_spent("backward")?;
         let node = self.node(loss)?;
         let seed = Tensor::zeros(
             self.ctx.pool(),
@@ -35,6 +36,7 @@ impl Graph {
 
     /// Backpropagates from `node` with the given gradient of its output.
     pub fn backward_with(&mut self, node: NodeId, grad: Tensor) -> Result<()> {
+        self.check_not_spent("backward")?;
         let root = self.node(node)?;
         if !root.executed {
             return Err(EngineError::NoValue {
@@ -53,6 +55,7 @@ impl Graph {
             });
         }
         let ctx = self.ctx.clone();
+        self.spent = true;
         ctx.install(|| self.backward_inner(node.0, grad))
     }
 

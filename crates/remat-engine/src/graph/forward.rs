@@ -13,6 +13,7 @@ impl Graph {
     /// Computes every node recorded so far. May be called again after recording more
     /// nodes; a value freed meanwhile is rebuilt for its new consumer.
     pub fn forward(&mut self) -> Result<()> {
+        self.check_not_spent("forward")?;
         let ctx = self.ctx.clone();
         ctx.install(|| self.forward_inner())
     }

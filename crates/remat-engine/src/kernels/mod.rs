@@ -36,7 +36,7 @@ pub use attention::{
 pub use cross_entropy::{IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward};
 pub use dropout::{dropout_backward, dropout_forward, dropout_keep, philox_hash};
 pub use embedding::{embedding_backward, embedding_forward};
-pub use float::Float;
+pub use float::{Float, lane_dot, lane_max, lane_sum};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 pub use rope::{RopeTable, rope_backward_rows, rope_forward_rows};
 pub use softmax::{softmax_backward, softmax_forward};

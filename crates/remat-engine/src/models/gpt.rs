@@ -135,7 +135,8 @@ impl GptConfig {
 pub enum Checkpointing {
     /// A whole-graph policy over every op node.
     Graph(Policy),
-    /// Each block is a [`Graph::segment`]: only block inputs are kept.
+    /// Each block is a [`Graph::segment`]: only block inputs are kept. In every block
+    /// mode the last segment is not checkpointed (backward needs it first).
     PerBlock,
     /// Segments of `n` consecutive blocks.
     Blocks(usize),
@@ -412,9 +413,12 @@ impl Gpt {
                 }
                 Ok(h)
             };
+            // The last segment stays un-checkpointed: backward starts with it, so dropping
+            // and at once rebuilding it would cost a block's forward and save nothing at
+            // the peak (as `torch.utils.checkpoint.checkpoint_sequential` does).
             x = match per_segment {
-                Some(_) => g.segment(|g| run(g, x, &mut block_outputs))?,
-                None => run(g, x, &mut block_outputs)?,
+                Some(_) if end < c.n_layers => g.segment(|g| run(g, x, &mut block_outputs))?,
+                _ => run(g, x, &mut block_outputs)?,
             };
             i = end;
         }

@@ -1246,3 +1246,68 @@ impl Qwen3 {
         Ok(spec)
     }
 }
+
+/// One recomputed slot compared with the forward's value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecomputeCheck {
+    pub layer: usize,
+    pub slot: String,
+    pub bit_equal: bool,
+}
+
+impl Qwen3 {
+    /// Runs the forward, then rebuilds every slot each layer's plan recomputes and compares
+    /// it with the forward's value.
+    pub fn verify_recompute(&self, plan: &Plan, tokens: &[u32]) -> RunResult<Vec<RecomputeCheck>> {
+        let d = &self.dims;
+        let rope = RopeTable::<f32>::new(d.seq, d.head_dim, d.theta).map_err(kernel_err("rope"))?;
+        let (meter, host) = (Meter::new(), HostStore::in_memory());
+        let lora_cfg = match plan.mode {
+            Mode::Lora => self.lora.as_ref().map(|(c, _)| c),
+            Mode::Full => None,
+        };
+        let shared = Shared {
+            plan,
+            config: &plan.config,
+            rope: &rope,
+            lora: lora_cfg,
+            meter: &meter,
+            host: &host,
+        };
+        let mut x = vec![0.0; tokens.len() * d.hidden];
+        kernels::embedding_forward(&self.embed.data, d.vocab, d.hidden, tokens, &mut x)
+            .map_err(kernel_err("embedding"))?;
+        let mut x = Act::new(x, vec![d.batch, d.seq, d.hidden]);
+        let mut checks = Vec::new();
+        let mut buffers = SharedBuffers::new();
+        for l in 0..d.layers {
+            let mut f = Forward::new(
+                &shared,
+                l,
+                self.weights(l, lora_cfg.is_some()),
+                BTreeMap::from([("x".to_string(), x)]),
+            );
+            self.block_forward(&mut f)?;
+            let forward_values = f.snapshot();
+            let (out, state) = f.finish("out")?;
+            let mut b = Backward::new(
+                &shared,
+                self.weights(l, lora_cfg.is_some()),
+                state,
+                &mut buffers,
+            )?;
+            for slot in b.recomputed_slots() {
+                b.ensure(&[slot.as_str()])?;
+                let rebuilt = b.get(&slot)?;
+                let bit_equal = forward_values.get(&slot).is_some_and(|v| v.bit_eq(rebuilt));
+                checks.push(RecomputeCheck {
+                    layer: l,
+                    slot,
+                    bit_equal,
+                });
+            }
+            x = out;
+        }
+        Ok(checks)
+    }
+}

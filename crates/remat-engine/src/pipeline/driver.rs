@@ -101,7 +101,13 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
             ..config
         };
         for stage in &mut self.stages {
-            stage.begin_step(Arc::clone(&batches), step_seed);
+            let index = stage.stage();
+            stage
+                .begin_step(Arc::clone(&batches), step_seed)
+                .map_err(|source| StageError::Prepare {
+                    stage: index,
+                    source: GraphStageError::Engine(source),
+                })?;
         }
         let run = run_pipeline(&mut self.stages, config)?;
         let memory = self.stages.iter().map(GraphStage::pool_stats).collect();

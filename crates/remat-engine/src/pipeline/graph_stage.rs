@@ -259,14 +259,19 @@ impl<'m, M: StagedModel> GraphStage<'m, M> {
     }
 
     /// Sets the micro-batches and seed of the next training step and zeroes the gradients.
-    pub fn begin_step(&mut self, batches: Arc<[M::MicroBatch]>, step_seed: u64) {
+    pub fn begin_step(
+        &mut self,
+        batches: Arc<[M::MicroBatch]>,
+        step_seed: u64,
+    ) -> Result<(), EngineError> {
         self.losses = vec![None; batches.len()];
         self.batches = batches;
         self.step_seed = step_seed;
         for g in &self.grads {
-            fill_zero(g);
+            g.write().as_mut_slice::<f32>()?.fill(0.0);
         }
         self.ctx.pool().reset_peak();
+        Ok(())
     }
 
     pub fn stage(&self) -> usize {
@@ -382,12 +387,6 @@ fn copy_into(
     category: Category,
 ) -> Result<Tensor, EngineError> {
     Tensor::from_vec(pool, name, t.shape(), t.to_vec::<f32>()?, category)
-}
-
-fn fill_zero(t: &Tensor) {
-    if let Ok(s) = t.write().as_mut_slice::<f32>() {
-        s.fill(0.0);
-    }
 }
 
 /// `acc += g`, element by element (the one accumulation both the pipeline and the reference use).

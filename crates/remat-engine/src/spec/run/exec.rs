@@ -253,6 +253,11 @@ impl<'a> Forward<'a> {
         Ok((out, state))
     }
 
+    /// Every value produced so far, by slot name (for checking recomputes against them).
+    pub fn snapshot(&self) -> HashMap<String, Act> {
+        self.values.clone()
+    }
+
     /// The forward records (for `remat spec derive`).
     pub fn records(&self) -> &[Record] {
         &self.records
@@ -682,6 +687,16 @@ impl<'a> Backward<'a> {
                 );
             }
         }
+    }
+
+    /// Names of the slots this layer's plan recomputes, in plan order.
+    pub fn recomputed_slots(&self) -> Vec<String> {
+        self.plan
+            .steps
+            .iter()
+            .flat_map(|s| s.outputs.iter().flatten())
+            .map(|&s| self.plan.slots[s].name.clone())
+            .collect()
     }
 
     pub fn mode(&self) -> Mode {
