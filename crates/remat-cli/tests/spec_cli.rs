@@ -73,3 +73,54 @@ fn inspect_reads_files_and_overrides() {
     let (ok, _, err) = remat(&["spec", "inspect", spec]);
     assert!(!ok && err.contains("no --config"), "{err}");
 }
+
+#[test]
+fn derive_writes_a_spec_that_inspect_compiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("derived.toml");
+    let out_s = out.to_str().unwrap();
+    let (ok, stdout, err) = remat(&["spec", "derive", "--block", "qwen3-moe", "--out", out_s]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("wrote"), "{stdout}");
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../specs/qwen3-moe.config.toml"
+    );
+    let (ok, stdout, err) = remat(&["spec", "inspect", out_s, "--config", config]);
+    assert!(ok, "{err}");
+    // Everything but the block input is rebuilt by replaying the forward ops.
+    assert!(
+        stdout.contains("replay") && stdout.contains("topk_weights"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn train_runs_a_spec_driven_block() {
+    let (ok, out, err) = remat(&[
+        "train",
+        "--block",
+        "qwen3",
+        "--mode",
+        "lora",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--digits",
+        "3",
+        "--block-set",
+        "num_hidden_layers=2",
+        "--block-set",
+        "hidden_size=32",
+        "--block-set",
+        "intermediate_size=48",
+        "--block-set",
+        "head_dim=8",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("lora mode") && out.contains("last loss"),
+        "{out}"
+    );
+}

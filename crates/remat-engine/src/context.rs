@@ -44,9 +44,12 @@ impl ExecContext {
         self.threads
     }
 
-    /// Runs `f` on this context's thread pool (so rayon and gemm use `threads` threads).
+    /// Runs `f` on this context's thread pool (so rayon and gemm use `threads` threads),
+    /// with the caller's `tracing` subscriber (recompute logs reach it from the workers).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.rayon.install(f)
+        let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+        self.rayon
+            .install(move || tracing::dispatcher::with_default(&dispatch, f))
     }
 
     /// The same threads with another memory pool.

@@ -28,11 +28,34 @@
 //!
 //! Graphs are recorded first (shapes checked at once) and executed by [`Graph::forward`],
 //! so every value's last forward use is known and the value is freed right after it unless
-//! backward reads it and its [`Retention`] keeps it. [`Graph::checkpoint`] marks a node as
-//! a checkpoint (dropped after forward, recomputed in backward, see [`CheckpointOptions`]);
-//! [`policy::Policy`] marks a whole graph (store-all, recompute-all, every-N, by-depth,
-//! sqrt(n)); [`Graph::segment`] checkpoints what a closure records, keeping only its inputs
-//! and output. Recorded RNG states make recomputed dropout identical.
+//! backward reads it and its [`Retention`] keeps it. A graph serves one step: after
+//! [`Graph::backward`] it is spent; parameters are shared (not copied) between graphs.
+//!
+//! # Checkpointing
+//!
+//! - [`Graph::checkpoint`] (or [`Graph::set_retention`] with [`Retention::Recompute`]) marks
+//!   a node as a checkpoint: its output is freed after its last forward use and rebuilt
+//!   when backward reads it, by re-running its op (and, when they were dropped too, its
+//!   ancestors, checkpointed or plain, collected with an explicit stack and run in index
+//!   order). Rebuilt values are held until their last backward read, then freed.
+//! - [`CheckpointOptions`]: `save_inputs` pins the node's inputs until its backward (a
+//!   one-step rebuild); `force` drops the node even when a consumer pins it; `verbose` logs
+//!   each recompute (`tracing`, target `remat::recompute`); `save_rng` lets a random op be
+//!   replayed (without it, recomputing one is an error); `max_recompute_depth` bounds the
+//!   chain one rebuild may recompute; `detach_inputs` rebuilds only from held inputs.
+//! - [`policy::Policy`] marks a whole graph: store-all, recompute-all, every-N, by-depth,
+//!   sqrt(n). [`Graph::segment`] checkpoints what a closure records (say one transformer
+//!   block), keeping only its inputs and output, like `torch.utils.checkpoint`.
+//! - Errors are typed and name the nodes: [`EngineError::RecomputeDepthExceeded`] and
+//!   [`EngineError::Unrebuildable`] carry the chain, [`EngineError::ModifiedInPlace`] the
+//!   tensor whose version moved between forward and backward (e.g. an optimizer step).
+//! - Random ops draw `(seed, offset)` states from the graph's counter-based generator
+//!   ([`rng`]) through [`OpCtx::rng`]; the node records them, so a recompute replays them.
+//! - Bit exactness: kernels split work by output element only (never a reduction across
+//!   threads), and a recompute runs the same op with the same [`ExecContext`] thread count,
+//!   so gradients under any retention equal store-all's bit for bit.
+//! - Retention is consulted per node at every step; [`GraphObserver`] sees every node
+//!   execution (forward, recompute, backward) with its time and output bytes.
 //!
 //! # Adding an op
 //!
@@ -56,6 +79,10 @@
 //!   Rebuilt values are held until their last backward use (a segment is recomputed once).
 //! - the optimizer's state is [`Category::OptimizerState`]. [`MemoryPool::enable_event_log`]
 //!   records the timeline with the node of every allocation.
+//! - not in the pool: graph metadata, and gemm's packing workspace (a per-thread slab the
+//!   size of the L2 cache, plus transient buffers inside one call). A test with a counting
+//!   global allocator checks that, between steps, the process's live tensor bytes equal
+//!   the pool's live bytes exactly.
 
 pub mod checkpoint;
 pub mod context;
@@ -71,8 +98,10 @@ pub mod op;
 pub mod ops;
 pub mod optim;
 pub mod pipeline;
+pub mod plan_exec;
 pub mod policy;
 pub mod pool;
+pub mod profile;
 pub mod rng;
 pub mod spec;
 pub mod swap;

@@ -78,6 +78,9 @@ impl Buf {
 
 #[derive(Debug)]
 struct Storage {
+    /// Fixed for the storage's life; kept outside the lock so reading it never waits on a
+    /// writer (and never deadlocks against one on the same thread).
+    dtype: DType,
     buf: RwLock<Buf>,
     version: AtomicU64,
     reservation: Reservation,
@@ -112,6 +115,7 @@ impl Tensor {
         Ok(Tensor {
             shape: shape.to_vec(),
             storage: Arc::new(Storage {
+                dtype: buf.dtype(),
                 buf: RwLock::new(buf),
                 version: AtomicU64::new(0),
                 reservation,
@@ -131,6 +135,7 @@ impl Tensor {
         Ok(Tensor {
             shape: shape.to_vec(),
             storage: Arc::new(Storage {
+                dtype,
                 buf: RwLock::new(Buf::zeros(dtype, numel(shape))),
                 version: AtomicU64::new(0),
                 reservation,
@@ -179,7 +184,7 @@ impl Tensor {
     }
 
     pub fn dtype(&self) -> DType {
-        self.read().buf.dtype()
+        self.storage.dtype
     }
 
     /// Bytes charged to the pool for this tensor's storage.
@@ -331,6 +336,14 @@ mod tests {
         assert_eq!(pool.live(), 60);
         drop(view);
         assert_eq!(pool.live(), 0);
+    }
+
+    #[test]
+    fn dtype_is_readable_while_writing() {
+        let pool = MemoryPool::unbounded();
+        let t = Tensor::zeros(&pool, &[2], DType::F64, Category::Activations, None).unwrap();
+        let _w = t.write();
+        assert_eq!(t.dtype(), DType::F64);
     }
 
     #[test]

@@ -76,3 +76,84 @@ fn every_policy_matches_store_all_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn segment_keeps_only_its_inputs_and_output() {
+    let pool = MemoryPool::unbounded();
+    let ctx = ExecContext::new(pool.clone(), 1).unwrap();
+    let mlp = Mlp::new(
+        &pool,
+        MlpConfig {
+            dims: vec![8, 16, 16, 16, 16, 4],
+            dropout: 0.0,
+            seed: 5,
+        },
+    )
+    .unwrap();
+    let mut g = Graph::new(&ctx);
+    let x = g.input("x", data(&pool, "x", &[4, 8], 1));
+    let t = g.input("t", data(&pool, "t", &[4, 4], 2));
+    let nodes = mlp.build_segmented(&mut g, x, t, 2).unwrap();
+    g.forward().unwrap();
+    // Layers 1-2, 3-4 and 5 are segments: their outputs (layers 2, 4, 5) are held, the
+    // rest of each segment was dropped after its last forward use.
+    let held: Vec<bool> = nodes
+        .layer_outputs
+        .iter()
+        .map(|&n| g.is_resident(n).unwrap())
+        .collect();
+    assert_eq!(held, [false, true, false, true, true]);
+    assert_eq!(g.segment_of(nodes.layer_outputs[0]).unwrap(), Some(0));
+    assert_eq!(g.segment_of(nodes.layer_outputs[2]).unwrap(), Some(1));
+    g.backward(nodes.loss).unwrap();
+    // Each segment is recomputed once: the three ops of each dropped hidden layer.
+    assert_eq!(g.stats().recomputed_nodes, 2 * 3);
+}
+
+#[derive(Default)]
+struct Counter(std::sync::Arc<std::sync::Mutex<Vec<(remat_engine::Phase, String, u64)>>>);
+
+impl remat_engine::GraphObserver for Counter {
+    fn after_node(&mut self, e: &remat_engine::NodeEvent<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((e.phase, e.kind.to_string(), e.output_bytes));
+    }
+}
+
+#[test]
+fn observer_sees_every_node_execution() {
+    let pool = MemoryPool::unbounded();
+    let ctx = ExecContext::new(pool.clone(), 1).unwrap();
+    let mlp = Mlp::new(
+        &pool,
+        MlpConfig {
+            dims: vec![8, 16, 4],
+            dropout: 0.0,
+            seed: 5,
+        },
+    )
+    .unwrap();
+    let mut g = Graph::new(&ctx);
+    let x = g.input("x", data(&pool, "x", &[4, 8], 1));
+    let t = g.input("t", data(&pool, "t", &[4, 4], 2));
+    let nodes = mlp.build(&mut g, x, t).unwrap();
+    Policy::RecomputeAll.apply(&mut g).unwrap();
+    let log = Counter::default();
+    let events = log.0.clone();
+    g.set_observer(Some(Box::new(log)));
+    g.forward().unwrap();
+    g.backward(nodes.loss).unwrap();
+    let events = events.lock().unwrap();
+    let count = |p| events.iter().filter(|e| e.0 == p).count() as u64;
+    let stats = g.stats();
+    assert_eq!(count(remat_engine::Phase::Forward), stats.forward_nodes);
+    assert_eq!(
+        count(remat_engine::Phase::Recompute),
+        stats.recomputed_nodes
+    );
+    assert_eq!(count(remat_engine::Phase::Backward), stats.backward_nodes);
+    assert_eq!(stats.forward_nodes, 6);
+    assert!(events.iter().any(|e| e.1 == "matmul" && e.2 == 4 * 16 * 4));
+}

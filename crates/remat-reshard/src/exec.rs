@@ -2,28 +2,26 @@
 //! bounded buffers, checksummed on the way, crash-safe.
 
 use std::fs::{File, OpenOptions};
+use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use xxhash_rust::xxh3::Xxh3;
 
 use crate::checkpoint::Checkpoint;
 use crate::checksum::{BLOCK_BYTES, combine};
 use crate::error::{ReshardError, Result, io_err};
-use crate::fsio::{Map, sync_dir};
-use crate::geometry::StridedCopy;
+use crate::fsio::sync_dir;
 use crate::output;
 use crate::plan::{Plan, TargetFile};
+use crate::stream::{BlockHasher, Cursor, Seg, Segment, gather, write_vectored_at};
 
 /// The default bound on buffered memory.
 pub const DEFAULT_MAX_BUFFER: u64 = 256 << 20;
 /// Contiguous source runs at least this long are written straight from the map.
 const DIRECT_MIN: u64 = 256 << 10;
-/// Source pages are handed back in steps of this many bytes.
-const RELEASE_STEP: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 
 /// How to execute a plan.
@@ -64,14 +62,6 @@ impl ExecReport {
     pub fn gb_per_s(&self) -> f64 {
         self.bytes_written as f64 / self.seconds.max(1e-9) / 1e9
     }
-}
-
-/// One block of one chunk: the unit checksums are computed over.
-#[derive(Clone, Copy, Debug)]
-struct Segment {
-    chunk: usize,
-    block: u64,
-    end: u64,
 }
 
 /// A contiguous range of a file's data section, written by one worker.
@@ -340,143 +330,6 @@ impl BufferPool {
     }
 }
 
-/// Where a strided copy stands: its odometer, and how far into the current run it is.
-struct Cursor<'c> {
-    copy: &'c StridedCopy,
-    idx: Vec<u64>,
-    src: u64,
-    dst: u64,
-    done: u64,
-    finished: bool,
-    released: u64,
-}
-
-impl<'c> Cursor<'c> {
-    /// A cursor at the first byte at or after data offset `pos`. Greedy decomposition by
-    /// destination strides works because each dimension's span fits in the stride above.
-    fn seek(copy: &'c StridedCopy, pos: u64) -> Cursor<'c> {
-        let mut rel = pos.saturating_sub(copy.dst_start);
-        let mut c = Cursor {
-            copy,
-            idx: vec![0; copy.counts.len()],
-            src: copy.src_start,
-            dst: copy.dst_start,
-            done: 0,
-            finished: false,
-            released: copy.src_start / PAGE * PAGE,
-        };
-        for d in 0..copy.counts.len() {
-            let i = (rel / copy.dst_strides[d]).min(copy.counts[d] - 1);
-            rel -= i * copy.dst_strides[d];
-            c.idx[d] = i;
-            c.src += i * copy.src_strides[d];
-            c.dst += i * copy.dst_strides[d];
-        }
-        if rel >= copy.run {
-            c.step();
-        } else {
-            c.done = rel;
-        }
-        c.released = (c.src + c.done) / PAGE * PAGE;
-        c
-    }
-
-    fn pos(&self) -> u64 {
-        self.dst + self.done
-    }
-
-    fn run_left(&self) -> u64 {
-        self.copy.run - self.done
-    }
-
-    fn src_pos(&self) -> u64 {
-        self.src + self.done
-    }
-
-    fn step(&mut self) {
-        self.done = 0;
-        let c = self.copy;
-        let mut d = self.idx.len();
-        loop {
-            if d == 0 {
-                self.finished = true;
-                return;
-            }
-            d -= 1;
-            self.idx[d] += 1;
-            self.src += c.src_strides[d];
-            self.dst += c.dst_strides[d];
-            if self.idx[d] < c.counts[d] {
-                return;
-            }
-            self.src -= c.src_strides[d] * self.idx[d];
-            self.dst -= c.dst_strides[d] * self.idx[d];
-            self.idx[d] = 0;
-        }
-    }
-
-    fn advance(&mut self, n: u64) {
-        self.done += n;
-        if self.done == self.copy.run {
-            self.step();
-        }
-    }
-
-    /// Copies this copy's bytes that fall in `[w0, w1)` into `buf` (which starts at `w0`).
-    fn fill(&mut self, w0: u64, w1: u64, buf: &mut [u8], src: &[u8]) {
-        while !self.finished {
-            let p = self.pos();
-            if p >= w1 {
-                break;
-            }
-            let n = self.run_left().min(w1 - p);
-            let s = self.src_pos() as usize;
-            let at = (p - w0) as usize;
-            buf[at..at + n as usize].copy_from_slice(&src[s..s + n as usize]);
-            self.advance(n);
-        }
-    }
-
-    /// Gives back source pages wholly behind the cursor, in steps.
-    fn release(&mut self, map: &Map) {
-        let upto = if self.finished {
-            self.copy.src_start + self.copy.src_span()
-        } else {
-            self.src_pos() / PAGE * PAGE
-        };
-        if upto >= self.released + RELEASE_STEP || (self.finished && upto > self.released) {
-            map.release(self.released, upto - self.released);
-            self.released = upto;
-        }
-    }
-}
-
-/// Hashes a task's bytes, block by block, as they are written in order.
-struct BlockHasher<'s> {
-    segments: &'s [Segment],
-    next: usize,
-    state: Xxh3,
-    pos: u64,
-    out: Vec<(usize, u64, u64)>,
-}
-
-impl BlockHasher<'_> {
-    fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            let seg = self.segments[self.next];
-            let take = ((seg.end - self.pos) as usize).min(bytes.len());
-            self.state.update(&bytes[..take]);
-            self.pos += take as u64;
-            bytes = &bytes[take..];
-            if self.pos == seg.end {
-                self.out.push((seg.chunk, seg.block, self.state.digest()));
-                self.state.reset();
-                self.next += 1;
-            }
-        }
-    }
-}
-
 fn run_task(
     ckpt: &Checkpoint,
     f: &TargetFile,
@@ -493,13 +346,7 @@ fn run_task(
         .filter(|c| c.dst_start < task.end && c.dst_end() > task.start)
         .map(|c| Cursor::seek(c, task.start))
         .collect();
-    let mut hasher = BlockHasher {
-        segments: &task.segments,
-        next: 0,
-        state: Xxh3::new(),
-        pos: task.start,
-        out: Vec::new(),
-    };
+    let mut hasher = BlockHasher::new(&task.segments, task.start);
     let mut buf = pool.take();
     let mut pos = task.start;
     let result = (|| {
@@ -520,15 +367,24 @@ fn run_task(
                 n
             } else {
                 let end = (pos + pool.window).min(task.end);
-                let window = &mut buf[..(end - pos) as usize];
-                for c in cursors.iter_mut().filter(|c| !c.finished && c.pos() < end) {
+                let segs = gather(&mut cursors, pos, end, &mut buf, ckpt);
+                let slices: Vec<IoSlice> = segs
+                    .iter()
+                    .map(|seg| match *seg {
+                        Seg::Map { file, start, len } => {
+                            IoSlice::new(&ckpt.files[file].map.bytes()[start..start + len])
+                        }
+                        Seg::Buf { start, len } => IoSlice::new(&buf[start..start + len]),
+                    })
+                    .collect();
+                for slice in &slices {
+                    hasher.feed(slice);
+                }
+                write_vectored_at(out, slices, header + pos).map_err(io_err(path))?;
+                for c in cursors.iter_mut() {
                     let map = &ckpt.files[c.copy.src_file].map;
-                    c.fill(pos, end, window, map.bytes());
                     c.release(map);
                 }
-                out.write_all_at(window, header + pos)
-                    .map_err(io_err(path))?;
-                hasher.feed(window);
                 end - pos
             };
             pos += n;
@@ -540,7 +396,7 @@ fn run_task(
         Ok(())
     })();
     pool.give(buf);
-    result.map(|()| hasher.out)
+    result.map(|()| hasher.finish())
 }
 
 /// The final step of a `--rank` run: checks every rank's part against the plan, moves
@@ -564,4 +420,56 @@ pub fn finalize(ckpt: &Checkpoint, plan: &Plan, dst: &Path, overwrite: bool) -> 
         let _ = std::fs::remove_file(output::manifest_path(dst, rank));
     }
     sync_dir(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geometry::Region;
+
+    fn r(offsets: &[u64], sizes: &[u64]) -> Region {
+        Region {
+            offsets: offsets.to_vec(),
+            sizes: sizes.to_vec(),
+        }
+    }
+
+    #[test]
+    fn tasks_cut_big_chunks_at_block_boundaries_and_group_small_ones() {
+        let f = TargetFile {
+            rank: 0,
+            name: "f".into(),
+            chunks: [
+                (0, 10),
+                (10, 2 * BLOCK_BYTES + 5),
+                (2 * BLOCK_BYTES + 15, 7),
+            ]
+            .iter()
+            .map(|&(start, len)| crate::plan::PlannedChunk {
+                tensor: 0,
+                region: r(&[], &[]),
+                data_start: start,
+                len,
+            })
+            .collect(),
+            header: Vec::new(),
+            data_len: 2 * BLOCK_BYTES + 22,
+            copies: Vec::new(),
+        };
+        let tasks = tasks_for(0, &f);
+        let spans: Vec<(u64, u64)> = tasks.iter().map(|t| (t.start, t.end)).collect();
+        assert_eq!(
+            spans,
+            vec![
+                (0, BLOCK_BYTES + 10),
+                (BLOCK_BYTES + 10, 2 * BLOCK_BYTES + 10),
+                (2 * BLOCK_BYTES + 10, 2 * BLOCK_BYTES + 22)
+            ]
+        );
+        let blocks: Vec<(usize, u64)> = tasks
+            .iter()
+            .flat_map(|t| t.segments.iter().map(|s| (s.chunk, s.block)))
+            .collect();
+        assert_eq!(blocks, vec![(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]);
+    }
 }

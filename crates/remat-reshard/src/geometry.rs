@@ -42,7 +42,7 @@ impl Region {
         Some(Region { offsets, sizes })
     }
 
-    /// Row-major linear index of global element `index` within this box.
+    /// Whether global element `index` lies inside this box.
     pub fn contains(&self, index: &[u64]) -> bool {
         index
             .iter()

@@ -26,7 +26,9 @@ pub mod geometry;
 pub mod index;
 pub mod output;
 pub mod plan;
+mod readers;
 pub mod safetensors;
+mod stream;
 pub mod target;
 pub mod verify;
 

@@ -302,3 +302,96 @@ fn existing_output_is_not_overwritten_unless_asked() {
     .to_string();
     assert!(e.contains("overlaps the source"), "{e}");
 }
+
+#[test]
+fn a_stale_staging_directory_from_an_interrupted_run_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let dst = dir.path().join("out");
+    let stale = dir.path().join(".out.remat-staging");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("rank-00000-of-00002.safetensors"), b"half").unwrap();
+    common::reshard(&src, &dst, &TargetSpec::new(2, Format::Remat));
+    assert!(!stale.exists());
+    assert!(dst.join("remat.index.json").exists());
+}
+
+#[test]
+fn sub_byte_dtypes_split_on_byte_boundaries_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("f4.safetensors");
+    let data: Vec<u8> = (0..12).collect();
+    let t = [TensorData {
+        name: "q",
+        dtype: Dtype::F4,
+        shape: &[4, 6],
+        data: &data,
+    }];
+    write_file(&src, &t, &BTreeMap::new()).unwrap();
+    let ck = Checkpoint::open(&src, None).unwrap();
+    let rows = remat_reshard::NameRule::parse("q=shard(0)").unwrap();
+    let spec = TargetSpec {
+        world_size: 4,
+        format: Format::Remat,
+        rules: vec![rows],
+        preset: None,
+    };
+    let out = dir.path().join("rows");
+    execute(
+        &ck,
+        &plan(&ck, &spec).unwrap(),
+        &out,
+        &ExecOptions::default(),
+    )
+    .unwrap();
+    let back = Checkpoint::open(&out, None).unwrap();
+    assert_eq!(
+        remat_reshard::verify(&ck, &back, None).unwrap().difference,
+        None
+    );
+    let cols = remat_reshard::NameRule::parse("q=shard(1)").unwrap();
+    // Columns of 3 four-bit elements end inside a byte.
+    let spec = TargetSpec {
+        world_size: 2,
+        format: Format::Remat,
+        rules: vec![cols],
+        preset: None,
+    };
+    let e = plan(&ck, &spec).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor `q`") && e.contains("inside a byte"),
+        "{e}"
+    );
+}
+
+#[test]
+fn hf_weight_map_naming_the_wrong_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let hf = dir.path().join("hf");
+    common::reshard(
+        &src,
+        &hf,
+        &TargetSpec {
+            world_size: 2,
+            format: Format::Hf,
+            rules: vec![],
+            preset: Some(remat_reshard::Preset::Simple),
+        },
+    );
+    let index = hf.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    let swapped = text
+        .replace("model-00001-of-00002", "TMP")
+        .replace("model-00002-of-00002", "model-00001-of-00002")
+        .replace("TMP", "model-00002-of-00002");
+    std::fs::write(&index, swapped).unwrap();
+    let e = Checkpoint::open(&hf, Some(Format::Hf))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("model.safetensors.index.json") && e.contains("is mapped to"),
+        "{e}"
+    );
+}

@@ -1,8 +1,276 @@
-//! `remat bench pipeline`.
+//! `remat bench pipeline`: a GPT split over P stages (default 4), for M = 4, 8, 16
+//! micro-batches, under both schedules and every stage policy: per-stage peak activation
+//! memory and step time as ratios to GPipe + store-all at the same M, and the measured
+//! bubble fraction against the ideal (P-1)/(M+P-1), all measured in one run.
+//!
+//! Stages are threads: on a machine with fewer cores than stages they time-share cores, which
+//! stretches busy times and so understates the bubble; the ideal column is the reference.
+
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use remat_engine::kernels::philox_hash;
+use remat_engine::models::gpt::{Batch, Gpt, GptConfig};
+use remat_engine::pipeline::driver::{Pipeline, StageResources, StepReport};
+use remat_engine::pipeline::staged_gpt::{StagedGpt, split_batch};
+use remat_engine::pipeline::{PipelineConfig, Schedule, Strategy};
+use remat_engine::{Category, MemoryPool};
+
+use super::train::format_bytes;
+use super::train::table::render;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Pipeline stages.
+    #[arg(long, default_value_t = 4)]
+    stages: usize,
+    /// Micro-batch counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
+    micro_batches: Vec<usize>,
+    /// Transformer blocks (split evenly over the stages).
+    #[arg(long, default_value_t = 8)]
+    layers: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    seq: usize,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 2)]
+    rows: usize,
+    /// Kernel threads per stage.
+    #[arg(long, default_value_t = 1)]
+    threads_per_stage: usize,
+    /// Timed steps per configuration (after a warm-up); the fastest is reported (on a shared
+    /// machine, other processes only ever add time).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`remat bench pipeline` is not built yet")
+/// One configuration's measurements.
+struct Measured {
+    schedule: Schedule,
+    strategy: Strategy,
+    seconds: f64,
+    /// Peak activation bytes of each stage.
+    peaks: Vec<u64>,
+    bubble: f64,
+    recomputes: usize,
+    /// The most bytes of forward states the busiest stage's checkpoint manager held.
+    peak_stored_bytes: usize,
+}
+
+impl Measured {
+    fn max_peak(&self) -> u64 {
+        self.peaks.iter().copied().max().unwrap_or(0)
+    }
+}
+
+fn model_config(args: &Args) -> GptConfig {
+    GptConfig {
+        vocab: 256,
+        d_model: args.d_model,
+        n_layers: args.layers,
+        n_heads: args.heads,
+        n_kv_heads: args.heads,
+        ffn_hidden: 4 * args.d_model,
+        rope_theta: 10000.0,
+        norm_eps: 1e-5,
+        dropout: 0.0,
+        init_seed: 0,
+    }
+}
+
+fn batch(args: &Args, micro_batches: usize) -> Batch {
+    let rows = args.rows * micro_batches;
+    let ids = |stream: u64| -> Arc<[u32]> {
+        (0..(rows * args.seq) as u64)
+            .map(|i| (philox_hash(stream, i) % 256) as u32)
+            .collect()
+    };
+    Batch {
+        tokens: ids(1),
+        targets: ids(2),
+        batch: rows,
+        seq: args.seq,
+    }
+}
+
+fn run_once(
+    staged: &StagedGpt<'_>,
+    args: &Args,
+    micro: &Arc<[Batch]>,
+    config: PipelineConfig,
+) -> anyhow::Result<Measured> {
+    let resources = StageResources {
+        threads: args.threads_per_stage,
+        budget: None,
+    };
+    let mut pipeline = Pipeline::new(staged, args.stages, resources)?;
+    let mut reports: Vec<StepReport> = Vec::with_capacity(args.repeats + 1);
+    for _ in 0..=args.repeats.max(1) {
+        reports.push(pipeline.step(Arc::clone(micro), 0, config)?);
+    }
+    // The first step warms up (page faults, thread pools); the fastest of the rest counts.
+    let Some(fastest) = reports[1..].iter().min_by_key(|r| r.run.wall) else {
+        anyhow::bail!("no timed step ran");
+    };
+    Ok(Measured {
+        schedule: config.schedule,
+        strategy: config.strategy,
+        seconds: fastest.run.wall.as_secs_f64(),
+        peaks: fastest
+            .memory
+            .iter()
+            .map(|m| m.category(Category::Activations).peak)
+            .collect(),
+        bubble: fastest.run.bubble_fraction(),
+        recomputes: fastest
+            .run
+            .stages
+            .iter()
+            .map(|s| s.checkpoint.recomputes)
+            .sum(),
+        peak_stored_bytes: fastest
+            .run
+            .stages
+            .iter()
+            .map(|s| s.checkpoint.peak_stored_bytes)
+            .max()
+            .unwrap_or(0),
+    })
+}
+
+fn strategies(memory_threshold: usize) -> [Strategy; 4] {
+    [
+        Strategy::StoreAll,
+        Strategy::RecomputeAll,
+        Strategy::Selective { interval: 2 },
+        Strategy::MemoryBased {
+            threshold_bytes: memory_threshold,
+        },
+    ]
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.stages >= 1, "--stages must be at least 1");
+    anyhow::ensure!(!args.micro_batches.is_empty(), "--micro-batches is empty");
+    let model = Gpt::new(&MemoryPool::unbounded(), model_config(&args))?;
+    let staged = StagedGpt(&model);
+    println!(
+        "GPT L={} d={} heads={} seq={} vocab=256; {} stages x {} thread(s); {} sequences per micro-batch",
+        args.layers,
+        args.d_model,
+        args.heads,
+        args.seq,
+        args.stages,
+        args.threads_per_stage,
+        args.rows
+    );
+    let runs = args.micro_batches.len() * 2 * 4;
+    let bar = ProgressBar::new(runs as u64);
+    let mut tables = Vec::new();
+    for &m in &args.micro_batches {
+        let micro: Arc<[Batch]> = split_batch(&batch(&args, m), m)?.into();
+        let config = |schedule, strategy| PipelineConfig {
+            schedule,
+            micro_batches: m,
+            strategy,
+        };
+        let baseline = run_once(
+            &staged,
+            &args,
+            &micro,
+            config(Schedule::GPipe, Strategy::StoreAll),
+        )?;
+        bar.inc(1);
+        // Room for the forward states of half as many micro-batches as there are stages.
+        let per_state = baseline.peak_stored_bytes / m.max(1);
+        let threshold = per_state * (args.stages / 2).max(1);
+        let mut rows = Vec::new();
+        for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+            for strategy in strategies(threshold) {
+                let measured = if schedule == Schedule::GPipe && strategy == Strategy::StoreAll {
+                    None
+                } else {
+                    bar.inc(1);
+                    Some(run_once(
+                        &staged,
+                        &args,
+                        &micro,
+                        config(schedule, strategy),
+                    )?)
+                };
+                rows.push(row(
+                    measured.as_ref().unwrap_or(&baseline),
+                    &baseline,
+                    args.stages,
+                    m,
+                ));
+            }
+        }
+        tables.push((m, rows));
+    }
+    bar.finish_and_clear();
+    for (m, rows) in tables {
+        println!(
+            "\nM = {m} micro-batches (ratios against GPipe + store-all at M = {m}; ideal bubble {:.3})",
+            remat_engine::pipeline::schedule::ideal_bubble_fraction(args.stages, m)
+        );
+        let header = [
+            "schedule",
+            "stage policy",
+            "step time",
+            "x time",
+            "peak act (max stage)",
+            "x peak",
+            "peak act per stage",
+            "bubble",
+            "bubble / ideal",
+            "recomputes",
+        ];
+        println!("{}", render(&header, &rows));
+    }
+    Ok(())
+}
+
+fn row(x: &Measured, base: &Measured, stages: usize, m: usize) -> Vec<String> {
+    let ideal = remat_engine::pipeline::schedule::ideal_bubble_fraction(stages, m);
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}", a / b)
+        } else {
+            "-".into()
+        }
+    };
+    let strategy = match x.strategy {
+        Strategy::MemoryBased { threshold_bytes } => {
+            format!(
+                "memory:{}",
+                format_bytes(threshold_bytes as u64).replace(' ', "")
+            )
+        }
+        s => s.to_string(),
+    };
+    vec![
+        x.schedule.to_string(),
+        strategy,
+        format!("{:.3} s", x.seconds),
+        ratio(x.seconds, base.seconds),
+        format_bytes(x.max_peak()),
+        ratio(x.max_peak() as f64, base.max_peak() as f64),
+        x.peaks
+            .iter()
+            .map(|p| format!("{:.1}", *p as f64 / (1 << 20) as f64))
+            .collect::<Vec<_>>()
+            .join(" / ")
+            + " MiB",
+        format!("{:.3}", x.bubble),
+        ratio(x.bubble, ideal),
+        x.recomputes.to_string(),
+    ]
 }

@@ -128,13 +128,32 @@ fn write_global(path: &Path, specs: &[Spec]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Single-threaded memcpy rate over buffers larger than the caches, in GB/s.
-fn memcpy_rate(bytes: u64) -> f64 {
+/// CPU seconds (user + system) used so far according to `stat_path`; the machine is
+/// shared, so CPU time shows efficiency when wall time is inflated by other processes.
+fn cpu_seconds(stat_path: &str) -> f64 {
+    let stat = std::fs::read_to_string(stat_path).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Linux reports these in USER_HZ, 100 on every mainstream configuration.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Single-threaded memcpy rate over buffers larger than the caches: GB per wall second
+/// and per CPU second.
+fn memcpy_rate(bytes: u64) -> (f64, f64) {
     let len = 256usize << 20;
     let src = vec![1u8; len];
     let mut dst = vec![2u8; len];
     dst.copy_from_slice(&src);
     let started = Instant::now();
+    let cpu = cpu_seconds("/proc/thread-self/stat");
     let mut done = 0u64;
     while done < bytes {
         let n = (bytes - done).min(len as u64) as usize;
@@ -142,7 +161,26 @@ fn memcpy_rate(bytes: u64) -> f64 {
         std::hint::black_box(&mut dst);
         done += n as u64;
     }
-    bytes as f64 / started.elapsed().as_secs_f64() / 1e9
+    let cpu = (cpu_seconds("/proc/thread-self/stat") - cpu).max(0.01);
+    (
+        bytes as f64 / started.elapsed().as_secs_f64() / 1e9,
+        bytes as f64 / cpu / 1e9,
+    )
+}
+
+/// Rate of copying the source files with the file system's own copy (what `cp` does), in
+/// GB per wall second: the ceiling the destination file system allows.
+fn file_copy_rate(src: &Path, scratch: &Path) -> anyhow::Result<f64> {
+    std::fs::create_dir_all(scratch)?;
+    let started = Instant::now();
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        bytes += std::fs::copy(entry.path(), scratch.join(entry.file_name()))?;
+    }
+    let rate = bytes as f64 / started.elapsed().as_secs_f64() / 1e9;
+    std::fs::remove_dir_all(scratch)?;
+    Ok(rate)
 }
 
 /// Peak resident set size so far (VmHWM), in bytes.
@@ -164,7 +202,9 @@ struct Row {
     run: String,
     bytes: u64,
     seconds: f64,
-    memcpy: f64,
+    cpu: f64,
+    memcpy: (f64, f64),
+    file_copy: f64,
     peak_rss: u64,
     bound: u64,
 }
@@ -217,6 +257,7 @@ fn reshard_once(
         .unwrap_or(0);
     let total: u64 = p.files.iter().map(|f| f.file_len()).sum();
     let memcpy = memcpy_rate(total);
+    let file_copy = file_copy_rate(src, &dst.with_extension("copy"))?;
     let bar = ProgressBar::new(total);
     let tick = |n: u64| bar.inc(n);
     let opts = ExecOptions {
@@ -228,7 +269,9 @@ fn reshard_once(
         reset_peak_rss();
         peak_rss()
     };
+    let cpu = cpu_seconds("/proc/self/stat");
     let report = execute(&ckpt, &p, dst, &opts)?;
+    let cpu = (cpu_seconds("/proc/self/stat") - cpu).max(0.01);
     let peak = peak_rss();
     bar.finish_and_clear();
     if check {
@@ -241,8 +284,10 @@ fn reshard_once(
         run: format!("8 -> {world}"),
         bytes: report.bytes_written,
         seconds: report.seconds,
+        cpu,
         memcpy,
-        peak_rss: peak.saturating_sub(base_rss.min(peak)) + base_rss,
+        file_copy,
+        peak_rss: peak,
         bound: max_buffer + largest + base_rss,
     })
 }
@@ -293,19 +338,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&out)?;
     }
     println!(
-        "| run | written | time | GB/s | memcpy GB/s (same run) | ratio | peak RSS | RSS goal (idle + bound + largest chunk) |"
+        "| run | written | time | GB/s | memcpy GB/s | ratio | file copy GB/s | ratio | CPU s | GB per CPU s | memcpy GB per CPU s | CPU ratio | peak RSS | RSS goal (idle + bound + largest chunk) |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for r in &rows {
         let rate = r.bytes as f64 / r.seconds / 1e9;
+        let cpu_rate = r.bytes as f64 / r.cpu / 1e9;
         println!(
-            "| {} | {} | {:.2} s | {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {:.2} s | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
             r.run,
             gib(r.bytes),
             r.seconds,
             rate,
-            r.memcpy,
-            rate / r.memcpy,
+            r.memcpy.0,
+            rate / r.memcpy.0,
+            r.file_copy,
+            rate / r.file_copy,
+            r.cpu,
+            cpu_rate,
+            r.memcpy.1,
+            cpu_rate / r.memcpy.1,
             mib(r.peak_rss),
             mib(r.bound)
         );

@@ -10,3 +10,6 @@ pub mod profile;
 pub mod reshard;
 pub mod spec;
 pub mod train;
+pub mod train_auto;
+pub mod train_pipeline;
+pub mod train_spec;

@@ -197,8 +197,20 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
-fn mib(b: u64) -> String {
-    format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+/// Bytes in the largest binary unit that keeps a number of at least one.
+fn human(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[unit])
+    }
 }
 
 fn print_dry_run(plan: &remat_reshard::Plan, max_buffer: u64, rank: Option<usize>) {
@@ -212,8 +224,8 @@ fn print_dry_run(plan: &remat_reshard::Plan, max_buffer: u64, rank: Option<usize
             "| {} | {} | {} | {} | {:.3} | {} | {} |",
             s.rank,
             s.files,
-            mib(s.bytes_written),
-            mib(s.bytes_read),
+            human(s.bytes_written),
+            human(s.bytes_read),
             s.read_amplification(),
             s.source_files,
             s.runs
@@ -221,8 +233,8 @@ fn print_dry_run(plan: &remat_reshard::Plan, max_buffer: u64, rank: Option<usize
     }
     println!(
         "peak buffer memory: {} (bound {}, {} worker threads)",
-        mib(peak_buffer(plan, max_buffer, rank)),
-        mib(max_buffer),
+        human(peak_buffer(plan, max_buffer, rank)),
+        human(max_buffer),
         rayon_threads()
     );
 }
@@ -263,7 +275,7 @@ fn run_verify(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{human, parse_size};
 
     #[test]
     fn sizes_parse_with_binary_units() {
@@ -273,5 +285,7 @@ mod tests {
         assert_eq!(parse_size("64k"), Ok(64 << 10));
         assert!(parse_size("12XB").is_err());
         assert!(parse_size("MiB").is_err());
+        assert_eq!(human(1000), "1000 B");
+        assert_eq!(human(3 << 19), "1.50 MiB");
     }
 }

@@ -18,6 +18,25 @@ pub struct Args {
 enum Command {
     /// Compile a spec against a model config and print the per-layer plan and bytes.
     Inspect(InspectArgs),
+    /// Write a spec from a block's recorded forward: every op output a slot rebuilt by
+    /// replaying its op (a starting point for a new architecture).
+    Derive(DeriveArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DeriveArgs {
+    /// The block to record: qwen3 or qwen3-moe.
+    #[arg(long, default_value = "qwen3")]
+    block: String,
+    /// Model config (default: the shipped example config of --block).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override a config value: KEY=VALUE (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Output file: .toml or .json.
+    #[arg(long, short)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -42,7 +61,59 @@ pub struct InspectArgs {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Inspect(a) => inspect(a),
+        Command::Derive(a) => derive(a),
     }
+}
+
+fn derive(args: DeriveArgs) -> anyhow::Result<()> {
+    use remat_engine::models::qwen3::{BlockKind, Qwen3};
+    let kind = match args.block.as_str() {
+        "qwen3" => BlockKind::Dense,
+        "qwen3-moe" => BlockKind::Moe,
+        other => anyhow::bail!("unknown --block `{other}` (expected qwen3 or qwen3-moe)"),
+    };
+    let (block, mut config) = load_spec_and_config(&args.block, args.config.as_deref(), &args.set)?;
+    if config.get("vocab_size").is_none() {
+        config = config.set("vocab_size", remat_engine::spec::Value::Int(64));
+    }
+    let plan = compile(&block, &config, Mode::Full)?;
+    let model = Qwen3::new(kind, &plan.config, 0)?;
+    let derived = model.derive_spec(&plan)?;
+    let text = if args.out.extension().is_some_and(|e| e == "json") {
+        derived.to_json()?
+    } else {
+        derived.to_toml()?
+    };
+    write_atomically(&args.out, text.as_bytes())?;
+    println!(
+        "wrote {} ({} slots from {} recorded ops of block `{}`)",
+        args.out.display(),
+        derived.slots.len(),
+        derived
+            .slots
+            .iter()
+            .filter(|s| !s.recompute_from.is_empty())
+            .count(),
+        args.block
+    );
+    Ok(())
+}
+
+/// Temporary name, fsync, rename: a reader never sees a half-written spec.
+fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension(format!(
+        "{}.tmp",
+        path.extension().and_then(|e| e.to_str()).unwrap_or("out")
+    ));
+    let mut file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(bytes)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    file.sync_all()
+        .with_context(|| format!("syncing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
 }
 
 /// Loads SPEC (a path or a shipped block name) and its config with overrides applied.

@@ -1,8 +1,181 @@
-//! `remat train`.
+//! `remat train`: trains the GPT of `remat_engine::models::gpt` on the embedded
+//! sequence-reversal task (or `--data FILE`, character-level) under a checkpointing policy
+//! and a memory budget; `--compare` runs every policy side by side.
+//!
+//! Layout: flags here; the data in `train/task.rs`; the training loop and its summary in
+//! `train/session.rs`; `--compare` in `train/compare.rs`; the out-of-memory hint in
+//! `train/hint.rs`. Flags added by later features should dispatch to their own modules.
 
-#[derive(clap::Args)]
-pub struct Args {}
+mod budget;
+mod compare;
+mod hint;
+mod session;
+pub mod table;
+pub mod task;
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`remat train` is not built yet")
+use std::path::PathBuf;
+
+use remat_engine::models::gpt::{Checkpointing, GptConfig};
+
+pub use budget::{format_bytes, parse_bytes};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    #[command(flatten)]
+    pub files: Box<FileArgs>,
+    /// Spec-driven Qwen3 blocks (`--block`, `--spec`, `--mode`): see `train_spec.rs`.
+    #[command(flatten)]
+    pub spec_args: Box<super::train_spec::SpecArgs>,
+    /// Digits per sequence of the reversal task (sequence length 2 x digits).
+    #[arg(long, default_value_t = 12)]
+    pub digits: usize,
+    /// Sequence length for --data.
+    #[arg(long, default_value_t = 64)]
+    pub seq: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 64)]
+    pub d_model: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention; divides --heads). Default: --heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// SwiGLU hidden width. Default: 8/3 x d_model rounded up to a multiple of 16.
+    #[arg(long)]
+    pub ffn: Option<usize>,
+    /// Residual dropout probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f32,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Checkpointing: store-all, recompute-all, every:N, depth:N, sqrt (node segments),
+    /// per-block, blocks:N, sqrt-blocks; or auto[:STRATEGY] (profile, plan for
+    /// --memory-budget, execute the plan: see `train_auto`).
+    #[arg(long, default_value = "store-all", value_parser = super::train_auto::parse_policy_choice)]
+    pub policy: super::train_auto::PolicyChoice,
+    /// Byte budget of the memory pool (parameters, gradients, optimizer state,
+    /// activations, temporaries), e.g. 256MiB, 2GiB, 1048576.
+    #[arg(long, value_parser = parse_budget)]
+    pub memory_budget: Option<u64>,
+    /// Training steps.
+    #[arg(long, default_value_t = 800)]
+    pub steps: u64,
+    /// AdamW learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Seed of the initialization, the data and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Worker threads (gradients are bit-exact for a given thread count).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Print the loss every N steps (default: about 15 lines per run).
+    #[arg(long)]
+    pub log_every: Option<u64>,
+    /// Run a few steps under every policy and print one comparison table.
+    #[arg(long)]
+    pub compare: bool,
+    /// Steps per policy for --compare.
+    #[arg(long, default_value_t = 3)]
+    pub compare_steps: u64,
+    /// Pipelined training: --stages, --micro-batches, --schedule, --stage-policy.
+    #[command(flatten)]
+    pub pipeline: super::train_pipeline::PipelineArgs,
+}
+
+/// Files read or written (boxed: paths are large and `Args` sits in the CLI's enum).
+#[derive(clap::Args, Debug, Clone)]
+pub struct FileArgs {
+    /// Train character-level on this text file instead of the embedded reversal task.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Load the parameters from a safetensors file (Hugging Face Llama/Qwen names and
+    /// layouts; see `remat_engine::models::gpt::hf`).
+    #[arg(long)]
+    pub init: Option<PathBuf>,
+    /// Write the gradients of the first step to a safetensors file (same names/layouts).
+    #[arg(long)]
+    pub dump_grads: Option<PathBuf>,
+    /// With --policy auto: keep swapped activations in a memory-mapped file in this
+    /// directory instead of in memory.
+    #[arg(long)]
+    pub swap_dir: Option<PathBuf>,
+}
+
+pub(crate) fn parse_policy(s: &str) -> Result<Checkpointing, String> {
+    s.parse()
+        .map_err(|e: remat_engine::EngineError| e.to_string())
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    parse_bytes(s).map_err(|e| e.to_string())
+}
+
+impl Args {
+    pub fn threads(&self) -> usize {
+        self.threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1)
+    }
+
+    pub fn checkpointing(&self) -> anyhow::Result<Checkpointing> {
+        self.policy.fixed()
+    }
+
+    pub fn budget(&self) -> anyhow::Result<Option<u64>> {
+        Ok(self.memory_budget)
+    }
+
+    /// The model configuration for a task of `vocab` tokens.
+    pub fn model_config(&self, vocab: usize) -> GptConfig {
+        let d = self.d_model;
+        GptConfig {
+            vocab,
+            d_model: d,
+            n_layers: self.layers,
+            n_heads: self.heads,
+            n_kv_heads: self.kv_heads.unwrap_or(self.heads),
+            ffn_hidden: self.ffn.unwrap_or((8 * d).div_ceil(3).div_ceil(16) * 16),
+            rope_theta: 10000.0,
+            norm_eps: 1e-5,
+            dropout: self.dropout,
+            init_seed: self.seed,
+        }
+    }
+
+    fn task(&self) -> anyhow::Result<task::Task> {
+        match &self.files.data {
+            Some(path) => task::Task::chars(path, self.seq),
+            None => task::Task::reverse(self.digits),
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let task = args.task()?;
+    if let super::train_auto::PolicyChoice::Auto(strategy) = &args.policy {
+        return super::train_auto::run(&args, &task, strategy.clone());
+    }
+    if args.spec_args.block.is_some() || args.spec_args.spec.is_some() {
+        return super::train_spec::run(&args, &task);
+    }
+    if let Some(stages) = args.pipeline.stages {
+        let batch = |step| task.batch(args.seed, step, args.batch);
+        let source = super::train_pipeline::TaskSource {
+            vocab: task.vocab(),
+            description: task.describe(),
+            batch: &batch,
+        };
+        return super::train_pipeline::run(&args, stages, &source);
+    }
+    if args.compare {
+        compare::run(&args, &task)
+    } else {
+        session::run(&args, &task)
+    }
 }

@@ -17,6 +17,7 @@ use crate::tensor::Tensor;
 impl Graph {
     /// Backpropagates from `loss`, seeding its gradient with ones.
     pub fn backward(&mut self, loss: NodeId) -> Result<()> {
+        self.check_not_spent("backward")?;
         let node = self.node(loss)?;
         let seed = Tensor::zeros(
             self.ctx.pool(),
@@ -35,6 +36,7 @@ impl Graph {
 
     /// Backpropagates from `node` with the given gradient of its output.
     pub fn backward_with(&mut self, node: NodeId, grad: Tensor) -> Result<()> {
+        self.check_not_spent("backward")?;
         let root = self.node(node)?;
         if !root.executed {
             return Err(EngineError::NoValue {
@@ -53,6 +55,7 @@ impl Graph {
             });
         }
         let ctx = self.ctx.clone();
+        self.spent = true;
         ctx.install(|| self.backward_inner(node.0, grad))
     }
 
@@ -195,17 +198,7 @@ impl Graph {
 
     /// One backward read of each value node `c` declared is done; free those with none left.
     fn release_backward_uses(&mut self, c: usize) {
-        let Some(op) = self.nodes[c].op() else { return };
-        let mut done: Vec<usize> = Vec::new();
-        for (slot, j) in self.nodes[c].inputs.iter().enumerate() {
-            if op.saves_input(slot) {
-                done.push(j.0);
-            }
-        }
-        if op.saves_output() {
-            done.push(c);
-        }
-        for j in done {
+        for j in self.backward_reads(c) {
             let left = &mut self.plan.bwd_remaining[j];
             *left = left.saturating_sub(1);
             if *left == 0 && !self.nodes[j].is_leaf() {

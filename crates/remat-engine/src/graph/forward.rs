@@ -13,6 +13,7 @@ impl Graph {
     /// Computes every node recorded so far. May be called again after recording more
     /// nodes; a value freed meanwhile is rebuilt for its new consumer.
     pub fn forward(&mut self) -> Result<()> {
+        self.check_not_spent("forward")?;
         let ctx = self.ctx.clone();
         ctx.install(|| self.forward_inner())
     }
@@ -45,25 +46,62 @@ impl Graph {
             pinned: vec![false; n],
         };
         for (c, node) in self.nodes.iter().enumerate() {
-            let Some(op) = node.op() else { continue };
-            let save_inputs = matches!(node.retention, Retention::Recompute(o) if o.save_inputs);
-            for (slot, &i) in node.inputs.iter().enumerate() {
-                if !node.executed {
+            if node.is_leaf() {
+                continue;
+            }
+            if !node.executed {
+                for i in &node.inputs {
                     plan.fwd_remaining[i.0] += 1;
                 }
-                if node.requires_grad && op.saves_input(slot) {
-                    plan.bwd_remaining[i.0] += 1;
-                }
-                let forced = self.nodes[i.0].retention.options().is_some_and(|o| o.force);
-                if save_inputs && !forced {
-                    plan.pinned[i.0] = true;
-                }
             }
-            if node.requires_grad && op.saves_output() {
-                plan.bwd_remaining[c] += 1;
+            for j in self.backward_reads(c) {
+                plan.bwd_remaining[j] += 1;
+            }
+            for j in self.pinned_inputs(c) {
+                plan.pinned[j] = true;
             }
         }
         self.plan = plan;
+    }
+
+    /// Inputs node `c` pins until its backward: a checkpoint with `save_inputs` keeps them
+    /// so its rebuild is one step (unless an input is itself a `force`d checkpoint).
+    pub(crate) fn pinned_inputs(&self, c: usize) -> Vec<usize> {
+        let node = &self.nodes[c];
+        let save_inputs = matches!(node.retention, Retention::Recompute(o) if o.save_inputs);
+        if !save_inputs {
+            return Vec::new();
+        }
+        node.inputs
+            .iter()
+            .map(|j| j.0)
+            .filter(|&j| !self.nodes[j].retention.options().is_some_and(|o| o.force))
+            .collect()
+    }
+
+    /// Values held for node `c`'s backward, one entry per read: the inputs its op saves,
+    /// its own output if the op saves it, and the inputs it pins. Empty when `c` needs no
+    /// gradient.
+    pub(crate) fn backward_reads(&self, c: usize) -> Vec<usize> {
+        let node = &self.nodes[c];
+        let Some(op) = node.op() else {
+            return Vec::new();
+        };
+        if !node.requires_grad {
+            return Vec::new();
+        }
+        let mut reads: Vec<usize> = node
+            .inputs
+            .iter()
+            .enumerate()
+            .filter(|(slot, _)| op.saves_input(*slot))
+            .map(|(_, j)| j.0)
+            .collect();
+        if op.saves_output() {
+            reads.push(c);
+        }
+        reads.extend(self.pinned_inputs(c));
+        reads
     }
 
     /// Whether the node's value is held from forward to backward.

@@ -123,6 +123,8 @@ pub struct Graph {
     pub(crate) plan: Plan,
     pub(crate) stats: GraphStats,
     pub(crate) observer: Option<Box<dyn GraphObserver>>,
+    /// Set once backward ran: the activations are gone, the graph is spent.
+    pub(crate) spent: bool,
     segment: Option<usize>,
     next_segment: usize,
 }
@@ -145,6 +147,7 @@ impl Graph {
             plan: Plan::default(),
             stats: GraphStats::default(),
             observer: None,
+            spent: false,
             segment: None,
             next_segment: 0,
         }
@@ -161,6 +164,17 @@ impl Graph {
 
     pub fn set_observer(&mut self, observer: Option<Box<dyn GraphObserver>>) {
         self.observer = observer;
+    }
+
+    /// The error for running a spent graph again.
+    pub(crate) fn check_not_spent(&self, what: &str) -> Result<()> {
+        if self.spent {
+            return Err(EngineError::Invalid(format!(
+                "{what} on a graph whose backward already ran (its activations were freed); \
+                 record a new graph for the next step"
+            )));
+        }
+        Ok(())
     }
 
     pub fn stats(&self) -> GraphStats {

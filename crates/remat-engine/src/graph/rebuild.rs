@@ -57,7 +57,13 @@ impl Graph {
 
     fn is_missing(&self, i: usize, aux: bool) -> bool {
         let node = &self.nodes[i];
-        node.value.is_none() || (aux && node.aux.is_empty() && node.aux_count > 0)
+        // A node whose backward needs only its aux tensors (its value was released after
+        // its consumers' backward) need not be rebuilt while those are still held.
+        if aux {
+            node.aux.is_empty() && node.aux_count > 0
+        } else {
+            node.value.is_none()
+        }
     }
 
     fn collect_rebuild_set(&self, needed: &[usize], needed_aux: &[usize]) -> Result<Vec<usize>> {

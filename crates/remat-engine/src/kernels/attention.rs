@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use super::matmul::{View, gemm_into};
 use super::rope::{RopeTable, rotate_row};
-use super::{Float, KernelError, check_len};
+use super::{Float, KernelError, check_len, lane_dot, lane_max, lane_sum};
 
 /// Query rows per block.
 const BLOCK: usize = 64;
@@ -332,15 +332,11 @@ fn forward_one<T: Float>(
 #[inline]
 fn causal_softmax_row<T: Float>(row: &mut [T], valid: usize) -> T {
     let (live, masked) = row.split_at_mut(valid);
-    let mut m = T::NEG_INFINITY;
-    for &x in live.iter() {
-        m = m.max(x);
-    }
-    let mut sum = T::ZERO;
+    let m = lane_max(live);
     for x in live.iter_mut() {
         *x = (*x - m).exp();
-        sum += *x;
     }
+    let sum = lane_sum(live);
     let inv = T::ONE / sum;
     for x in live.iter_mut() {
         *x *= inv;
@@ -556,10 +552,7 @@ fn backward_head<T: Float>(shape: &AttentionShape, lse: &[T], w: &mut HeadScratc
         for i in 0..mb {
             let live = r0 + i + 1;
             let (pr, dr) = (&p[i * nc..i * nc + live], &mut dp[i * nc..i * nc + nc]);
-            let mut dot = T::ZERO;
-            for (&a, &b) in pr.iter().zip(dr.iter()) {
-                dot += a * b;
-            }
+            let dot = lane_dot(pr, dr);
             for (d, &a) in dr.iter_mut().zip(pr) {
                 *d = a * (*d - dot) * scale;
             }

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{Float, KernelError, PARALLEL_MIN_ELEMS, check_len};
+use super::{Float, KernelError, PARALLEL_MIN_ELEMS, check_len, lane_max};
 
 /// A target equal to this is ignored: no loss, no gradient, not counted in the mean
 /// (PyTorch's `ignore_index`, used to train only on the answer part of a sequence).
@@ -35,10 +35,7 @@ fn counted(kernel: &'static str, targets: &[u32], vocab: usize) -> Result<usize,
 }
 
 fn row_lse<T: Float>(x: &[T]) -> T {
-    let mut m = T::NEG_INFINITY;
-    for &v in x {
-        m = m.max(v);
-    }
+    let m = lane_max(x);
     let mut sum = T::ZERO;
     for &v in x {
         sum += (v - m).exp();

@@ -103,7 +103,10 @@ fn exp_f32(x: f32) -> f32 {
     // Below -87.3 the result is subnormal; clamp so that 2^n stays a normal float, and
     // map -inf (masked logits) to the smallest normal result rather than NaN.
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E).round();
+    // Round to nearest by adding and subtracting 1.5 * 2^23 (exact for |v| < 2^22): unlike
+    // `f32::round`, which is a libm call without SSE4.1, this vectorizes on baseline x86-64.
+    const SHIFTER: f32 = 12_582_912.0;
+    let n = (x * LOG2E + SHIFTER) - SHIFTER;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
@@ -142,5 +145,87 @@ mod tests {
         }
         assert_eq!(Float::tanh(100.0f32), 1.0);
         assert_eq!(Float::tanh(-100.0f32), -1.0);
+    }
+}
+
+/// Lanes of the split reductions below: wide enough for one AVX-512 register of f32.
+const LANES: usize = 16;
+
+/// Sum of `x` in 16 interleaved partial sums combined in a fixed order. Strict left-to-right
+/// float addition cannot be vectorized (each add waits for the previous); this order can,
+/// and it is still one fixed order, so results are reproducible bit for bit.
+#[inline]
+pub fn lane_sum<T: Float>(x: &[T]) -> T {
+    lane_fold(x, T::ZERO, |a, b| a + b)
+}
+
+/// `sum(a[i] * b[i])` with the same fixed lane order as [`lane_sum`].
+#[inline]
+pub fn lane_dot<T: Float>(a: &[T], b: &[T]) -> T {
+    let n = a.len().min(b.len());
+    let mut acc = [T::ZERO; LANES];
+    let (ca, cb) = (a[..n].chunks_exact(LANES), b[..n].chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (&x, &y)) in ra.iter().zip(rb).enumerate() {
+        acc[l] += x * y;
+    }
+    combine(acc, |a, b| a + b)
+}
+
+/// Maximum of `x` (`-inf` when empty), lane-split like [`lane_sum`].
+#[inline]
+pub fn lane_max<T: Float>(x: &[T]) -> T {
+    lane_fold(x, T::NEG_INFINITY, Float::max)
+}
+
+#[inline(always)]
+fn lane_fold<T: Float>(x: &[T], init: T, f: impl Fn(T, T) -> T + Copy) -> T {
+    let mut acc = [init; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            acc[l] = f(acc[l], c[l]);
+        }
+    }
+    for (l, &v) in rest.iter().enumerate() {
+        acc[l] = f(acc[l], v);
+    }
+    combine(acc, f)
+}
+
+/// Pairwise tree over the lanes, always the same shape.
+#[inline(always)]
+fn combine<T: Float>(mut acc: [T; LANES], f: impl Fn(T, T) -> T) -> T {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            acc[l] = f(acc[l], acc[l + width]);
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+#[cfg(test)]
+mod lane_tests {
+    use super::*;
+
+    #[test]
+    fn lane_reductions_match_plain_ones() {
+        for n in [0usize, 1, 15, 16, 17, 100, 1000] {
+            let x: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64 - 50.0).collect();
+            assert_eq!(lane_sum(&x), x.iter().sum::<f64>());
+            assert_eq!(lane_dot(&x, &x), x.iter().map(|v| v * v).sum::<f64>());
+            assert_eq!(
+                lane_max(&x),
+                x.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+            );
+        }
     }
 }

@@ -36,7 +36,7 @@ pub use attention::{
 pub use cross_entropy::{IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward};
 pub use dropout::{dropout_backward, dropout_forward, dropout_keep, philox_hash};
 pub use embedding::{embedding_backward, embedding_forward};
-pub use float::Float;
+pub use float::{Float, lane_dot, lane_max, lane_sum};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 pub use rope::{RopeTable, rope_backward_rows, rope_forward_rows};
 pub use softmax::{softmax_backward, softmax_forward};
@@ -93,3 +93,13 @@ pub(crate) const PARALLEL_MIN_ELEMS: usize = 1 << 15;
 /// Chunk length for parallel elementwise kernels. Fixed (not derived from the thread
 /// count) so that chunking never changes which operations produce an element.
 pub(crate) const ELEMWISE_CHUNK: usize = 1 << 13;
+
+impl KernelError {
+    /// The engine error for this failure inside graph node `node`.
+    pub fn at(self, node: &str) -> crate::error::EngineError {
+        crate::error::EngineError::Shape {
+            node: node.to_string(),
+            message: self.to_string(),
+        }
+    }
+}

@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::{Float, KernelError, PARALLEL_MIN_ELEMS, check_len};
+use super::{Float, KernelError, PARALLEL_MIN_ELEMS, check_len, lane_dot};
 
 fn check_shape(kernel: &'static str, x: usize, w: usize, dim: usize) -> Result<usize, KernelError> {
     if dim == 0 {
@@ -39,10 +39,7 @@ pub fn rmsnorm_forward<T: Float>(
     let eps = T::from_f64(eps);
     let inv_dim = T::ONE / T::from_usize(dim);
     let row = |((y, x), r): ((&mut [T], &[T]), &mut T)| {
-        let mut ss = T::ZERO;
-        for &v in x {
-            ss += v * v;
-        }
+        let ss = lane_dot(x, x);
         let s = T::ONE / (ss * inv_dim + eps).sqrt();
         *r = s;
         for ((o, &v), &g) in y.iter_mut().zip(x).zip(weight) {
@@ -85,13 +82,13 @@ pub fn rmsnorm_backward<T: Float>(
     check_len("rmsnorm_backward", "dweight", dweight.len(), dim)?;
     let inv_dim = T::ONE / T::from_usize(dim);
     let row = |(((dx, x), dy), &s): RowArgs<'_, T>| {
-        let mut dot = T::ZERO;
-        for ((&v, &d), &w) in x.iter().zip(dy).zip(weight) {
-            dot += d * w * v;
+        // dx holds g = dy * w first, so the reduction runs over two plain slices.
+        for ((o, &d), &w) in dx.iter_mut().zip(dy).zip(weight) {
+            *o = d * w;
         }
-        let c = s * s * s * dot * inv_dim;
-        for (((o, &v), &d), &w) in dx.iter_mut().zip(x).zip(dy).zip(weight) {
-            *o = s * d * w - v * c;
+        let c = s * s * s * lane_dot(dx, x) * inv_dim;
+        for (o, &v) in dx.iter_mut().zip(x) {
+            *o = s * *o - v * c;
         }
     };
     let parallel = x.len() >= PARALLEL_MIN_ELEMS;

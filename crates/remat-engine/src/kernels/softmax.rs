@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::{Float, KernelError, PARALLEL_MIN_ELEMS, check_len};
+use super::{Float, KernelError, PARALLEL_MIN_ELEMS, check_len, lane_dot, lane_max, lane_sum};
 
 fn rows_of(kernel: &'static str, len: usize, dim: usize) -> Result<(), KernelError> {
     if dim == 0 || !len.is_multiple_of(dim) {
@@ -17,16 +17,11 @@ fn rows_of(kernel: &'static str, len: usize, dim: usize) -> Result<(), KernelErr
 /// Softmax of one row into `y`.
 #[inline]
 fn softmax_row<T: Float>(x: &[T], y: &mut [T]) {
-    let mut m = T::NEG_INFINITY;
-    for &v in x {
-        m = m.max(v);
-    }
-    let mut sum = T::ZERO;
+    let m = lane_max(x);
     for (o, &v) in y.iter_mut().zip(x) {
-        let e = (v - m).exp();
-        *o = e;
-        sum += e;
+        *o = (v - m).exp();
     }
+    let sum = lane_sum(y);
     let inv = T::ONE / sum;
     for o in y.iter_mut() {
         *o *= inv;
@@ -59,10 +54,7 @@ pub fn softmax_backward<T: Float>(
     check_len("softmax_backward", "dy", dy.len(), y.len())?;
     check_len("softmax_backward", "dx", dx.len(), y.len())?;
     let row = |((dx, y), dy): ((&mut [T], &[T]), &[T])| {
-        let mut dot = T::ZERO;
-        for (&a, &b) in y.iter().zip(dy) {
-            dot += a * b;
-        }
+        let dot = lane_dot(y, dy);
         for ((o, &a), &b) in dx.iter_mut().zip(y).zip(dy) {
             *o = a * (b - dot);
         }

@@ -1,3 +1,5 @@
-//! Models built on the graph.
+//! Models built on the graph, and spec-driven Qwen3 blocks built from the kernels.
 
+pub mod gpt;
 pub mod mlp;
+pub mod qwen3;

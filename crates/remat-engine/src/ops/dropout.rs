@@ -2,7 +2,10 @@
 //! the recorded `(seed, offset)`, so a recompute (and backward) regenerates it exactly
 //! instead of storing it.
 
+use rayon::prelude::*;
+
 use crate::dtype::Element;
+use crate::elementwise;
 use crate::error::Result;
 use crate::float_dispatch;
 use crate::graph::{Graph, NodeId};
@@ -16,17 +19,27 @@ pub struct Dropout {
     pub p: f32,
 }
 
-/// `dst[i] = src[i] * keep_scale` where element `i` is kept, else 0.
+/// `dst[i] = src[i] * keep_scale` where element `i` is kept, else 0. Element `i`'s mask bit
+/// depends only on `(state, i)`, so the chunking over threads cannot change it.
 fn apply_mask<T: Element>(dst: &mut [T], src: &[T], state: RngState, p: f32) {
     let scale = T::from_f64(1.0 / (1.0 - p as f64));
-    for (i, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
-        *d = if state.uniform(i as u64) >= p {
-            s * scale
-        } else {
-            T::ZERO
-        };
+    let run = |base: usize, dst: &mut [T], src: &[T]| {
+        for (i, (d, &s)) in dst.iter_mut().zip(src).enumerate() {
+            let kept = state.uniform((base + i) as u64) >= p;
+            *d = if kept { s * scale } else { T::ZERO };
+        }
+    };
+    if dst.len() >= elementwise::PAR_MIN {
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK))
+            .enumerate()
+            .for_each(|(c, (d, s))| run(c * CHUNK, d, s));
+    } else {
+        run(0, dst, src);
     }
 }
+
+const CHUNK: usize = 1 << 13;
 
 impl Op for Dropout {
     fn kind(&self) -> &'static str {

@@ -12,3 +12,11 @@ pub mod reshape;
 pub mod scale;
 pub mod slice;
 pub mod transpose;
+
+// Transformer ops (engine-gpt).
+pub mod activation;
+pub mod attention;
+pub mod cross_entropy;
+pub mod embedding;
+pub mod rmsnorm;
+pub mod softmax;

@@ -1,5 +1,8 @@
 //! Swap of two axes (a copy into the new row-major layout).
 
+use rayon::prelude::*;
+
+use crate::elementwise;
 use crate::error::Result;
 use crate::float_dispatch;
 use crate::graph::{Graph, NodeId};
@@ -27,24 +30,38 @@ impl Transpose {
 }
 
 /// Copies `src` (shape `shape`) into `dst` with axes `a < b` swapped. The tensor is seen as
-/// `[outer, A, mid, B, inner]`; contiguous `inner` runs are copied whole.
-fn swap_axes<T: Copy>(dst: &mut [T], src: &[T], shape: &[usize], a: usize, b: usize) {
+/// `[outer, A, mid, B, inner]`; contiguous `inner` runs are copied whole, and the `outer`
+/// blocks (independent) are spread over threads when large.
+fn swap_axes<T: Copy + Send + Sync>(dst: &mut [T], src: &[T], shape: &[usize], a: usize, b: usize) {
     let (a, b) = (a.min(b), a.max(b));
     let outer: usize = shape[..a].iter().product();
     let (na, nb) = (shape[a], shape[b]);
     let mid: usize = shape[a + 1..b].iter().product();
     let inner: usize = shape[b + 1..].iter().product();
-    let mut o = 0;
-    for p in 0..outer {
+    let block = na * mid * nb * inner;
+    if block == 0 || outer == 0 {
+        return;
+    }
+    let copy_block = |dst: &mut [T], src: &[T]| {
+        let mut o = 0;
         for j in 0..nb {
             for m in 0..mid {
                 for i in 0..na {
-                    let s = (((p * na + i) * mid + m) * nb + j) * inner;
+                    let s = ((i * mid + m) * nb + j) * inner;
                     dst[o..o + inner].copy_from_slice(&src[s..s + inner]);
                     o += inner;
                 }
             }
         }
+    };
+    if dst.len() >= elementwise::PAR_MIN && outer > 1 {
+        dst.par_chunks_mut(block)
+            .zip(src.par_chunks(block))
+            .for_each(|(d, s)| copy_block(d, s));
+    } else {
+        dst.chunks_mut(block)
+            .zip(src.chunks(block))
+            .for_each(|(d, s)| copy_block(d, s));
     }
 }
 

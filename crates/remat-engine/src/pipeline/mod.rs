@@ -7,10 +7,14 @@
 //! - [`transport`]: activations forward and gradients backward between neighbouring stages.
 
 pub mod activation;
+pub mod driver;
+pub mod graph_stage;
 pub mod manager;
 pub mod partition;
 pub mod runner;
 pub mod schedule;
+pub mod staged_gpt;
+pub mod staged_mlp;
 pub mod transport;
 
 pub use activation::{Activation, DType, DeepCopy, HostData, HostTensor};

@@ -76,6 +76,12 @@ pub enum StageError<E: std::error::Error + 'static> {
         #[source]
         source: E,
     },
+    #[error("stage {stage}, preparing the step: {source}")]
+    Prepare {
+        stage: usize,
+        #[source]
+        source: E,
+    },
     #[error("stage {stage}: {source}")]
     Checkpoint {
         stage: usize,

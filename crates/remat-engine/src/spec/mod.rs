@@ -14,9 +14,11 @@
 
 pub mod compile;
 pub mod config;
+pub mod derive;
 pub mod error;
 pub mod expr;
 pub mod ops;
+pub mod run;
 pub mod shipped;
 pub mod types;
 

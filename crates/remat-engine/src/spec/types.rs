@@ -275,6 +275,31 @@ impl BlockSpec {
         })
     }
 
+    /// The same block with nothing recomputed or offloaded: every slot backward reads is
+    /// saved (the reference a spec-driven step must equal bit for bit).
+    pub fn save_everything(&self) -> Self {
+        let mut spec = self.clone();
+        spec.name = format!("{}-save-all", self.name);
+        for input in &mut spec.inputs {
+            input.offload = false;
+        }
+        for slot in &mut spec.slots {
+            if slot.recompute {
+                slot.save = true;
+            }
+            slot.recompute = false;
+            slot.offload = false;
+            slot.recompute_from.clear();
+            slot.recompute_op = None;
+            slot.recompute_attrs.clear();
+            slot.recompute_group = None;
+            slot.recompute_outputs.clear();
+            slot.recompute_policy = RecomputePolicy::Always;
+            slot.lora_targets.clear();
+        }
+        spec
+    }
+
     // Builder: the same structure as the file formats, for specs written in Rust.
 
     pub fn new(name: impl Into<String>) -> Self {

@@ -47,37 +47,44 @@ impl Throttle {
 }
 
 /// A buffer that can be moved to a copy worker and back: the device-side end of a copy.
+/// Access goes through callbacks so that lock-guarded storage (a tensor) can take part.
 pub trait CopyBuf: Send + 'static {
-    fn bytes(&self) -> &[u8];
-    fn bytes_mut(&mut self) -> &mut [u8];
+    fn byte_len(&self) -> usize;
+    /// Calls `f` with the buffer's bytes.
+    fn read_bytes(
+        &self,
+        f: &mut dyn FnMut(&[u8]) -> Result<(), SwapError>,
+    ) -> Result<(), SwapError>;
+    /// Calls `f` with the buffer's bytes, writable.
+    fn write_bytes(
+        &mut self,
+        f: &mut dyn FnMut(&mut [u8]) -> Result<(), SwapError>,
+    ) -> Result<(), SwapError>;
 }
 
-impl CopyBuf for Vec<u8> {
-    fn bytes(&self) -> &[u8] {
-        self
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        self
-    }
+macro_rules! impl_copy_buf_for_pod_vec {
+    ($($t:ty),*) => {$(
+        impl CopyBuf for $t {
+            fn byte_len(&self) -> usize {
+                std::mem::size_of_val(&self[..])
+            }
+            fn read_bytes(
+                &self,
+                f: &mut dyn FnMut(&[u8]) -> Result<(), SwapError>,
+            ) -> Result<(), SwapError> {
+                f(bytemuck::cast_slice(&self[..]))
+            }
+            fn write_bytes(
+                &mut self,
+                f: &mut dyn FnMut(&mut [u8]) -> Result<(), SwapError>,
+            ) -> Result<(), SwapError> {
+                f(bytemuck::cast_slice_mut(&mut self[..]))
+            }
+        }
+    )*};
 }
 
-impl CopyBuf for Vec<f32> {
-    fn bytes(&self) -> &[u8] {
-        bytemuck::cast_slice(self)
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        bytemuck::cast_slice_mut(self)
-    }
-}
-
-impl CopyBuf for Box<[f32]> {
-    fn bytes(&self) -> &[u8] {
-        bytemuck::cast_slice(self)
-    }
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        bytemuck::cast_slice_mut(self)
-    }
-}
+impl_copy_buf_for_pod_vec!(Vec<u8>, Vec<f32>, Box<[f32]>);
 
 /// Totals over the engine's life (or since [`CopyEngine::reset_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -242,11 +249,12 @@ impl CopyEngine {
         src: B,
         tag: &str,
     ) -> Result<Transfer<(SlotId, B)>, SwapError> {
-        let len = src.bytes().len();
+        let len = src.byte_len();
         let slot = self.store.reserve(len as u64, tag)?;
         let store = Arc::clone(&self.store);
         let submitted = self.submit(Direction::Out, len, move || {
-            store.write(slot, src.bytes()).map(|()| (slot, src))
+            src.read_bytes(&mut |bytes| store.write(slot, bytes))?;
+            Ok((slot, src))
         });
         if submitted.is_err() {
             let _ = self.store.release(slot);
@@ -263,18 +271,18 @@ impl CopyEngine {
         release_after: bool,
     ) -> Result<Transfer<B>, SwapError> {
         let len = self.store.len_of(slot)?;
-        if len != dst.bytes().len() as u64 {
+        if len != dst.byte_len() as u64 {
             return Err(SwapError::SizeMismatch {
                 slot,
                 what: "prefetch destination",
                 stored: len,
-                requested: dst.bytes().len() as u64,
+                requested: dst.byte_len() as u64,
             });
         }
         let store = Arc::clone(&self.store);
         let mut dst = dst;
         self.submit(Direction::In, len as usize, move || {
-            store.read(slot, dst.bytes_mut())?;
+            dst.write_bytes(&mut |bytes| store.read(slot, bytes))?;
             if release_after {
                 store.release(slot)?;
             }

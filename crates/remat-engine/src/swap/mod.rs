@@ -55,6 +55,8 @@ pub enum SwapError {
         live: u64,
         capacity: u64,
     },
+    #[error("{what} is not supported")]
+    Unsupported { what: String },
     #[error("the {direction} copy worker has stopped; the transfer cannot run")]
     WorkerGone { direction: Direction },
 }

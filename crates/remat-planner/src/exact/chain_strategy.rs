@@ -7,7 +7,7 @@ use crate::strategy::{Planned, Problem, Strategy, plan_from_steps};
 
 /// Memory resolution of the DP: the budget is cut into at most this many units (Rotor uses
 /// a few hundred; more costs time linearly and gains only rounding).
-pub const MAX_UNITS: usize = 4000;
+pub const MAX_UNITS: usize = 1000;
 
 /// Optimal persistent checkpointing of a chain-shaped training graph.
 pub struct ChainDp;

@@ -1,0 +1,85 @@
+//! Byte sizes on the command line (`256MiB`, `2GiB`, `1.5GB`, `1048576`) and in reports.
+
+/// Parses a byte count: a number with an optional unit `B`, `K/KB` (1000), `KiB` (1024),
+/// `M/MB`, `MiB`, `G/GB`, `GiB`, `T/TB`, `TiB` (case-insensitive, spaces allowed).
+pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
+    let s = text.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(s.len());
+    let (num, unit) = (
+        s[..split].replace('_', ""),
+        s[split..].trim().to_ascii_lowercase(),
+    );
+    let value: f64 = num
+        .parse()
+        .map_err(|_| anyhow::anyhow!("memory size {text:?}: {num:?} is not a number"))?;
+    let scale: f64 = match unit.as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        _ => anyhow::bail!(
+            "memory size {text:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+        ),
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        anyhow::bail!("memory size {text:?} is out of range");
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// `123.4 MiB`-style rendering.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units() {
+        assert_eq!(parse_bytes("256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("1048576").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("1.5 kb").unwrap(), 1500);
+        assert_eq!(parse_bytes("3G").unwrap(), 3_000_000_000);
+        assert!(
+            parse_bytes("12 parsecs")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown unit")
+        );
+        assert!(
+            parse_bytes("MiB")
+                .unwrap_err()
+                .to_string()
+                .contains("not a number")
+        );
+        assert!(parse_bytes("0").is_err());
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(3 << 20), "3.0 MiB");
+    }
+}

@@ -1,0 +1,307 @@
+//! `remat train --policy auto[:STRATEGY] --memory-budget B`: profile the first step, plan it
+//! for the budget, and run every step by the plan (issue 5, section 3).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use remat_engine::graph::{Graph, NodeId};
+use remat_engine::models::gpt::{Checkpointing, Gpt, hf};
+use remat_engine::{AdamW, AdamWConfig, ExecContext, MemoryPool, Policy};
+
+use super::train::task::Task;
+use super::train::{Args, format_bytes};
+use remat_engine::plan_exec::{StepReport, run_plan};
+use remat_engine::profile::{ProfileOptions, StepProfile, profile_step};
+use remat_engine::swap::{CopyEngine, HostStore, Throttle};
+use remat_planner::{PlanError, Planned, Problem};
+
+/// What `--policy auto` needs besides the model.
+#[derive(Clone, Debug)]
+pub struct AutoSettings {
+    /// Device budget in bytes, static memory (parameters, gradients, optimizer state) included.
+    pub budget: u64,
+    /// A registered strategy, or `None` for the fastest plan of all that fit.
+    pub strategy: Option<String>,
+    /// Keep swapped tensors in a memory-mapped file in this directory instead of in memory.
+    pub swap_dir: Option<PathBuf>,
+    /// Host-device bandwidth to plan with (bytes/s); measured on the copy engine if `None`.
+    pub bandwidth: Option<f64>,
+    /// Timed profiling runs.
+    pub profile_runs: usize,
+}
+
+/// `--policy` of `remat train`: one of the engine's fixed policies, or `auto[:STRATEGY]`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicyChoice {
+    Fixed(Checkpointing),
+    /// Profile, plan with this strategy (all of them when `None`), execute.
+    Auto(Option<String>),
+}
+
+impl PolicyChoice {
+    /// The fixed policy, or an error for `auto` (which has its own training loop).
+    pub fn fixed(&self) -> anyhow::Result<Checkpointing> {
+        match self {
+            PolicyChoice::Fixed(c) => Ok(*c),
+            PolicyChoice::Auto(_) => anyhow::bail!(
+                "--policy auto runs its own training loop and cannot be combined with --compare"
+            ),
+        }
+    }
+}
+
+pub fn parse_policy_choice(s: &str) -> Result<PolicyChoice, String> {
+    match s.strip_prefix("auto") {
+        Some("") => Ok(PolicyChoice::Auto(None)),
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(name) if !name.is_empty() => Ok(PolicyChoice::Auto(Some(name.to_string()))),
+            _ => Err(format!(
+                "policy {s:?}: expected auto or auto:STRATEGY (a `remat plan` strategy name)"
+            )),
+        },
+        None => super::train::parse_policy(s).map(PolicyChoice::Fixed),
+    }
+}
+
+/// A profiled and planned training step, ready to run step after step.
+pub struct AutoSession {
+    pub profile: StepProfile,
+    pub planned: Planned,
+    pub copy: CopyEngine,
+    pub bandwidth: f64,
+    pub budget: u64,
+}
+
+pub fn mib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Copies 32 MiB out and back through the copy engine (after one warm-up round that pays
+/// the page faults): its bytes per second, one way.
+pub fn measure_copy_bandwidth(copy: &CopyEngine) -> anyhow::Result<f64> {
+    let n = 8 << 20;
+    let mut buf = vec![1.0f32; n];
+    let mut secs = f64::INFINITY;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let (slot, out) = copy.offload(buf, "bandwidth probe")?.wait()?.value;
+        buf = copy.prefetch(slot, out, true)?.wait()?.value;
+        secs = secs.min(start.elapsed().as_secs_f64().max(1e-9));
+    }
+    copy.reset_stats();
+    Ok(2.0 * (n * 4) as f64 / secs)
+}
+
+impl AutoSession {
+    /// Profiles the step recorded in `graph` (ending in `loss`) and plans it for the budget.
+    /// A budget no plan meets is an error stating the smallest feasible budget.
+    pub fn prepare(
+        graph: &mut Graph,
+        loss: NodeId,
+        name: &str,
+        settings: &AutoSettings,
+    ) -> anyhow::Result<Self> {
+        let store = match &settings.swap_dir {
+            Some(dir) => {
+                HostStore::on_disk(dir).with_context(|| format!("--swap-dir {}", dir.display()))?
+            }
+            None => HostStore::in_memory(),
+        };
+        let copy = CopyEngine::new(Arc::new(store), Throttle::default());
+        let bandwidth = match settings.bandwidth {
+            Some(b) => b,
+            None => measure_copy_bandwidth(&copy)?,
+        };
+        let opts = ProfileOptions {
+            runs: settings.profile_runs,
+            name: name.to_string(),
+        };
+        let profile = profile_step(graph, loss, &opts).context("profiling the training step")?;
+        let problem = Problem {
+            graph: &profile.graph,
+            budget_bytes: settings.budget,
+            bandwidth,
+        };
+        let planned = plan(&problem, settings.strategy.as_deref())?;
+        Ok(AutoSession {
+            profile,
+            planned,
+            copy,
+            bandwidth,
+            budget: settings.budget,
+        })
+    }
+
+    /// Runs one training step (recorded like the profiled one) by the plan.
+    pub fn step(&self, graph: &mut Graph) -> anyhow::Result<StepReport> {
+        Ok(run_plan(
+            graph,
+            &self.profile.layout,
+            self.profile.graph.name(),
+            &self.planned.plan,
+            Some(&self.copy),
+        )?)
+    }
+
+    /// Predicted against measured, for the end-of-run summary.
+    pub fn summary(&self, reports: &[StepReport]) -> String {
+        let peak = reports.iter().map(|r| r.peak_bytes).max().unwrap_or(0);
+        let mut times: Vec<Duration> = reports.iter().map(|r| r.step_time).collect();
+        times.sort();
+        let time = times
+            .get(times.len() / 2)
+            .copied()
+            .unwrap_or_default()
+            .as_secs_f64();
+        let stall: f64 = reports.iter().map(|r| r.stall.as_secs_f64()).sum::<f64>()
+            / reports.len().max(1) as f64;
+        let r = &self.planned.report;
+        let (kept, swapped, recomputed) = r.bytes_by_fate(&self.profile.graph);
+        let g = &self.profile.graph;
+        [
+            format!(
+                "auto plan: strategy {} for a budget of {} MiB (static {} MiB, store-all peak {} MiB), bandwidth {:.1} GB/s",
+                self.planned.plan.strategy,
+                mib(self.budget),
+                mib(g.static_bytes()),
+                mib(g.store_all_peak()),
+                self.bandwidth / 1e9
+            ),
+            format!("  activations kept {} MiB, swapped {} MiB, recomputed {} MiB", mib(kept), mib(swapped), mib(recomputed)),
+            format!("  {:<10} {:>12} {:>12}", "", "predicted", "measured"),
+            format!("  {:<10} {:>12} {:>12}", "peak MiB", mib(r.peak_bytes), mib(peak)),
+            format!("  {:<10} {:>12.1} {:>12.1}", "step ms", r.total_time * 1e3, time * 1e3),
+            format!("  {:<10} {:>12.1} {:>12.1}", "stall ms", r.stall_time * 1e3, stall * 1e3),
+        ]
+        .join("\n")
+    }
+}
+
+/// Plans with one strategy or the best of all; infeasible budgets name the smallest peak.
+fn plan(problem: &Problem, strategy: Option<&str>) -> anyhow::Result<Planned> {
+    let result = match strategy {
+        Some(name) => remat_planner::lookup(name).and_then(|s| s.plan(problem)),
+        None => remat_planner::plan_best(problem),
+    };
+    result.map_err(|e| match e {
+        PlanError::Infeasible { budget, best_peak, strategy } | PlanError::OverBudget { budget, best_peak, strategy } => {
+            anyhow::anyhow!(
+                "no plan fits a memory budget of {budget} bytes ({} MiB): the smallest feasible budget is {best_peak} bytes ({} MiB, reached by {strategy}); static memory alone is {} MiB",
+                mib(budget),
+                mib(best_peak),
+                mib(problem.graph.static_bytes())
+            )
+        }
+        other => anyhow::Error::from(other),
+    })
+}
+
+/// The training loop of `remat train --policy auto[:STRATEGY]`.
+pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result<()> {
+    let budget = args.memory_budget.context(
+        "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)",
+    )?;
+    let config = args.model_config(task.vocab());
+    println!(
+        "remat train: {} | GPT L={} d={} heads={} ({} parameters) | batch {} x seq {} | policy auto{} | budget {} | {} threads",
+        task.describe(),
+        config.n_layers,
+        config.d_model,
+        config.n_heads,
+        config.param_count(),
+        args.batch,
+        task.seq(),
+        strategy
+            .as_deref()
+            .map_or(String::new(), |s| format!(":{s}")),
+        format_bytes(budget),
+        args.threads(),
+    );
+    // Profiling runs the step keeping everything, which may not fit: the budget is enforced
+    // from the first planned step on.
+    let pool = MemoryPool::unbounded();
+    let ctx = ExecContext::new(pool.clone(), args.threads())?;
+    let gpt = Gpt::new(&pool, config)?;
+    if let Some(path) = &args.files.init {
+        hf::load_params(&gpt, path)?;
+    }
+    let opt_config = AdamWConfig {
+        lr: args.lr,
+        weight_decay: 0.0,
+        ..AdamWConfig::default()
+    };
+    // Created before profiling: its state is static memory the plan must leave room for.
+    let mut opt = AdamW::new(&pool, gpt.params(), opt_config)?;
+    let settings = AutoSettings {
+        budget,
+        strategy,
+        swap_dir: args.files.swap_dir.clone(),
+        bandwidth: None,
+        profile_runs: 2,
+    };
+    let record = |step: u64| -> anyhow::Result<(Graph, Vec<NodeId>, NodeId)> {
+        let mut g = Graph::new(&ctx);
+        g.set_seed(args.seed ^ (step << 32));
+        let batch = task.batch(args.seed, step, args.batch);
+        let s = gpt.record(&mut g, &batch, Checkpointing::Graph(Policy::StoreAll))?;
+        Ok((g, s.params, s.loss))
+    };
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message("profiling and planning the training step");
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let (mut g0, _, loss0) = record(0)?;
+    let session = AutoSession::prepare(
+        &mut g0,
+        loss0,
+        &format!("gpt-train-l{}", args.layers),
+        &settings,
+    );
+    spinner.finish_and_clear();
+    let session = session?;
+    drop(g0);
+    pool.set_budget(Some(budget));
+    let bar = indicatif::ProgressBar::new(args.steps);
+    let log_every = args.log_every.unwrap_or((args.steps / 15).max(1));
+    let (mut losses, mut reports) = (Vec::new(), Vec::new());
+    for step in 0..args.steps {
+        let (mut g, params, _) = record(step)?;
+        let report = session
+            .step(&mut g)
+            .with_context(|| format!("training step {step}"))?;
+        let grads = params
+            .iter()
+            .map(|&p| g.take_grad(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(g);
+        opt.step(&grads)?;
+        let loss = report.loss.unwrap_or(f64::NAN);
+        losses.push(loss);
+        reports.push(report);
+        bar.set_message(format!("{loss:.4}"));
+        bar.inc(1);
+        if step % log_every == 0 || step + 1 == args.steps {
+            bar.suspend(|| println!("step {step:>5}  loss {loss:.4}"));
+        }
+    }
+    bar.finish_and_clear();
+    let n = losses.len();
+    let window = (n / 10).clamp(1, 20).min(n.max(1));
+    if n > 0 {
+        let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+        println!(
+            "loss: first {window} steps {:.4}, last {window} steps {:.4}",
+            mean(&losses[..window]),
+            mean(&losses[n - window..])
+        );
+    }
+    // The first step pays one-off costs: time the rest, as `remat train` does.
+    let timed = if reports.len() > 1 {
+        &reports[1..]
+    } else {
+        &reports[..]
+    };
+    println!("{}", session.summary(timed));
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! `remat train --stages` end to end: the per-stage table and the bubble line; bad flags are
+//! errors naming the flag.
+
+use std::process::{Command, Output};
+
+fn remat(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .output()
+        .expect("the remat binary runs")
+}
+
+const SMALL: [&str; 10] = [
+    "train",
+    "--layers",
+    "3",
+    "--d-model",
+    "32",
+    "--batch",
+    "8",
+    "--steps",
+    "3",
+    "--threads",
+];
+
+#[test]
+fn pipelined_training_prints_stages_and_bubble() {
+    for schedule in ["gpipe", "1f1b"] {
+        let mut args = SMALL.to_vec();
+        args.extend([
+            "3",
+            "--stages",
+            "3",
+            "--micro-batches",
+            "4",
+            "--schedule",
+            schedule,
+            "--stage-policy",
+            "memory:64KiB",
+        ]);
+        let out = remat(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{schedule}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("schedule {schedule}, stage policy memory:65536")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("peak memory") && stdout.contains("busy"),
+            "{stdout}"
+        );
+        for stage in ["0        0..1", "1        1..2", "2        2..3"] {
+            assert!(
+                stdout.contains(stage),
+                "missing stage row {stage:?} in {stdout}"
+            );
+        }
+        assert!(stdout.contains("ideal (P-1)/(M+P-1) = 0.333"), "{stdout}");
+        assert!(stdout.contains("step     0  loss"), "{stdout}");
+    }
+}
+
+#[test]
+fn bad_pipeline_flags_are_errors() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--stages", "4"], "--stages 4 exceeds --layers 3"),
+        (
+            &["--stages", "2", "--micro-batches", "3"],
+            "--batch 8 must split evenly into --micro-batches 3",
+        ),
+        (
+            &["--stages", "2", "--schedule", "zigzag"],
+            "unknown schedule `zigzag`",
+        ),
+        (
+            &["--stages", "2", "--stage-policy", "selective:x"],
+            "`x` is not a non-negative interval",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = SMALL.to_vec();
+        args.push("1");
+        args.extend_from_slice(extra);
+        let out = remat(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} should fail");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+    }
+}

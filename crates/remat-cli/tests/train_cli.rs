@@ -1,0 +1,236 @@
+//! `remat train` end to end on tiny configurations.
+
+use std::process::{Command, Output};
+
+const TINY: &[&str] = &[
+    "--layers",
+    "2",
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--batch",
+    "8",
+    "--digits",
+    "4",
+    "--threads",
+    "1",
+];
+
+fn remat(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .output()
+        .expect("run remat")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn losses(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("step ")
+                .and_then(|r| r.split("loss").nth(1))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .collect()
+}
+
+#[test]
+fn trains_and_the_loss_falls() {
+    let args = [
+        "train",
+        "--steps",
+        "300",
+        "--lr",
+        "1e-2",
+        "--log-every",
+        "30",
+        "--layers",
+        "2",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+    ];
+    let out = remat(
+        &[
+            &args[..],
+            &["--batch", "16", "--digits", "4", "--threads", "1"],
+        ]
+        .concat(),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let l = losses(&stdout);
+    assert!(l.len() >= 10, "{stdout}");
+    // Chance level is ln(10) = 2.30 on the reversed digits; a model that learns to copy
+    // from the mirrored position gets far below it.
+    let last = (l[l.len() - 3..].iter().sum::<f64>()) / 3.0;
+    assert!(
+        l[0] > 2.0 && last < 1.2,
+        "loss did not fall: {} -> {last}\n{stdout}",
+        l[0]
+    );
+    for needle in [
+        "tokens/s",
+        "step time",
+        "activations",
+        "optimizer state",
+        "total (peak of the sum)",
+    ] {
+        assert!(stdout.contains(needle), "missing {needle:?} in\n{stdout}");
+    }
+}
+
+#[test]
+fn compare_prints_every_policy_with_identical_gradients() {
+    let out = remat(
+        &[
+            &[
+                "train",
+                "--compare",
+                "--compare-steps",
+                "2",
+                "--dropout",
+                "0.1",
+            ],
+            TINY,
+        ]
+        .concat(),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for policy in [
+        "store-all",
+        "per-block",
+        "sqrt-blocks",
+        "recompute-all",
+        "every:4",
+        "depth:3",
+        "sqrt",
+    ] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(policy))
+            .unwrap_or_else(|| panic!("no row for {policy}:\n{stdout}"));
+        assert!(row.trim_end().ends_with("yes"), "{row}");
+    }
+    assert!(stdout.contains("grads bit-identical"), "{stdout}");
+}
+
+#[test]
+fn too_small_a_budget_is_an_out_of_memory_error_with_a_hint() {
+    let out = remat(
+        &[
+            &["train", "--steps", "2", "--memory-budget", "120KiB"],
+            TINY,
+        ]
+        .concat(),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("out of memory while running node"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("budget 122880 bytes"), "{stderr}");
+    assert!(stderr.contains("hint: "), "{stderr}");
+    assert!(
+        stderr.contains("--policy store-all needs --memory-budget"),
+        "{stderr}"
+    );
+
+    let bad = remat(&["train", "--memory-budget", "lots"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad).1.contains("not a number"), "{}", text(&bad).1);
+}
+
+#[test]
+fn dump_grads_then_init_and_character_data() {
+    let dir = std::env::temp_dir().join(format!("remat-train-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let grads = dir.join("grads.safetensors");
+    let g = grads.to_str().unwrap();
+    let out = remat(&[&["train", "--steps", "1", "--dump-grads", g], TINY].concat());
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(
+        text(&out)
+            .0
+            .contains("wrote the first step's gradients (21 tensors)"),
+        "{}",
+        text(&out).0
+    );
+    // The gradient file has the parameters' names and shapes, so it loads as parameters.
+    let out = remat(&[&["train", "--steps", "1", "--init", g], TINY].concat());
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(
+        text(&out).0.contains("loaded parameters"),
+        "{}",
+        text(&out).0
+    );
+    // A model of another width refuses it, naming the tensor.
+    let out = remat(&[
+        "train",
+        "--steps",
+        "1",
+        "--d-model",
+        "32",
+        "--heads",
+        "2",
+        "--digits",
+        "4",
+        "--init",
+        g,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out)
+            .1
+            .contains("model.embed_tokens.weight has shape [11, 16]"),
+        "{}",
+        text(&out).1
+    );
+
+    let data = dir.join("text.txt");
+    std::fs::write(
+        &data,
+        "the quick brown fox jumps over the lazy dog. ".repeat(20),
+    )
+    .unwrap();
+    let out = remat(
+        &[
+            &[
+                "train",
+                "--steps",
+                "3",
+                "--seq",
+                "16",
+                "--data",
+                data.to_str().unwrap(),
+            ],
+            TINY,
+        ]
+        .concat(),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(
+        text(&out)
+            .0
+            .contains("character-level text, 900 characters, vocabulary 28"),
+        "{}",
+        text(&out).0
+    );
+    let missing = remat(&["train", "--data", dir.join("absent.txt").to_str().unwrap()]);
+    assert!(
+        text(&missing).1.contains("absent.txt"),
+        "{}",
+        text(&missing).1
+    );
+}

@@ -1,0 +1,209 @@
+//! A pipeline over a [`StagedModel`]: builds the stages (each on its own pool), runs training
+//! steps through the runner, and the single-stage reference the tests compare against.
+
+use std::sync::Arc;
+
+use super::graph_stage::{GraphStage, GraphStageError, StagedModel, accumulate, micro_batch_seed};
+use super::partition::{PartitionError, balanced_ranges};
+use super::runner::{PipelineConfig, PipelineReport, StageError, run_pipeline};
+use crate::context::ExecContext;
+use crate::error::EngineError;
+use crate::graph::Graph;
+use crate::optim::{AdamW, AdamWConfig};
+use crate::pool::{Category, MemoryPool, PoolStats};
+use crate::tensor::Tensor;
+
+/// How the stages are provisioned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageResources {
+    /// Kernel threads of each stage.
+    pub threads: usize,
+    /// Each stage's memory budget in bytes (`None`: unbounded, accounting only).
+    pub budget: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineBuildError {
+    #[error(transparent)]
+    Partition(#[from] PartitionError),
+    #[error("stage {stage}: {source}")]
+    Engine {
+        stage: usize,
+        #[source]
+        source: EngineError,
+    },
+}
+
+/// What one pipelined training step did.
+#[derive(Clone, Debug)]
+pub struct StepReport {
+    pub run: PipelineReport,
+    /// Each stage's pool statistics (peaks over the step).
+    pub memory: Vec<PoolStats>,
+    /// Loss of each micro-batch.
+    pub losses: Vec<f64>,
+}
+
+impl StepReport {
+    /// Mean loss over the micro-batches (0 for none).
+    pub fn mean_loss(&self) -> f64 {
+        match self.losses.len() {
+            0 => 0.0,
+            n => self.losses.iter().sum::<f64>() / n as f64,
+        }
+    }
+}
+
+/// The stages of one model, stage 0 first.
+pub struct Pipeline<'m, M: StagedModel> {
+    stages: Vec<GraphStage<'m, M>>,
+    optimizers: Vec<Option<AdamW>>,
+}
+
+impl<'m, M: StagedModel> Pipeline<'m, M> {
+    /// Splits `model`'s layers over `stages` stages (balanced, contiguous).
+    pub fn new(
+        model: &'m M,
+        stages: usize,
+        resources: StageResources,
+    ) -> Result<Self, PipelineBuildError> {
+        let ranges = balanced_ranges(model.layers(), stages)?;
+        let stages = ranges
+            .into_iter()
+            .enumerate()
+            .map(|(s, layers)| {
+                let pool = match resources.budget {
+                    Some(b) => MemoryPool::with_budget(b),
+                    None => MemoryPool::unbounded(),
+                };
+                GraphStage::new(model, s, stages, layers, pool, resources.threads)
+                    .map_err(|source| PipelineBuildError::Engine { stage: s, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let optimizers = stages.iter().map(|_| None).collect();
+        Ok(Self { stages, optimizers })
+    }
+
+    pub fn stages(&self) -> &[GraphStage<'m, M>] {
+        &self.stages
+    }
+
+    /// One forward and backward pass over `batches` (the micro-batches, in order), with
+    /// gradients accumulated on every stage.
+    pub fn step(
+        &mut self,
+        batches: Arc<[M::MicroBatch]>,
+        step_seed: u64,
+        config: PipelineConfig,
+    ) -> Result<StepReport, StageError<GraphStageError>> {
+        let config = PipelineConfig {
+            micro_batches: batches.len(),
+            ..config
+        };
+        for stage in &mut self.stages {
+            let index = stage.stage();
+            stage
+                .begin_step(Arc::clone(&batches), step_seed)
+                .map_err(|source| StageError::Prepare {
+                    stage: index,
+                    source: GraphStageError::Engine(source),
+                })?;
+        }
+        let run = run_pipeline(&mut self.stages, config)?;
+        let memory = self.stages.iter().map(GraphStage::pool_stats).collect();
+        let losses = self
+            .stages
+            .last()
+            .map(|s| s.losses().iter().map(|l| l.unwrap_or(f64::NAN)).collect())
+            .unwrap_or_default();
+        Ok(StepReport {
+            run,
+            memory,
+            losses,
+        })
+    }
+
+    /// `(name, accumulated gradient)` of every parameter, in model order.
+    pub fn grads(&self) -> Vec<(String, Tensor)> {
+        self.stages
+            .iter()
+            .flat_map(|s| {
+                s.params()
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .zip(s.grads().iter().cloned())
+            })
+            .collect()
+    }
+
+    /// Applies AdamW on every stage to the gradients of the last step (each stage updates its
+    /// own parameters; the moments live in the stage's pool).
+    pub fn optimizer_step(&mut self, config: AdamWConfig) -> Result<(), PipelineBuildError> {
+        for (s, (stage, opt)) in self.stages.iter().zip(&mut self.optimizers).enumerate() {
+            let engine = |source| PipelineBuildError::Engine { stage: s, source };
+            if opt.is_none() {
+                *opt = Some(
+                    AdamW::new(stage.context().pool(), stage.params(), config).map_err(engine)?,
+                );
+            }
+            let grads: Vec<Option<Tensor>> = stage.grads().iter().cloned().map(Some).collect();
+            if let Some(opt) = opt {
+                opt.step(&grads).map_err(engine)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The single-stage reference of a pipelined step: the same micro-batches, each through the
+/// model's own whole-model graph with the same seed, gradients accumulated in micro-batch
+/// order with the same [`accumulate`].
+#[derive(Debug)]
+pub struct ReferenceStep {
+    pub losses: Vec<f64>,
+    /// `(name, gradient)` in model order.
+    pub grads: Vec<(String, Tensor)>,
+}
+
+pub fn reference_step<M: StagedModel>(
+    model: &M,
+    ctx: &ExecContext,
+    batches: &[M::MicroBatch],
+    step_seed: u64,
+) -> Result<ReferenceStep, EngineError> {
+    let names: Vec<(String, Tensor)> = model
+        .parts()
+        .into_iter()
+        .flat_map(|p| model.part_params(p))
+        .collect();
+    let grads = names
+        .iter()
+        .map(|(name, t)| {
+            Tensor::zeros(ctx.pool(), t.shape(), t.dtype(), Category::Gradients, None)
+                .map_err(|e| e.at(format!("gradient of {name}")))
+                .map(|g| (name.clone(), g))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut losses = Vec::with_capacity(batches.len());
+    for (m, batch) in batches.iter().enumerate() {
+        let mut g = Graph::new(ctx);
+        g.set_seed(micro_batch_seed(step_seed, m));
+        let (loss, params) = model.record_reference(&mut g, batch)?;
+        if params.len() != grads.len() {
+            return Err(EngineError::Invalid(format!(
+                "the reference graph has {} parameters, the staged model {}",
+                params.len(),
+                grads.len()
+            )));
+        }
+        g.forward()?;
+        losses.push(g.scalar(loss)?);
+        g.backward(loss)?;
+        for ((_, acc), id) in grads.iter().zip(params) {
+            if let Some(grad) = g.take_grad(id)? {
+                accumulate(acc, &grad)?;
+            }
+        }
+    }
+    Ok(ReferenceStep { losses, grads })
+}

@@ -1,0 +1,709 @@
+//! Runs a training step by a plan: the plan's steps, in order, on the engine's ops.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use remat_planner::Step;
+
+use super::PlanExecError;
+use super::grads::{accumulate_into, add_in_place, fill_ones};
+use super::layout::{ItemKind, Layout};
+use crate::dtype::DType;
+use crate::error::EngineError;
+use crate::graph::Graph;
+use crate::op::{OpCtx, Phase, RngSource, Saved};
+use crate::pool::{Category, MemoryPool, Reservation};
+use crate::rng::RngState;
+use crate::swap::{CopyEngine, SlotId, Transfer, Waited};
+use crate::tensor::Tensor;
+
+/// Measurements of one item in one run (the profiler reads them).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ItemMeasure {
+    /// Wall time of the item's first computation in this run.
+    pub time: Duration,
+    /// Bytes of the item's tensor(s) after it ran.
+    pub output_bytes: u64,
+    /// Pool bytes beyond the inputs and the output at the peak of the run of the item.
+    pub workspace_bytes: u64,
+    /// How many tensors the item holds (a forward's value plus its aux tensors).
+    pub tensors: usize,
+    pub computed: bool,
+}
+
+/// What one executed step reports.
+#[derive(Clone, Debug, Default)]
+pub struct StepReport {
+    /// The loss value (its first computation).
+    pub loss: Option<f64>,
+    /// The pool's peak during the step, static memory included.
+    pub peak_bytes: u64,
+    /// Pool bytes live when the step started (parameters, inputs, gradient buffers, ...).
+    pub static_bytes: u64,
+    pub step_time: Duration,
+    /// Time the compute thread waited for copies (a prefetch not done, a swap-out to finish).
+    pub stall: Duration,
+    /// Computations beyond the first of each item.
+    pub recomputed_items: usize,
+    pub swapped_out_bytes: u64,
+    pub swapped_in_bytes: u64,
+    /// Per item (profiling runs only).
+    pub items: Vec<ItemMeasure>,
+    /// Pool bytes live after each plan step (when asked for).
+    pub timeline: Vec<u64>,
+}
+
+/// How to run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Measure every item's time and workspace (resets the pool's peak around each item).
+    pub measure_items: bool,
+    /// Record the pool's live bytes after every step ([`StepReport::timeline`]).
+    pub timeline: bool,
+}
+
+/// Where a swapped tensor's pieces live on the host.
+#[derive(Debug)]
+struct HostCopy {
+    slots: Vec<SlotId>,
+    metas: Vec<(Vec<usize>, DType, Category)>,
+    grad_slots: Vec<usize>,
+}
+
+/// The device-side tensor(s) of an item.
+#[derive(Debug, Default)]
+struct Held {
+    tensors: Vec<Tensor>,
+    /// Backward items: the input slot of each gradient in `tensors`.
+    grad_slots: Vec<usize>,
+    /// Workspace items: the reserved bytes (taken away while their op runs).
+    reservation: Option<Reservation>,
+}
+
+#[derive(Default)]
+struct ItemState {
+    held: Option<Held>,
+    /// A prefetch in flight, with the gradient slots of its tensors (backward items).
+    incoming: Option<(Vec<Transfer<Tensor>>, Vec<usize>)>,
+    outgoing: Option<Vec<Transfer<(SlotId, Tensor)>>>,
+    host: Option<HostCopy>,
+    computations: u32,
+}
+
+/// The executor of one step.
+struct Runner<'a> {
+    graph: &'a mut Graph,
+    layout: &'a Layout,
+    copy: Option<&'a CopyEngine>,
+    pool: Arc<MemoryPool>,
+    states: Vec<ItemState>,
+    rng: Vec<Vec<RngState>>,
+    leaf_grads: Vec<Option<Tensor>>,
+    leaf_grad_set: Vec<bool>,
+    /// Step index of the last `SwapIn` of each item (its host copy is released with it).
+    last_swap_in: Vec<Option<usize>>,
+    report: StepReport,
+    peak: u64,
+    opts: RunOptions,
+}
+
+/// Runs one training step of `graph` by `steps` (a plan's schedule over `layout`'s items).
+/// Leaf gradients end up in the graph (`Graph::grad`), as after `Graph::backward`.
+pub fn run_steps(
+    graph: &mut Graph,
+    layout: &Layout,
+    steps: &[Step],
+    copy: Option<&CopyEngine>,
+    opts: RunOptions,
+) -> Result<StepReport, PlanExecError> {
+    let ctx = graph.ctx.clone();
+    ctx.install(|| {
+        let mut runner = Runner::new(graph, layout, steps, copy, opts)?;
+        let result = runner.run(steps);
+        let finished = runner.finish();
+        result.and(finished)
+    })
+}
+
+impl<'a> Runner<'a> {
+    fn new(
+        graph: &'a mut Graph,
+        layout: &'a Layout,
+        steps: &[Step],
+        copy: Option<&'a CopyEngine>,
+        opts: RunOptions,
+    ) -> Result<Self, PlanExecError> {
+        let pool = Arc::clone(graph.ctx.pool());
+        let n = layout.items.len();
+        let mut last_swap_in = vec![None; n];
+        for (k, step) in steps.iter().enumerate() {
+            if let Step::SwapIn { tensor } = *step
+                && tensor < n
+            {
+                last_swap_in[tensor] = Some(k);
+            }
+        }
+        let mut leaf_grads = vec![None; layout.fwd.len()];
+        for &j in &layout.grad_leaves {
+            // A step's gradients replace the previous step's (take them out before running
+            // to keep them): the buffers are part of the static memory the plan assumed.
+            graph.nodes[j].grad = None;
+            let node = &graph.nodes[j];
+            let buf = Tensor::zeros(&pool, &node.shape, node.dtype, Category::Gradients, Some(j))
+                .map_err(|e| e.at(&node.name))?;
+            leaf_grads[j] = Some(buf);
+        }
+        pool.reset_peak();
+        let static_bytes = pool.live();
+        Ok(Runner {
+            leaf_grad_set: vec![false; leaf_grads.len()],
+            leaf_grads,
+            graph,
+            layout,
+            copy,
+            states: (0..n).map(|_| ItemState::default()).collect(),
+            rng: vec![Vec::new(); layout.fwd.len()],
+            last_swap_in,
+            report: StepReport {
+                static_bytes,
+                items: vec![ItemMeasure::default(); if opts.measure_items { n } else { 0 }],
+                ..StepReport::default()
+            },
+            peak: static_bytes,
+            pool,
+            opts,
+        })
+    }
+
+    fn run(&mut self, steps: &[Step]) -> Result<(), PlanExecError> {
+        let start = Instant::now();
+        for (k, &step) in steps.iter().enumerate() {
+            let item = match step {
+                Step::Compute { node } => node,
+                Step::Free { tensor } | Step::SwapOut { tensor } | Step::SwapIn { tensor } => {
+                    tensor
+                }
+            };
+            if item >= self.layout.items.len() {
+                return Err(PlanExecError::UnknownItem {
+                    step: k,
+                    item,
+                    items: self.layout.items.len(),
+                });
+            }
+            match step {
+                Step::Compute { .. } => self.compute(k, item)?,
+                Step::Free { .. } => self.free(item)?,
+                Step::SwapOut { .. } => self.swap_out(k, item)?,
+                Step::SwapIn { .. } => self.swap_in(k, item)?,
+            }
+            if self.opts.timeline {
+                self.report.timeline.push(self.pool.live());
+            }
+        }
+        self.report.step_time = start.elapsed();
+        Ok(())
+    }
+
+    /// Drops whatever the plan left on the device, hands the leaf gradients to the graph.
+    fn finish(&mut self) -> Result<StepReport, PlanExecError> {
+        for i in 0..self.states.len() {
+            self.free(i)?;
+            if let Some(host) = self.states[i].host.take()
+                && let Some(copy) = self.copy
+            {
+                for slot in host.slots {
+                    copy.store().release(slot)?;
+                }
+            }
+        }
+        self.peak = self.peak.max(self.pool.peak());
+        for (j, grad) in self.leaf_grads.iter_mut().enumerate() {
+            if let Some(g) = grad.take() {
+                self.graph.nodes[j].grad = self.leaf_grad_set[j].then_some(g);
+            }
+        }
+        let mut report = std::mem::take(&mut self.report);
+        report.peak_bytes = self.peak;
+        Ok(report)
+    }
+
+    fn name(&self, item: usize) -> &str {
+        &self.layout.items[item].name
+    }
+
+    /// Waits for an item's prefetch, if one is in flight.
+    fn settle_incoming(&mut self, item: usize) -> Result<(), PlanExecError> {
+        let Some((transfers, grad_slots)) = self.states[item].incoming.take() else {
+            return Ok(());
+        };
+        let mut tensors = Vec::with_capacity(transfers.len());
+        for t in transfers {
+            let Waited { value, stall } = t.wait()?;
+            self.report.stall += stall;
+            tensors.push(value);
+        }
+        let held = self.states[item].held.get_or_insert_with(Held::default);
+        held.tensors = tensors;
+        held.grad_slots = grad_slots;
+        Ok(())
+    }
+
+    /// Waits for an item's swap-out, if one is in flight; its host copy is then complete.
+    fn settle_outgoing(&mut self, item: usize) -> Result<(), PlanExecError> {
+        let Some(transfers) = self.states[item].outgoing.take() else {
+            return Ok(());
+        };
+        let mut slots = Vec::with_capacity(transfers.len());
+        for t in transfers {
+            let Waited {
+                value: (slot, _device),
+                stall,
+            } = t.wait()?;
+            self.report.stall += stall;
+            slots.push(slot);
+        }
+        if let Some(host) = self.states[item].host.as_mut() {
+            host.slots = slots;
+        }
+        Ok(())
+    }
+
+    fn require(&mut self, k: usize, item: usize, input: usize) -> Result<(), PlanExecError> {
+        self.settle_incoming(input)?;
+        if self.states[input].held.is_none() {
+            return Err(PlanExecError::NotResident {
+                step: k,
+                item: self.name(item).to_string(),
+                input: self.name(input).to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn compute(&mut self, k: usize, item: usize) -> Result<(), PlanExecError> {
+        if self.states[item].held.is_some() || self.states[item].incoming.is_some() {
+            return Err(PlanExecError::AlreadyResident {
+                step: k,
+                item: self.name(item).to_string(),
+            });
+        }
+        let inputs = self.layout.items[item].inputs.clone();
+        for &input in &inputs {
+            self.require(k, item, input)?;
+        }
+        let measure = self.opts.measure_items;
+        let live_before = self.pool.live();
+        if measure {
+            self.peak = self.peak.max(self.pool.peak());
+            self.pool.reset_peak();
+        }
+        // Workspace read by this item: give its bytes to the op, which allocates its own.
+        let workspaces: Vec<usize> = inputs
+            .iter()
+            .copied()
+            .filter(|&i| matches!(self.layout.items[i].kind, ItemKind::Workspace { .. }))
+            .collect();
+        for &w in &workspaces {
+            if let Some(held) = self.states[w].held.as_mut() {
+                held.reservation = None;
+            }
+        }
+        let start = Instant::now();
+        let first = self.states[item].computations == 0;
+        let held = match self.layout.items[item].kind {
+            ItemKind::Forward { node } => self.forward(node, first)?,
+            ItemKind::Backward { node } => self.backward(node, first)?,
+            ItemKind::Workspace { .. } => self.reserve_workspace(item)?,
+        };
+        let elapsed = start.elapsed();
+        for &w in &workspaces {
+            let reservation = self.reserve_workspace(w)?.reservation;
+            if let Some(held) = self.states[w].held.as_mut() {
+                held.reservation = reservation;
+            }
+        }
+        let output_bytes = held.tensors.iter().map(Tensor::bytes).sum::<u64>()
+            + held.reservation.as_ref().map_or(0, Reservation::bytes);
+        if measure && first {
+            let peak = self.pool.peak();
+            self.report.items[item] = ItemMeasure {
+                time: elapsed,
+                output_bytes,
+                workspace_bytes: peak.saturating_sub(live_before + output_bytes),
+                tensors: held.tensors.len(),
+                computed: true,
+            };
+        }
+        if !first {
+            self.report.recomputed_items += 1;
+        }
+        let state = &mut self.states[item];
+        state.computations += 1;
+        state.held = Some(held);
+        Ok(())
+    }
+
+    fn reserve_workspace(&self, item: usize) -> Result<Held, PlanExecError> {
+        let it = &self.layout.items[item];
+        let reservation = self
+            .pool
+            .reserve(it.workspace_bytes, Category::Temporaries, None)
+            .map_err(|e| e.at(&it.name))?;
+        Ok(Held {
+            reservation: Some(reservation),
+            ..Held::default()
+        })
+    }
+
+    /// The value of engine node `j` as an input: a leaf's own, or its forward item's.
+    fn value_of(&self, j: usize) -> Result<Tensor, PlanExecError> {
+        let node = &self.graph.nodes[j];
+        if node.is_leaf() {
+            return node.value.clone().ok_or_else(|| {
+                PlanExecError::Engine(EngineError::NoValue {
+                    node: node.name.clone(),
+                    reason: "the graph input was released".into(),
+                })
+            });
+        }
+        let item = self.layout.fwd[j]
+            .ok_or_else(|| PlanExecError::Invalid(format!("{} has no forward item", node.name)))?;
+        self.states[item]
+            .held
+            .as_ref()
+            .and_then(|h| h.tensors.first().cloned())
+            .ok_or_else(|| {
+                PlanExecError::Invalid(format!("value of {} is not on the device", node.name))
+            })
+    }
+
+    fn forward(&mut self, v: usize, first: bool) -> Result<Held, PlanExecError> {
+        let input_ids: Vec<usize> = self.graph.nodes[v].inputs.iter().map(|j| j.0).collect();
+        let inputs: Vec<Tensor> = input_ids
+            .iter()
+            .map(|&j| self.value_of(j))
+            .collect::<Result<_, _>>()?;
+        let graph = &mut *self.graph;
+        let node = &graph.nodes[v];
+        let mut drawn = Vec::new();
+        let rng = if first {
+            RngSource::Record {
+                generator: &mut graph.rng,
+                drawn: &mut drawn,
+            }
+        } else {
+            RngSource::Replay {
+                saved: &self.rng[v],
+                next: 0,
+            }
+        };
+        let mut cx = OpCtx {
+            pool: &self.pool,
+            node: v,
+            node_name: &node.name,
+            phase: if first {
+                Phase::Forward
+            } else {
+                Phase::Recompute
+            },
+            threads: graph.ctx.threads(),
+            rng,
+            grad_slots: &[],
+        };
+        let op = node
+            .op()
+            .ok_or_else(|| PlanExecError::Invalid(format!("{} is a leaf", node.name)))?;
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let out = op.forward(&mut cx, &refs)?;
+        if out.value.shape() != node.shape.as_slice() {
+            return Err(EngineError::Shape {
+                node: node.name.clone(),
+                message: format!(
+                    "forward produced {:?}, recorded {:?}",
+                    out.value.shape(),
+                    node.shape
+                ),
+            }
+            .into());
+        }
+        let mut tensors = Vec::with_capacity(1 + out.aux.len());
+        for t in std::iter::once(out.value).chain(out.aux) {
+            tensors.push(own_storage(
+                t,
+                &inputs,
+                &tensors,
+                Category::Activations,
+                &node.name,
+            )?);
+        }
+        if first {
+            self.rng[v] = drawn;
+            if v == self.layout.loss {
+                self.report.loss = tensors[0].to_f64_vec().first().copied();
+            }
+        }
+        Ok(Held {
+            tensors,
+            ..Held::default()
+        })
+    }
+
+    /// The gradient of node `c`'s output: the seed for the loss, else the sum of what its
+    /// users' backward items produced for it, in the engine's accumulation order.
+    fn grad_out(&self, c: usize) -> Result<Option<Tensor>, PlanExecError> {
+        let node = &self.graph.nodes[c];
+        if c == self.layout.loss {
+            let seed = Tensor::zeros(
+                &self.pool,
+                &node.shape,
+                node.dtype,
+                Category::Temporaries,
+                Some(c),
+            )
+            .map_err(|e| e.at(&node.name))?;
+            fill_ones(&seed)?;
+            return Ok(Some(seed));
+        }
+        let mut parts: Vec<Tensor> = Vec::new();
+        for &w in self.layout.users[c].iter().rev() {
+            let Some(bw) = self.layout.bwd[w] else {
+                continue;
+            };
+            let Some(held) = self.states[bw].held.as_ref() else {
+                continue;
+            };
+            let user_inputs = &self.graph.nodes[w].inputs;
+            for (t, &slot) in held.tensors.iter().zip(&held.grad_slots) {
+                if user_inputs[slot].0 == c {
+                    parts.push(t.clone());
+                }
+            }
+        }
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else {
+            return Ok(None);
+        };
+        let Some(second) = parts.next() else {
+            return Ok(Some(first));
+        };
+        // Summed in a fresh buffer: the contributions belong to bundles the plan may still
+        // read (a recomputed backward item must see them unchanged).
+        let acc = first
+            .deep_copy(Category::Temporaries)
+            .map_err(|e| e.at(&node.name))?;
+        for part in std::iter::once(second).chain(parts) {
+            add_in_place(&acc, &part, &node.name)?;
+        }
+        Ok(Some(acc))
+    }
+
+    fn backward(&mut self, c: usize, first: bool) -> Result<Held, PlanExecError> {
+        let Some(grad_out) = self.grad_out(c)? else {
+            return Ok(Held::default());
+        };
+        let node = &self.graph.nodes[c];
+        let op = node
+            .op()
+            .ok_or_else(|| PlanExecError::Invalid(format!("{} is a leaf", node.name)))?;
+        let input_ids: Vec<usize> = node.inputs.iter().map(|j| j.0).collect();
+        let mut saved_inputs: Vec<Option<Tensor>> = Vec::with_capacity(input_ids.len());
+        for (slot, &j) in input_ids.iter().enumerate() {
+            saved_inputs.push(if op.saves_input(slot) {
+                Some(self.value_of(j)?)
+            } else {
+                None
+            });
+        }
+        let own: Vec<Tensor> = match self.layout.fwd[c].and_then(|i| self.states[i].held.as_ref()) {
+            Some(h) => h.tensors.clone(),
+            None => Vec::new(),
+        };
+        if op.saves_output() && own.is_empty() {
+            return Err(PlanExecError::Invalid(format!(
+                "output of {} is not on the device for its backward",
+                node.name
+            )));
+        }
+        let shapes: Vec<&[usize]> = input_ids
+            .iter()
+            .map(|&j| self.graph.nodes[j].shape.as_slice())
+            .collect();
+        let saved = Saved {
+            inputs: saved_inputs.iter().map(Option::as_ref).collect(),
+            input_shapes: shapes,
+            input_dtypes: input_ids
+                .iter()
+                .map(|&j| self.graph.nodes[j].dtype)
+                .collect(),
+            output: if op.saves_output() { own.first() } else { None },
+            aux: own.get(1..).unwrap_or(&[]),
+            output_shape: &node.shape,
+        };
+        let grad_slots: Vec<(bool, bool)> = input_ids
+            .iter()
+            .map(|&j| {
+                (
+                    self.graph.nodes[j].requires_grad,
+                    self.graph.nodes[j].is_leaf(),
+                )
+            })
+            .collect();
+        let mut cx = OpCtx {
+            pool: &self.pool,
+            node: c,
+            node_name: &node.name,
+            phase: Phase::Backward,
+            threads: self.graph.ctx.threads(),
+            rng: RngSource::Backward {
+                saved: &self.rng[c],
+            },
+            grad_slots: &grad_slots,
+        };
+        let grads = op.backward(&mut cx, &saved, &grad_out)?;
+        if grads.len() != input_ids.len() {
+            return Err(EngineError::Backward {
+                node: node.name.clone(),
+                message: format!("{} gradients for {} inputs", grads.len(), input_ids.len()),
+            }
+            .into());
+        }
+        let name = node.name.clone();
+        let mut held = Held::default();
+        let mut others: Vec<Tensor> = saved_inputs.into_iter().flatten().collect();
+        others.extend(own);
+        others.push(grad_out);
+        for (slot, g) in grads.into_iter().enumerate() {
+            let Some(g) = g else { continue };
+            let j = input_ids[slot];
+            let input = &self.graph.nodes[j];
+            if g.shape() != input.shape.as_slice() {
+                return Err(EngineError::Backward {
+                    node: name,
+                    message: format!(
+                        "gradient of input {slot} ({}) has shape {:?}, expected {:?}",
+                        input.name,
+                        g.shape(),
+                        input.shape
+                    ),
+                }
+                .into());
+            }
+            if input.is_leaf() {
+                if first && let Some(buf) = self.leaf_grads[j].as_ref() {
+                    accumulate_into(buf, &g, !self.leaf_grad_set[j], &input.name)?;
+                    self.leaf_grad_set[j] = true;
+                }
+            } else if self.layout.bwd[j].is_some() {
+                let g = own_storage(g, &others, &held.tensors, Category::Temporaries, &name)?;
+                held.tensors.push(g);
+                held.grad_slots.push(slot);
+            }
+        }
+        Ok(held)
+    }
+
+    fn swap_out(&mut self, k: usize, item: usize) -> Result<(), PlanExecError> {
+        let copy = self.copy.ok_or_else(|| PlanExecError::NoHostStore {
+            step: k,
+            item: self.name(item).to_string(),
+        })?;
+        self.settle_incoming(item)?;
+        let state = &mut self.states[item];
+        let Some(held) = state.held.as_ref() else {
+            return Err(PlanExecError::NotResident {
+                step: k,
+                item: format!("swap-out of {}", self.layout.items[item].name),
+                input: self.layout.items[item].name.clone(),
+            });
+        };
+        if state.host.is_some() || state.outgoing.is_some() {
+            // Already on the host (an earlier swap-out of the same, unchanged tensor).
+            return Ok(());
+        }
+        let name = &self.layout.items[item].name;
+        let mut transfers = Vec::with_capacity(held.tensors.len());
+        let mut metas = Vec::with_capacity(held.tensors.len());
+        for t in &held.tensors {
+            metas.push((t.shape().to_vec(), t.dtype(), t.category()));
+            self.report.swapped_out_bytes += t.bytes();
+            transfers.push(copy.offload(t.clone(), name)?);
+        }
+        state.host = Some(HostCopy {
+            slots: Vec::new(),
+            metas,
+            grad_slots: held.grad_slots.clone(),
+        });
+        state.outgoing = Some(transfers);
+        Ok(())
+    }
+
+    fn swap_in(&mut self, k: usize, item: usize) -> Result<(), PlanExecError> {
+        let copy = self.copy.ok_or_else(|| PlanExecError::NoHostStore {
+            step: k,
+            item: self.name(item).to_string(),
+        })?;
+        self.settle_outgoing(item)?;
+        if self.states[item].held.is_some() || self.states[item].incoming.is_some() {
+            return Err(PlanExecError::AlreadyResident {
+                step: k,
+                item: self.name(item).to_string(),
+            });
+        }
+        if matches!(self.layout.items[item].kind, ItemKind::Workspace { .. }) {
+            let held = self.reserve_workspace(item)?;
+            self.states[item].held = Some(held);
+            return Ok(());
+        }
+        let Some(host) = self.states[item].host.as_ref() else {
+            return Err(PlanExecError::NotOnHost {
+                step: k,
+                item: self.name(item).to_string(),
+            });
+        };
+        let release = self.last_swap_in[item] == Some(k);
+        let node = match self.layout.items[item].kind {
+            ItemKind::Forward { node } | ItemKind::Backward { node } => Some(node),
+            ItemKind::Workspace { .. } => None,
+        };
+        let mut transfers = Vec::with_capacity(host.slots.len());
+        for (&slot, (shape, dtype, category)) in host.slots.iter().zip(&host.metas) {
+            let dst = Tensor::zeros(&self.pool, shape, *dtype, *category, node)
+                .map_err(|e| e.at(&self.layout.items[item].name))?;
+            self.report.swapped_in_bytes += dst.bytes();
+            transfers.push(copy.prefetch(slot, dst, release)?);
+        }
+        let grad_slots = host.grad_slots.clone();
+        let state = &mut self.states[item];
+        if release {
+            // The copy worker releases the slots after this last prefetch.
+            state.host = None;
+        }
+        state.incoming = Some((transfers, grad_slots));
+        Ok(())
+    }
+
+    fn free(&mut self, item: usize) -> Result<(), PlanExecError> {
+        self.settle_outgoing(item)?;
+        self.settle_incoming(item)?;
+        self.states[item].held = None;
+        Ok(())
+    }
+}
+
+/// `t` itself when its storage is its own, else a copy: an op may return a view of an input
+/// (reshape) or the incoming gradient (add's backward), but every item's tensor must own
+/// its bytes so that freeing it frees exactly them.
+fn own_storage(
+    t: Tensor,
+    inputs: &[Tensor],
+    earlier: &[Tensor],
+    category: Category,
+    name: &str,
+) -> Result<Tensor, PlanExecError> {
+    let shared = inputs.iter().chain(earlier).any(|o| o.same_storage(&t));
+    if !shared {
+        return Ok(t);
+    }
+    Ok(t.deep_copy(category).map_err(|e| e.at(name))?)
+}

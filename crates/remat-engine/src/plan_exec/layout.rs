@@ -1,0 +1,395 @@
+//! The step layout: the engine graph of one training step unrolled into the planner's items
+//! (forward ops, backward ops, op workspaces), each producing one tensor, in execution order.
+//!
+//! - `fwd:NAME` computes an op's output (its value plus the aux tensors its backward reads).
+//! - `bwd:NAME` runs the op's backward; its tensor is the bundle of gradients it produces for
+//!   its non-leaf inputs. Leaf gradients (parameters) go straight into the step's gradient
+//!   buffers, which are static memory like the parameters themselves.
+//! - `ws:NAME` stands for the transient memory an op needs beyond its output while it runs
+//!   (scratch buffers, the gradient seed, the sum of several incoming gradients, parameter
+//!   gradient contributions before they are added to their buffer). Measured by the
+//!   profiler, it is what lets the simulator predict the pool's peak to the byte: it is
+//!   "computed" (reserved) right before its op, which reads it, and freed after.
+
+use remat_planner::{Node as IrNode, Phase as IrPhase, Step};
+
+use super::PlanExecError;
+use crate::graph::{Graph, NodeId};
+
+/// What an item of the layout runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ItemKind {
+    /// Forward (or recompute) of engine node `node`.
+    Forward { node: usize },
+    /// Backward of engine node `node`.
+    Backward { node: usize },
+    /// The workspace of item `of` (the item right after it).
+    Workspace { of: usize },
+}
+
+/// One planner node: an engine op's forward or backward, or a workspace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Item {
+    pub kind: ItemKind,
+    pub name: String,
+    pub phase: IrPhase,
+    /// Items whose tensors this item reads, each once.
+    pub inputs: Vec<usize>,
+    /// Workspace bytes (workspace items only).
+    pub workspace_bytes: u64,
+}
+
+/// What the profiler learned about each engine node, needed to lay the step out exactly.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Measured {
+    /// Whether the node's forward produces aux tensors (its backward then reads them).
+    pub has_aux: Vec<bool>,
+    /// Transient bytes beyond the output while the forward runs.
+    pub fwd_workspace: Vec<u64>,
+    /// Transient bytes beyond the gradient bundle while the backward runs.
+    pub bwd_workspace: Vec<u64>,
+}
+
+impl Measured {
+    /// Before profiling: every backward reads its node's tensors, no workspace is known.
+    pub fn unknown(nodes: usize) -> Self {
+        Measured {
+            has_aux: vec![true; nodes],
+            fwd_workspace: vec![0; nodes],
+            bwd_workspace: vec![0; nodes],
+        }
+    }
+}
+
+/// The items of one training step of one engine graph.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub(crate) items: Vec<Item>,
+    pub(crate) loss: usize,
+    /// Engine node -> its forward item.
+    pub(crate) fwd: Vec<Option<usize>>,
+    /// Engine node -> its backward item.
+    pub(crate) bwd: Vec<Option<usize>>,
+    /// Engine node -> nodes reading it (up to the loss), ascending.
+    pub(crate) users: Vec<Vec<usize>>,
+    /// Leaves that receive a gradient buffer.
+    pub(crate) grad_leaves: Vec<usize>,
+}
+
+impl Layout {
+    /// Lays out the training step of `graph` ending in `loss`.
+    #[allow(clippy::needless_range_loop)] // v indexes three arrays at once
+    pub fn build(
+        graph: &Graph,
+        loss: NodeId,
+        measured: &Measured,
+    ) -> Result<Layout, PlanExecError> {
+        let nodes = &graph.nodes;
+        let loss = loss.index();
+        let loss_node = nodes.get(loss).ok_or(PlanExecError::BadLoss {
+            index: loss,
+            reason: "no such node",
+        })?;
+        if loss_node.op().is_none() {
+            return Err(PlanExecError::BadLoss {
+                index: loss,
+                reason: "it is a leaf, not an op",
+            });
+        }
+        if measured.has_aux.len() < loss + 1 {
+            return Err(PlanExecError::Invalid(format!(
+                "measurements cover {} nodes, the step has {}",
+                measured.has_aux.len(),
+                loss + 1
+            )));
+        }
+        let mut users = vec![Vec::new(); loss + 1];
+        for (c, node) in nodes.iter().enumerate().take(loss + 1) {
+            for j in &node.inputs {
+                if !users[j.0].contains(&c) {
+                    users[j.0].push(c);
+                }
+            }
+        }
+        let has_bwd = backward_reach(graph, loss, &users);
+        let mut layout = Layout {
+            items: Vec::new(),
+            loss,
+            fwd: vec![None; loss + 1],
+            bwd: vec![None; loss + 1],
+            users,
+            grad_leaves: Vec::new(),
+        };
+        for v in 0..=loss {
+            if nodes[v].op().is_some() {
+                layout.push_forward(graph, v, measured.fwd_workspace[v]);
+            }
+        }
+        for c in (0..=loss).rev() {
+            if has_bwd[c] {
+                layout.push_backward(graph, c, measured, &has_bwd);
+            }
+        }
+        layout.grad_leaves = (0..=loss)
+            .filter(|&j| {
+                nodes[j].is_leaf()
+                    && nodes[j].requires_grad
+                    && layout.users[j].iter().any(|&w| has_bwd[w])
+            })
+            .collect();
+        Ok(layout)
+    }
+
+    fn push_workspace(&mut self, name: &str, phase: IrPhase, bytes: u64) -> Option<usize> {
+        if bytes == 0 {
+            return None;
+        }
+        let id = self.items.len();
+        self.items.push(Item {
+            kind: ItemKind::Workspace { of: id + 1 },
+            name: format!("ws:{name}"),
+            phase,
+            inputs: Vec::new(),
+            workspace_bytes: bytes,
+        });
+        Some(id)
+    }
+
+    fn push_forward(&mut self, graph: &Graph, v: usize, workspace: u64) {
+        let node = &graph.nodes[v];
+        // The loss is the first op that exists only for training: the planner counts it
+        // with the backward pass, as Checkmate's graphs do.
+        let phase = if v == self.loss {
+            IrPhase::Backward
+        } else {
+            IrPhase::Forward
+        };
+        let ws = self.push_workspace(&node.name, phase, workspace);
+        let mut inputs = Vec::new();
+        for j in &node.inputs {
+            push_once(&mut inputs, self.fwd[j.0]);
+        }
+        push_once(&mut inputs, ws);
+        self.fwd[v] = Some(self.items.len());
+        self.items.push(Item {
+            kind: ItemKind::Forward { node: v },
+            name: format!("fwd:{}", node.name),
+            phase,
+            inputs,
+            workspace_bytes: 0,
+        });
+    }
+
+    fn push_backward(&mut self, graph: &Graph, c: usize, measured: &Measured, has_bwd: &[bool]) {
+        let node = &graph.nodes[c];
+        let Some(op) = node.op() else { return };
+        let ws = self.push_workspace(
+            &format!("bwd:{}", node.name),
+            IrPhase::Backward,
+            measured.bwd_workspace[c],
+        );
+        let mut inputs = Vec::new();
+        // Gradient sources, in the order the engine accumulates them: latest user first.
+        for &w in self.users[c].iter().rev() {
+            if has_bwd[w] {
+                push_once(&mut inputs, self.bwd[w]);
+            }
+        }
+        for (slot, j) in node.inputs.iter().enumerate() {
+            if op.saves_input(slot) {
+                push_once(&mut inputs, self.fwd[j.0]);
+            }
+        }
+        if op.saves_output() || measured.has_aux[c] {
+            push_once(&mut inputs, self.fwd[c]);
+        }
+        push_once(&mut inputs, ws);
+        self.bwd[c] = Some(self.items.len());
+        self.items.push(Item {
+            kind: ItemKind::Backward { node: c },
+            name: format!("bwd:{}", node.name),
+            phase: IrPhase::Backward,
+            inputs,
+            workspace_bytes: 0,
+        });
+    }
+
+    pub fn items(&self) -> &[Item] {
+        &self.items
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The engine node of the loss.
+    pub fn loss(&self) -> NodeId {
+        NodeId(self.loss)
+    }
+
+    /// The forward item of an engine node, if it has one.
+    pub fn forward_item(&self, node: NodeId) -> Option<usize> {
+        self.fwd.get(node.0).copied().flatten()
+    }
+
+    /// The backward item of an engine node, if it has one.
+    pub fn backward_item(&self, node: NodeId) -> Option<usize> {
+        self.bwd.get(node.0).copied().flatten()
+    }
+
+    /// The planner nodes of this layout given each item's time (seconds) and output bytes.
+    pub fn ir_nodes(&self, times: &[f64], output_bytes: &[u64]) -> Vec<IrNode> {
+        self.items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| IrNode {
+                name: item.name.clone(),
+                phase: item.phase,
+                compute_time: times.get(i).copied().unwrap_or(0.0),
+                output_bytes: match item.kind {
+                    ItemKind::Workspace { .. } => item.workspace_bytes,
+                    _ => output_bytes.get(i).copied().unwrap_or(0),
+                },
+                inputs: item.inputs.clone(),
+            })
+            .collect()
+    }
+
+    /// Keep everything: compute every item in order and free each tensor right after its
+    /// last reader (a tensor nobody reads right after it is computed).
+    pub fn store_all_steps(&self) -> Vec<Step> {
+        let n = self.items.len();
+        let mut last_use: Vec<usize> = (0..n).collect();
+        for (i, item) in self.items.iter().enumerate() {
+            for &j in &item.inputs {
+                last_use[j] = last_use[j].max(i);
+            }
+        }
+        let mut freed_after = vec![Vec::new(); n];
+        for (t, &at) in last_use.iter().enumerate() {
+            freed_after[at].push(t);
+        }
+        let mut steps = Vec::with_capacity(2 * n);
+        for (i, freed) in freed_after.iter().enumerate() {
+            steps.push(Step::Compute { node: i });
+            steps.extend(freed.iter().map(|&t| Step::Free { tensor: t }));
+        }
+        steps
+    }
+}
+
+fn push_once(list: &mut Vec<usize>, item: Option<usize>) {
+    if let Some(i) = item
+        && !list.contains(&i)
+    {
+        list.push(i);
+    }
+}
+
+/// Which op nodes receive a gradient from the loss: the loss itself, and every op that
+/// requires a gradient and feeds one that does. One reverse sweep (users come later).
+fn backward_reach(graph: &Graph, loss: usize, users: &[Vec<usize>]) -> Vec<bool> {
+    let mut reach = vec![false; loss + 1];
+    for c in (0..=loss).rev() {
+        let node = &graph.nodes[c];
+        if node.op().is_none() || !node.requires_grad {
+            continue;
+        }
+        reach[c] = c == loss || users[c].iter().any(|&w| reach[w]);
+    }
+    reach
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::ExecContext;
+    use crate::pool::{Category, MemoryPool};
+    use crate::tensor::Tensor;
+
+    /// x -> h = x W -> r = relu(h) -> s = h + r -> loss = mse(s, y)
+    fn residual() -> (Graph, NodeId) {
+        let pool = MemoryPool::unbounded();
+        let ctx = ExecContext::new(pool.clone(), 1).unwrap();
+        let t = |shape: &[usize], cat| {
+            Tensor::from_vec(&pool, "t", shape, vec![0.5f32; shape.iter().product()], cat).unwrap()
+        };
+        let mut g = Graph::new(&ctx);
+        let x = g.input("x", t(&[2, 3], Category::Activations));
+        let y = g.input("y", t(&[2, 3], Category::Activations));
+        let w = g.param("w", &t(&[3, 3], Category::Parameters));
+        let h = g.matmul(x, w).unwrap();
+        let r = g.relu(h).unwrap();
+        let s = g.add(h, r).unwrap();
+        let loss = g.mse(s, y).unwrap();
+        (g, loss)
+    }
+
+    #[test]
+    fn items_follow_the_step_and_gradients_flow_latest_user_first() {
+        let (g, loss) = residual();
+        let layout = Layout::build(&g, loss, &Measured::unknown(g.nodes.len())).unwrap();
+        let names: Vec<&str> = layout.items().iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "fwd:matmul#3",
+                "fwd:relu#4",
+                "fwd:add#5",
+                "fwd:mse#6",
+                "bwd:mse#6",
+                "bwd:add#5",
+                "bwd:relu#4",
+                "bwd:matmul#3"
+            ]
+        );
+        // The loss counts as backward; everything before it as forward.
+        assert_eq!(layout.items()[3].phase, IrPhase::Backward);
+        assert_eq!(layout.items()[2].phase, IrPhase::Forward);
+        // bwd:matmul reads the gradient bundles of add (node 5, later) then relu (node 4),
+        // then its own forward value (unknown aux is assumed).
+        assert_eq!(layout.items()[7].inputs[..2], [5, 6]);
+        assert_eq!(layout.grad_leaves, vec![2]);
+        // Store-all computes everything once and frees every tensor.
+        let steps = layout.store_all_steps();
+        let computes = steps
+            .iter()
+            .filter(|s| matches!(s, Step::Compute { .. }))
+            .count();
+        let frees = steps
+            .iter()
+            .filter(|s| matches!(s, Step::Free { .. }))
+            .count();
+        assert_eq!((computes, frees), (8, 8));
+    }
+
+    #[test]
+    fn a_leaf_cannot_be_the_loss() {
+        let (g, _) = residual();
+        let err = Layout::build(&g, NodeId(0), &Measured::unknown(g.nodes.len())).unwrap_err();
+        assert!(
+            err.to_string().contains("#0") && err.to_string().contains("leaf"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn workspaces_come_right_before_their_op() {
+        let (g, loss) = residual();
+        let mut m = Measured::unknown(g.nodes.len());
+        m.bwd_workspace[loss.index()] = 24;
+        let layout = Layout::build(&g, loss, &m).unwrap();
+        let ws = layout
+            .items()
+            .iter()
+            .position(|i| i.name == "ws:bwd:mse#6")
+            .unwrap();
+        assert_eq!(layout.items()[ws].workspace_bytes, 24);
+        assert_eq!(layout.items()[ws + 1].name, "bwd:mse#6");
+        assert!(layout.items()[ws + 1].inputs.contains(&ws));
+    }
+}

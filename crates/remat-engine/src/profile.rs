@@ -1,0 +1,170 @@
+//! Record a training step of any engine model into the planner's graph IR.
+//!
+//! The step is run a few times by the store-all schedule of its [`Layout`]; every item is
+//! timed (the median of the runs is kept) and its output and transient bytes measured from
+//! the memory pool. The planner graph has one node per item, with the static memory (what
+//! the pool holds when the step starts: parameters, inputs, gradient buffers) as its static
+//! bytes and seconds as its time unit.
+
+use crate::graph::{Graph, NodeId};
+use crate::plan_exec::{
+    ItemKind, ItemMeasure, Layout, Measured, PlanExecError, RunOptions, run_steps,
+};
+
+/// How to profile.
+#[derive(Clone, Debug)]
+pub struct ProfileOptions {
+    /// Timed runs (after one warm-up); the median time of each op is kept.
+    pub runs: usize,
+    /// Name of the planner graph (plans carry it, so a plan is not run on another step).
+    pub name: String,
+}
+
+impl Default for ProfileOptions {
+    fn default() -> Self {
+        ProfileOptions {
+            runs: 3,
+            name: "step".into(),
+        }
+    }
+}
+
+/// A profiled training step: the layout to execute plans on, and the planner graph.
+#[derive(Clone, Debug)]
+pub struct StepProfile {
+    pub layout: Layout,
+    pub graph: remat_planner::Graph,
+    /// Peak of the pool in the profiling runs (store-all), static memory included.
+    pub measured_store_all_peak: u64,
+    /// Median wall time of a whole store-all step, seconds.
+    pub measured_step_time: f64,
+}
+
+impl StepProfile {
+    pub fn static_bytes(&self) -> u64 {
+        self.graph.static_bytes()
+    }
+}
+
+/// Profiles the training step of `graph` ending in `loss`. The graph's random generator is
+/// restored afterwards, so the next step draws what it would have drawn unprofiled; the
+/// profiling runs' gradients are discarded.
+pub fn profile_step(
+    graph: &mut Graph,
+    loss: NodeId,
+    opts: &ProfileOptions,
+) -> Result<StepProfile, PlanExecError> {
+    let rng = graph.rng;
+    let rough = Layout::build(graph, loss, &Measured::unknown(graph.nodes.len()))?;
+    let steps = rough.store_all_steps();
+    let runs = opts.runs.max(1);
+    let mut measures: Vec<Vec<ItemMeasure>> = Vec::with_capacity(runs);
+    let mut step_times = Vec::with_capacity(runs);
+    let mut peak = 0;
+    for run in 0..=runs {
+        graph.rng = rng;
+        let result = run_steps(
+            graph,
+            &rough,
+            &steps,
+            None,
+            RunOptions {
+                measure_items: true,
+                ..RunOptions::default()
+            },
+        );
+        graph.rng = rng;
+        let report = result?;
+        if run > 0 {
+            peak = peak.max(report.peak_bytes);
+            step_times.push(report.step_time.as_secs_f64());
+            measures.push(report.items);
+        }
+    }
+    for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
+        node.grad = None;
+    }
+    let measured = measurements(graph.nodes.len(), &rough, &measures);
+    let layout = Layout::build(graph, loss, &measured)?;
+    let (times, bytes) = item_costs(&rough, &layout, &measures);
+    let static_bytes = static_bytes_of(graph, &layout)?;
+    let ir = remat_planner::Graph::new(
+        opts.name.clone(),
+        layout.ir_nodes(&times, &bytes),
+        static_bytes,
+        1.0,
+    )
+    .map_err(|e| PlanExecError::Invalid(format!("profiled graph {} is invalid: {e}", opts.name)))?;
+    Ok(StepProfile {
+        layout,
+        graph: ir,
+        measured_store_all_peak: peak,
+        measured_step_time: median(step_times),
+    })
+}
+
+/// Aux presence and workspaces per engine node, from the rough layout's runs.
+fn measurements(nodes: usize, rough: &Layout, measures: &[Vec<ItemMeasure>]) -> Measured {
+    let mut m = Measured {
+        has_aux: vec![false; nodes],
+        fwd_workspace: vec![0; nodes],
+        bwd_workspace: vec![0; nodes],
+    };
+    for (i, item) in rough.items().iter().enumerate() {
+        let ws = measures
+            .iter()
+            .map(|r| r[i].workspace_bytes)
+            .max()
+            .unwrap_or(0);
+        match item.kind {
+            ItemKind::Forward { node } => {
+                m.has_aux[node] = measures.first().is_some_and(|r| r[i].tensors > 1);
+                m.fwd_workspace[node] = ws;
+            }
+            ItemKind::Backward { node } => m.bwd_workspace[node] = ws,
+            ItemKind::Workspace { .. } => {}
+        }
+    }
+    m
+}
+
+/// Median time and output bytes of each item of the final layout.
+fn item_costs(
+    rough: &Layout,
+    layout: &Layout,
+    measures: &[Vec<ItemMeasure>],
+) -> (Vec<f64>, Vec<u64>) {
+    let mut times = vec![0.0; layout.len()];
+    let mut bytes = vec![0u64; layout.len()];
+    for (i, item) in layout.items().iter().enumerate() {
+        let rough_item = match item.kind {
+            ItemKind::Forward { node } => rough.forward_item(NodeId(node)),
+            ItemKind::Backward { node } => rough.backward_item(NodeId(node)),
+            ItemKind::Workspace { .. } => None,
+        };
+        if let Some(r) = rough_item {
+            times[i] = median(measures.iter().map(|m| m[r].time.as_secs_f64()).collect());
+            bytes[i] = measures.first().map_or(0, |m| m[r].output_bytes);
+        }
+    }
+    (times, bytes)
+}
+
+/// What the pool holds when a step starts: what is live now plus the gradient buffers the
+/// executor allocates for the leaves.
+fn static_bytes_of(graph: &Graph, layout: &Layout) -> Result<u64, PlanExecError> {
+    let grads: u64 = layout
+        .grad_leaves
+        .iter()
+        .map(|&j| crate::tensor::nbytes(&graph.nodes[j].shape, graph.nodes[j].dtype))
+        .sum();
+    Ok(graph.ctx.pool().live() + grads)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

@@ -1,0 +1,13 @@
+//! Running compiled specs: op implementations shared by forward and recompute, the
+//! per-layer slot store with its buffers, and the mixture-of-experts ops.
+
+pub mod error;
+pub mod linalg;
+pub mod moe;
+pub mod ops;
+
+pub use error::{RunError, RunResult};
+pub use ops::{Act, OpEnv, execute};
+pub mod exec;
+pub mod lora;
+pub mod meter;

@@ -1,0 +1,146 @@
+//! `--init` / `--dump-grads` file format: Hugging Face names, `[out, in]` Linear layouts.
+
+use remat_engine::MemoryPool;
+use remat_engine::models::gpt::hf::{HfError, hf_shape, load_params, save_tensors};
+use remat_engine::models::gpt::{Gpt, GptConfig};
+use safetensors::SafeTensors;
+
+fn config(seed: u64) -> GptConfig {
+    GptConfig {
+        vocab: 11,
+        d_model: 8,
+        n_layers: 2,
+        n_heads: 2,
+        n_kv_heads: 1,
+        ffn_hidden: 12,
+        rope_theta: 10000.0,
+        norm_eps: 1e-5,
+        dropout: 0.0,
+        init_seed: seed,
+    }
+}
+
+#[test]
+fn save_then_load_round_trips_in_hf_layout() {
+    let dir = tempdir("roundtrip");
+    let path = dir.join("params.safetensors");
+    let pool = MemoryPool::unbounded();
+    let a = Gpt::new(&pool, config(1)).unwrap();
+    save_tensors(&path, &a.params()).unwrap();
+
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    // k_proj: engine [d_model, kv_heads*head_dim] = [8, 4] -> HF [4, 8].
+    assert_eq!(
+        st.tensor("model.layers.1.self_attn.k_proj.weight")
+            .unwrap()
+            .shape(),
+        &[4, 8]
+    );
+    assert_eq!(
+        st.tensor("model.layers.0.mlp.down_proj.weight")
+            .unwrap()
+            .shape(),
+        &[8, 12]
+    );
+    assert_eq!(
+        st.tensor("model.embed_tokens.weight").unwrap().shape(),
+        &[11, 8]
+    );
+    assert_eq!(st.tensor("lm_head.weight").unwrap().shape(), &[11, 8]);
+    // Element (out=o, in=i) of HF k_proj is engine element [i, o].
+    let k = a.blocks[1].k_proj.to_vec::<f32>().unwrap();
+    let hf = st.tensor("model.layers.1.self_attn.k_proj.weight").unwrap();
+    let v = |o: usize, i: usize| {
+        f32::from_le_bytes(hf.data()[4 * (o * 8 + i)..][..4].try_into().unwrap())
+    };
+    assert_eq!(v(3, 5), k[5 * 4 + 3]);
+
+    let b = Gpt::new(&pool, config(2)).unwrap();
+    assert_ne!(
+        a.params()[3].1.to_vec::<f32>().unwrap(),
+        b.params()[3].1.to_vec::<f32>().unwrap()
+    );
+    load_params(&b, &path).unwrap();
+    for ((name, x), (_, y)) in a.params().iter().zip(b.params()) {
+        assert_eq!(
+            x.to_vec::<f32>().unwrap(),
+            y.to_vec::<f32>().unwrap(),
+            "{name}"
+        );
+    }
+    assert!(!dir.join("params.safetensors.tmp").exists());
+}
+
+#[test]
+fn wrong_shapes_and_missing_tensors_are_named() {
+    let dir = tempdir("errors");
+    let path = dir.join("small.safetensors");
+    let pool = MemoryPool::unbounded();
+    let small = Gpt::new(&pool, config(1)).unwrap();
+    save_tensors(&path, &small.params()).unwrap();
+    let wider = Gpt::new(
+        &pool,
+        GptConfig {
+            ffn_hidden: 16,
+            ..config(1)
+        },
+    )
+    .unwrap();
+    let err = load_params(&wider, &path).unwrap_err();
+    assert!(matches!(err, HfError::Shape { .. }), "{err}");
+    assert!(
+        err.to_string().contains(
+            "model.layers.0.mlp.gate_proj.weight has shape [12, 8], the model needs [16, 8]"
+        ),
+        "{err}"
+    );
+
+    let partial: Vec<_> = small
+        .params()
+        .into_iter()
+        .filter(|(n, _)| n != "model.norm.weight")
+        .collect();
+    save_tensors(&path, &partial).unwrap();
+    let err = load_params(&small, &path).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("tensor model.norm.weight is missing"),
+        "{err}"
+    );
+
+    std::fs::write(&path, b"not a safetensors file").unwrap();
+    assert!(matches!(
+        load_params(&small, &path).unwrap_err(),
+        HfError::Format { .. }
+    ));
+    assert_eq!(hf_shape("model.norm.weight", &[8]), vec![8]);
+}
+
+#[test]
+fn a_file_without_lm_head_is_read_as_tied_embeddings() {
+    let dir = tempdir("tied");
+    let path = dir.join("tied.safetensors");
+    let pool = MemoryPool::unbounded();
+    let a = Gpt::new(&pool, config(1)).unwrap();
+    let no_head: Vec<_> = a
+        .params()
+        .into_iter()
+        .filter(|(n, _)| n != "lm_head.weight")
+        .collect();
+    save_tensors(&path, &no_head).unwrap();
+    let b = Gpt::new(&pool, config(2)).unwrap();
+    load_params(&b, &path).unwrap();
+    let (e, h) = (
+        a.embed.to_vec::<f32>().unwrap(),
+        b.lm_head.to_vec::<f32>().unwrap(),
+    );
+    // Head [d, vocab] = embedding [vocab, d] transposed.
+    assert_eq!(h[3 * 11 + 7], e[7 * 8 + 3]);
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("remat-gpt-hf-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

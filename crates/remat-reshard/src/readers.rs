@@ -1,0 +1,442 @@
+//! Readers of the three layouts, each gathering pieces into global tensors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{
+    Checkpoint, DCP_SHARDING_INFO, Format, HF_INDEX_NAME, HF_SINGLE_NAME, Piece, TensorInfo,
+    unknown,
+};
+use crate::dtype::Dtype;
+use crate::error::{ReshardError, Result, io_err};
+use crate::geometry::Region;
+use crate::index::{INDEX_NAME, parse_index};
+use crate::safetensors::{Entry, MappedFile, tensor_bytes};
+use crate::target::Placement;
+
+/// Accumulates pieces into global tensors while files are read.
+struct Builder {
+    files: Vec<MappedFile>,
+    ranks: Vec<usize>,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl Builder {
+    fn new() -> Builder {
+        Builder {
+            files: Vec::new(),
+            ranks: Vec::new(),
+            tensors: BTreeMap::new(),
+        }
+    }
+
+    fn open_file(&mut self, path: &Path, rank: usize) -> Result<usize> {
+        self.files.push(MappedFile::open(path)?);
+        self.ranks.push(rank);
+        Ok(self.files.len() - 1)
+    }
+
+    /// Adds `entry` of `file` as the piece of its tensor at `offsets`.
+    fn add(
+        &mut self,
+        file: usize,
+        entry: &Entry,
+        offsets: Vec<u64>,
+        checksum: Option<u64>,
+    ) -> Result<()> {
+        let f = &self.files[file];
+        let path = f.path.clone();
+        if offsets.len() != entry.shape.len() {
+            return Err(ReshardError::BadTensor {
+                path,
+                tensor: entry.name.clone(),
+                what: format!(
+                    "offsets {offsets:?} do not match the {} dimensions of shape {:?}",
+                    entry.shape.len(),
+                    entry.shape
+                ),
+            });
+        }
+        let piece = Piece {
+            file,
+            start: f.header.data_start + entry.start,
+            len: entry.end - entry.start,
+            region: Region {
+                offsets,
+                sizes: entry.shape.clone(),
+            },
+            checksum,
+        };
+        let tensor = self
+            .tensors
+            .entry(entry.name.clone())
+            .or_insert_with(|| TensorInfo {
+                name: entry.name.clone(),
+                dtype: entry.dtype,
+                shape: Vec::new(),
+                placement: None,
+                pieces: Vec::new(),
+            });
+        if let Some(first) = tensor.pieces.first() {
+            if tensor.dtype != entry.dtype {
+                return Err(ReshardError::DtypeMismatch {
+                    tensor: entry.name.clone(),
+                    first: tensor.dtype.name().into(),
+                    first_file: self.files[first.file].path.clone(),
+                    second: entry.dtype.name().into(),
+                    second_file: path,
+                });
+            }
+            if first.region.offsets.len() != piece.region.offsets.len() {
+                return Err(ReshardError::BadTensor {
+                    path,
+                    tensor: entry.name.clone(),
+                    what: format!(
+                        "has {} dimensions here but {} in {}",
+                        piece.region.offsets.len(),
+                        first.region.offsets.len(),
+                        self.files[first.file].path.display()
+                    ),
+                });
+            }
+        }
+        tensor.pieces.push(piece);
+        Ok(())
+    }
+
+    /// Global shapes from the pieces (DCP does not record them), checked for overflow.
+    fn infer_shapes(&mut self) -> Result<()> {
+        for t in self.tensors.values_mut() {
+            let ndim = t.pieces[0].region.offsets.len();
+            let mut shape = vec![0u64; ndim];
+            for p in &t.pieces {
+                for (d, s) in shape.iter_mut().enumerate() {
+                    let end = p.region.offsets[d].checked_add(p.region.sizes[d]);
+                    let Some(end) = end else {
+                        return Err(ReshardError::BadTensor {
+                            path: self.files[p.file].path.clone(),
+                            tensor: t.name.clone(),
+                            what: format!("offsets {:?} overflow", p.region.offsets),
+                        });
+                    };
+                    *s = (*s).max(end);
+                }
+            }
+            tensor_bytes(&self.files[t.pieces[0].file].path, &t.name, t.dtype, &shape)?;
+            t.shape = shape;
+        }
+        Ok(())
+    }
+
+    fn finish(
+        self,
+        root: &Path,
+        format: Format,
+        world_size: usize,
+        checksum_block: Option<u64>,
+    ) -> Checkpoint {
+        Checkpoint {
+            root: root.into(),
+            format,
+            world_size,
+            files: self.files,
+            file_ranks: self.ranks,
+            tensors: self.tensors.into_values().collect(),
+            checksum_block,
+        }
+    }
+}
+
+/// How a layout without placements most likely placed a tensor: the one dimension along
+/// which its pieces differ is sharded; identical pieces are replicas.
+fn infer_placement(t: &TensorInfo, single: Placement) -> Placement {
+    let first = &t.pieces[0].region;
+    let differing: Vec<usize> = (0..first.offsets.len())
+        .filter(|&d| {
+            t.pieces.iter().any(|p| {
+                p.region.offsets[d] != first.offsets[d] || p.region.sizes[d] != first.sizes[d]
+            })
+        })
+        .collect();
+    match differing.first() {
+        Some(&d) => Placement::Shard(d),
+        None if t.pieces.len() == 1 => single,
+        None => Placement::Replicate,
+    }
+}
+
+pub(crate) fn read_remat(root: &Path) -> Result<Checkpoint> {
+    let index_path = root.join(INDEX_NAME);
+    let bytes = std::fs::read(&index_path).map_err(io_err(&index_path))?;
+    let index = parse_index(&index_path, &bytes)?;
+    let format = Format::parse(&index.layout).unwrap_or(Format::Remat);
+    let mut b = Builder::new();
+    for f in &index.files {
+        let id = b.open_file(&root.join(&f.name), f.rank)?;
+        let actual = b.files[id].header.file_len;
+        if actual != f.bytes {
+            return Err(ReshardError::Index {
+                path: index_path.clone(),
+                what: format!(
+                    "file `{}` is {actual} bytes, the index says {}",
+                    f.name, f.bytes
+                ),
+            });
+        }
+    }
+    for t in &index.tensors {
+        for c in &t.chunks {
+            let file = &b.files[c.file];
+            let bad = |what: String| ReshardError::BadTensor {
+                path: file.path.clone(),
+                tensor: t.name.clone(),
+                what,
+            };
+            let entry = file.header.entry(&t.name).ok_or_else(|| {
+                bad("the index lists a chunk here but the file has no such tensor".into())
+            })?;
+            let range = [
+                file.header.data_start + entry.start,
+                file.header.data_start + entry.end,
+            ];
+            if entry.dtype.name() != t.dtype || entry.shape != c.sizes || range != c.byte_range {
+                return Err(bad(format!(
+                    "file holds {} {:?} at bytes {range:?}, the index says {} {:?} at {:?}",
+                    entry.dtype, entry.shape, t.dtype, c.sizes, c.byte_range
+                )));
+            }
+            let entry = entry.clone();
+            b.add(
+                c.file,
+                &entry,
+                c.offsets.clone(),
+                crate::checksum::from_hex(&c.checksum),
+            )?;
+        }
+        let info = b
+            .tensors
+            .entry(t.name.clone())
+            .or_insert_with(|| TensorInfo {
+                name: t.name.clone(),
+                dtype: Dtype::from_name(&t.dtype).unwrap_or(Dtype::U8),
+                shape: Vec::new(),
+                placement: None,
+                pieces: Vec::new(),
+            });
+        info.shape = t.shape.clone();
+        info.placement = Placement::parse(&t.placement);
+    }
+    Ok(b.finish(
+        root,
+        format,
+        index.world_size,
+        Some(index.checksum.block_bytes),
+    ))
+}
+
+/// `(rank, path)` of every `shard-R-model-i-of-n.safetensors` in `dir`, sorted.
+pub(crate) fn dcp_files(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(rank) = parse_dcp_name(&name) {
+            out.push((rank, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The 0-based rank of a DCP file name, `shard-00001-...` being rank 0.
+fn parse_dcp_name(name: &str) -> Option<usize> {
+    let rest = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
+    let (shard, rest) = rest.split_once("-model-")?;
+    let (i, n) = rest.split_once("-of-")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    if !(digits(shard) && digits(i) && digits(n)) {
+        return None;
+    }
+    shard.parse::<usize>().ok()?.checked_sub(1)
+}
+
+/// `DCP_SHARDING_INFO` of one file: tensor name to saved offsets.
+fn dcp_offsets(file: &MappedFile) -> Result<BTreeMap<String, Vec<u64>>> {
+    let Some(text) = file.header.metadata.get(DCP_SHARDING_INFO) else {
+        return Ok(BTreeMap::new());
+    };
+    let bad = |what: String| ReshardError::HeaderJson {
+        path: file.path.clone(),
+        message: format!("{DCP_SHARDING_INFO}: {what}"),
+    };
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(bad("not a JSON object".into()));
+    };
+    let mut out = BTreeMap::new();
+    for (name, info) in map {
+        let offsets = info
+            .get("saved_offsets")
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor `{name}` has no list of unsigned `saved_offsets`"
+                ))
+            })?;
+        out.insert(name, offsets);
+    }
+    Ok(out)
+}
+
+pub(crate) fn read_dcp(root: &Path) -> Result<Checkpoint> {
+    let files = dcp_files(root)?;
+    if files.is_empty() {
+        return Err(unknown(root, "no shard-*-model-*-of-*.safetensors files"));
+    }
+    let mut b = Builder::new();
+    let mut world = 0;
+    for (rank, path) in &files {
+        world = world.max(rank + 1);
+        let id = b.open_file(path, *rank)?;
+        let offsets = dcp_offsets(&b.files[id])?;
+        let entries = b.files[id].header.entries.clone();
+        for e in &entries {
+            // PyTorch omits nothing it shards, but a tensor saved without sharding info
+            // starts at the origin, as PyTorch's own reader assumes.
+            let off = offsets
+                .get(&e.name)
+                .cloned()
+                .unwrap_or_else(|| vec![0; e.shape.len()]);
+            b.add(id, e, off, None)?;
+        }
+    }
+    b.infer_shapes()?;
+    for t in b.tensors.values_mut() {
+        // DCP writes a replicated tensor once, from one rank.
+        t.placement = Some(infer_placement(t, Placement::Replicate));
+    }
+    Ok(b.finish(root, Format::Dcp, world, None))
+}
+
+pub(crate) fn read_hf(path: &Path) -> Result<Checkpoint> {
+    let mut b = Builder::new();
+    let (root, names): (PathBuf, Vec<String>) = if path.is_file() {
+        let parent = crate::fsio::parent_of(path);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        (parent, vec![name])
+    } else if path.join(HF_INDEX_NAME).is_file() {
+        (path.into(), hf_index_files(&path.join(HF_INDEX_NAME))?)
+    } else {
+        (path.into(), vec![HF_SINGLE_NAME.into()])
+    };
+    for (rank, name) in names.iter().enumerate() {
+        let id = b.open_file(&root.join(name), rank)?;
+        let entries = b.files[id].header.entries.clone();
+        for e in &entries {
+            b.add(id, e, vec![0; e.shape.len()], None)?;
+        }
+    }
+    if path.is_dir() && path.join(HF_INDEX_NAME).is_file() {
+        check_weight_map(&path.join(HF_INDEX_NAME), &b)?;
+    }
+    b.infer_shapes()?;
+    for t in b.tensors.values_mut() {
+        t.placement = Some(infer_placement(t, Placement::Whole));
+    }
+    Ok(b.finish(path, Format::Hf, names.len(), None))
+}
+
+/// Every tensor the `weight_map` lists is in the file it names, and in no other.
+fn check_weight_map(index_path: &Path, b: &Builder) -> Result<()> {
+    let bytes = std::fs::read(index_path).map_err(io_err(index_path))?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let Some(map) = value.get("weight_map").and_then(|m| m.as_object()) else {
+        return Ok(());
+    };
+    for (tensor, file) in map {
+        let file = file.as_str().unwrap_or_default();
+        let holders: Vec<&Path> = b
+            .tensors
+            .get(tensor)
+            .map(|t| {
+                t.pieces
+                    .iter()
+                    .map(|p| b.files[p.file].path.as_path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let in_named = holders
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| n == file));
+        if !in_named || holders.len() != 1 {
+            return Err(ReshardError::Index {
+                path: index_path.into(),
+                what: format!(
+                    "tensor `{tensor}` is mapped to `{file}` but is stored in {holders:?}"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Distinct file names of an HF `weight_map`, in order of first appearance.
+fn hf_index_files(index_path: &Path) -> Result<Vec<String>> {
+    let bytes = std::fs::read(index_path).map_err(io_err(index_path))?;
+    let bad = |what: String| ReshardError::Index {
+        path: index_path.into(),
+        what,
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let mut names: Vec<String> = Vec::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("tensor `{tensor}` maps to a non-string")))?;
+        if file.contains(['/', '\\']) || file.starts_with('.') {
+            return Err(bad(format!(
+                "tensor `{tensor}` maps to `{file}`, not a plain file name"
+            )));
+        }
+        if !names.iter().any(|n| n == file) {
+            names.push(file.into());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dcp_names_map_to_zero_based_ranks() {
+        assert_eq!(
+            parse_dcp_name("shard-00001-model-00001-of-00001.safetensors"),
+            Some(0)
+        );
+        assert_eq!(
+            parse_dcp_name("shard-00012-model-00002-of-00003.safetensors"),
+            Some(11)
+        );
+        assert_eq!(
+            parse_dcp_name("shard-00000-model-00001-of-00001.safetensors"),
+            None
+        );
+        assert_eq!(
+            parse_dcp_name("shard-x-model-00001-of-00001.safetensors"),
+            None
+        );
+        assert_eq!(parse_dcp_name("model.safetensors"), None);
+    }
+}
