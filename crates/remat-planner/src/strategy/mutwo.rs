@@ -109,8 +109,13 @@ pub(crate) struct Scheduler<'p> {
     pub(crate) decisions: Vec<Decision>,
     swaps: Vec<NodeId>,
     pub(crate) recomps: Vec<NodeId>,
-    /// The earliest prefetch prompt scheduled so far (Algorithm B's `last_prompt`).
+    /// Algorithm B's `last_prompt`: the prompt of the most recently scheduled swap
+    /// (`last_swap`), initially the last node of the graph. Algorithm C compares a new
+    /// candidate's use against it (case 1) and starts its backward walk there (cases 2-3).
     last_prompt: NodeId,
+    /// The swap whose prefetch starts at `last_prompt`: its copy is the one a new prefetch
+    /// may have to wait for (case 1(b)).
+    last_swap: Option<NodeId>,
     reached_peak: bool,
     /// Device bytes when each node of the current plan starts (for the peak interval).
     node_mem: Vec<u64>,
@@ -135,6 +140,7 @@ impl<'p> Scheduler<'p> {
             swaps: Vec::new(),
             recomps: Vec::new(),
             last_prompt: graph.len().saturating_sub(1),
+            last_swap: None,
             reached_peak: false,
             node_mem: vec![0; graph.len()],
             prefix: prefix_times(graph),
@@ -178,6 +184,12 @@ impl<'p> Scheduler<'p> {
         } else {
             (r_cand, Choice::Recompute)
         };
+        self.apply(cand, choice);
+    }
+
+    /// Algorithm B lines 11-22: records the choice for `cand` and updates recompute
+    /// sources, the remaining candidates and the prompts of earlier swaps.
+    pub(crate) fn apply(&mut self, cand: NodeId, choice: Choice) {
         let (start, use_at) = self.window(cand);
         match choice {
             Choice::Swap { prompt } => {
@@ -186,7 +198,9 @@ impl<'p> Scheduler<'p> {
                     prefetch_at: prompt,
                     use_at,
                 };
-                self.last_prompt = self.last_prompt.min(prompt);
+                // Algorithm B line 11: `last_prompt = Swap(s_cand, prompt_node)`.
+                self.last_prompt = prompt;
+                self.last_swap = Some(cand);
                 self.swaps.push(cand);
             }
             Choice::Recompute => {
@@ -226,40 +240,49 @@ impl<'p> Scheduler<'p> {
     }
 
     /// Algorithm C: (exposed swap time, prefetch prompt) for swapping `cand`.
+    ///
+    /// The prompt is the node before which the copy-in is issued (the lowering emits the
+    /// `SwapIn` just before that node computes), so the nodes that hide the copy are the
+    /// prompt itself up to the node before the use. The paper's pseudocode steps one node
+    /// further back after the last node it consumed (`prefetch_prompt.prev`, line 40); we
+    /// return the last consumed node, which hides the same copy and holds its bytes for
+    /// one node less.
     pub(crate) fn swap_overhead(&mut self, cand: NodeId) -> (f64, NodeId) {
         let (start, bw_access) = self.window(cand);
+        // Lines 3-5: recomputations run just before the use also hide the copy.
         let mut swap_time = self.attrs[cand].swap_time - self.recomp_time_at(bw_access);
         if self.reached_peak {
             if bw_access < self.last_prompt {
-                // Case 1(a): the copy cannot overlap anything inside the peak interval.
+                // Case 1(a): the copy cannot overlap anything inside the peak interval,
+                // and the copy stream is free (the last prefetch starts after this use).
                 return (swap_time.max(0.0), bw_access);
             }
             // Case 1(b): it also waits for the in-flight copy of the last prompt.
             return (swap_time.max(0.0) + self.in_flight_at(bw_access), bw_access);
         }
-        // Cases 2 and 3: hide the copy behind backward nodes before the use, walking back
-        // from the use (or the earliest prompt, as copies in one stream are serialized).
+        // Cases 2 and 3 (lines 32-41): hide the copy behind backward nodes before the use.
+        let Some(mut p) = first_overlap_node(bw_access, self.last_prompt) else {
+            return (swap_time.max(0.0), bw_access);
+        };
         let mut prompt = bw_access;
-        let mut p = bw_access.min(self.last_prompt);
-        while swap_time > 0.0 && p > start + 1 {
-            p -= 1;
+        // Never before the swap-out's node: the copy-in cannot start before the copy-out.
+        while swap_time > 0.0 && p > start {
             if self.node_mem[p] > self.problem.budget_bytes {
-                // Prefetching inside the peak interval would raise the peak.
+                // `not_reached_peak` fails: prefetching inside the peak interval would raise
+                // the peak (case 3 from now on: later candidates take case 1).
                 self.reached_peak = true;
                 break;
             }
             swap_time -= self.graph.node(p).compute_time + self.recomp_time_at(p);
             prompt = p;
+            p -= 1;
         }
         (swap_time.max(0.0), prompt)
     }
 
     /// Copy time of the swap prefetched at `last_prompt` still running when `v` starts.
     fn in_flight_at(&self, v: NodeId) -> f64 {
-        let last = self.swaps.iter().copied().find(
-            |&s| matches!(self.decisions[s], Decision::Swap { prefetch_at, .. } if prefetch_at == self.last_prompt),
-        );
-        last.map_or(0.0, |s| {
+        self.last_swap.map_or(0.0, |s| {
             let elapsed = self.prefix[v.max(self.last_prompt)] - self.prefix[self.last_prompt];
             (self.attrs[s].swap_time - elapsed).max(0.0)
         })
@@ -318,9 +341,13 @@ impl<'p> Scheduler<'p> {
         }
     }
 
-    /// Prompts of scheduled swaps move later when new recomputations in their prefetch
-    /// window hide part of the copy: less time holding the prefetched bytes.
-    fn update_swap_prompts(&mut self) {
+    /// Algorithm B line 22: prompts of scheduled swaps move later when new recomputations
+    /// in their prefetch window hide part of the copy (less time holding the prefetched
+    /// bytes). Each swap's walk is redone as in Algorithm C, latest use first, starting no
+    /// later than the prompt of the swap using its data after it (one copy stream serves
+    /// all prefetches), and never earlier than its current prompt. `last_prompt` then
+    /// follows the most recent swap to its new prompt.
+    pub(crate) fn update_swap_prompts(&mut self) {
         let mut swaps = self.swaps.clone();
         swaps.sort_by_key(|&s| std::cmp::Reverse(self.window(s).1));
         let mut bound = self.graph.len().saturating_sub(1);
@@ -335,11 +362,14 @@ impl<'p> Scheduler<'p> {
             };
             let mut remaining = self.attrs[s].swap_time - self.recomp_time_at(use_at);
             let mut prompt = use_at;
-            let mut p = use_at.min(bound);
-            while remaining > 0.0 && p > prefetch_at.max(swap_out_after + 1) {
-                p -= 1;
+            let mut next = first_overlap_node(use_at, bound);
+            // Prompts only move later: the walk stops at the current one.
+            while let Some(p) =
+                next.filter(|&p| remaining > 0.0 && p > swap_out_after && p >= prefetch_at)
+            {
                 remaining -= self.graph.node(p).compute_time + self.recomp_time_at(p);
                 prompt = p;
+                next = p.checked_sub(1);
             }
             let prompt = prompt.max(prefetch_at);
             self.decisions[s] = Decision::Swap {
@@ -348,8 +378,10 @@ impl<'p> Scheduler<'p> {
                 use_at,
             };
             bound = bound.min(prompt);
+            if self.last_swap == Some(s) {
+                self.last_prompt = prompt;
+            }
         }
-        self.last_prompt = self.last_prompt.max(bound.min(self.last_prompt));
     }
 
     /// Simulates the current decisions; records per-node memory; returns the peak.
@@ -377,6 +409,20 @@ impl<'p> Scheduler<'p> {
             }
         }
         Ok(report.peak_bytes)
+    }
+}
+
+/// The first node (walking back) whose compute can hide a copy-in used at `use_at`, given
+/// the prompt `last_prompt` of the prefetch issued before it (Algorithm C lines 32-36): the
+/// node before the use when the use comes before `last_prompt`, else `last_prompt` itself,
+/// since the copy stream is busy until then. Deviation: when the use *is* `last_prompt`
+/// the paper would count the using node's own compute; the data must be there before it
+/// runs, so the walk starts one node earlier. None when no node precedes the use.
+fn first_overlap_node(use_at: NodeId, last_prompt: NodeId) -> Option<NodeId> {
+    if use_at <= last_prompt {
+        use_at.checked_sub(1)
+    } else {
+        Some(last_prompt)
     }
 }
 
@@ -468,6 +514,109 @@ mod tests {
         assert_eq!(s.swap_overhead(0), (0.0, 6));
         s.step();
         assert_eq!(s.trace, vec![(0, Choice::Swap { prompt: 6 })]);
+    }
+
+    fn problem(g: &Graph, budget_bytes: u64, bandwidth: f64) -> Problem<'_> {
+        Problem {
+            graph: g,
+            budget_bytes,
+            bandwidth,
+        }
+    }
+
+    // The traces below use `chain` with times [1, 1, 4, 1]: nodes f0 f1 f2 f3 loss b3 b2 b1
+    // b0 are 0..=8 and take 1 1 4 1 1 2 8 2 2 units. Idle windows (last forward access,
+    // first backward use): f0 (1, 7), f1 (2, 6), f2 (3, 5). At 100 bytes/unit a tensor of
+    // S bytes copies in S/100 units.
+
+    #[test]
+    fn case_1a_inside_the_peak_a_swap_used_before_the_last_prompt_pays_its_copy() {
+        let g = chain([100, 200, 300, 100], [1.0, 1.0, 4.0, 1.0]);
+        let p = problem(&g, u64::MAX, 100.0);
+        let mut s = Scheduler::new(&p);
+        // f0 is swapped first, prefetched before b1 (7): last_prompt = 7.
+        s.apply(0, Choice::Swap { prompt: 7 });
+        assert_eq!((s.last_prompt, s.last_swap), (7, Some(0)));
+        // Once the peak interval is reached, f1 (used at b2 = 6, before the last prompt 7)
+        // cannot hide behind anything and does not meet f0's copy (which starts after its
+        // use): case 1(a), overhead = its whole copy (200 bytes = 2 units), prefetched right
+        // before its use.
+        s.reached_peak = true;
+        assert_eq!(s.swap_overhead(1), (2.0, 6));
+    }
+
+    #[test]
+    fn case_1b_inside_the_peak_a_swap_waits_for_the_copy_in_flight() {
+        let g = chain([100, 1200, 300, 100], [1.0, 1.0, 4.0, 1.0]);
+        let p = problem(&g, u64::MAX, 100.0);
+        let mut s = Scheduler::new(&p);
+        // f1 (12 units of copy, used at b2 = 6) is swapped with its prefetch before b3 (5).
+        // The prompt update keeps it there: walking back from 5 stops at the current prompt.
+        s.apply(1, Choice::Swap { prompt: 5 });
+        assert_eq!((s.last_prompt, s.last_swap), (5, Some(1)));
+        // In the peak interval, f0 is used at b1 = 7, not before the last prompt 5: case
+        // 1(b). f0's copy (1 unit) queues behind f1's, which started at 5; by 7, b3 and b2
+        // ran 2 + 8 = 10 units, so 12 - 10 = 2 units of f1's copy remain: 1 + 2 = 3.
+        s.reached_peak = true;
+        assert_eq!(s.swap_overhead(0), (3.0, 7));
+    }
+
+    #[test]
+    fn case_3_the_walk_stops_at_the_peak_interval() {
+        let g = chain([1500, 100, 100, 100], [1.0, 1.0, 4.0, 1.0]);
+        let p = problem(&g, 1000, 100.0);
+        let mut s = Scheduler::new(&p);
+        // The peak interval: b3 (5) starts above the 1000-byte budget.
+        s.node_mem = vec![0; g.len()];
+        s.node_mem[5] = 2000;
+        // f0 copies in 15 units for its use at b1 (7). Its use is before last_prompt (8,
+        // the initial one), so the walk starts at b2 (6): 8 units hide, 7 remain. The next
+        // node b3 is in the peak interval: prefetching there would raise the peak, so the
+        // walk stops with 7 units exposed and the prompt at b2 (case 3).
+        assert_eq!(s.swap_overhead(0), (7.0, 6));
+        assert!(s.reached_peak);
+        // Every later candidate now takes case 1: f1 (1 unit, used at 6 < 8) pays it all.
+        assert_eq!(s.swap_overhead(1), (1.0, 6));
+    }
+
+    #[test]
+    fn case_2_walk_starts_at_the_last_prompt_when_the_use_comes_after_it() {
+        let g = chain([100, 100, 100, 100], [1.0, 1.0, 4.0, 1.0]);
+        let p = problem(&g, u64::MAX, 100.0);
+        let mut s = Scheduler::new(&p);
+        // f1 swapped with its prefetch before b3 (5): b3's 2 units hide its 1-unit copy.
+        s.apply(1, Choice::Swap { prompt: 5 });
+        assert_eq!(s.last_prompt, 5);
+        // f0 is used at b1 (7), after the last prompt: Algorithm C line 35 starts the walk
+        // at the last prompt itself, b3 (5), whose 2 units hide f0's 1-unit copy: prompt 5,
+        // no overhead (starting one node earlier would put the prompt at the loss, 4).
+        assert_eq!(s.swap_overhead(0), (0.0, 5));
+    }
+
+    #[test]
+    fn a_recomputation_in_the_prefetch_window_moves_the_prompt_later() {
+        let g = chain([900, 100, 100, 100], [1.0, 1.0, 4.0, 1.0]);
+        let p = problem(&g, u64::MAX, 100.0);
+        let mut s = Scheduler::new(&p);
+        // f0's copy takes 9 units: b2 (6) hides 8, b3 (5) the last one: prompt 5.
+        assert_eq!(s.swap_overhead(0), (0.0, 5));
+        s.apply(0, Choice::Swap { prompt: 5 });
+        assert_eq!(s.last_prompt, 5);
+        // Recomputing f1 runs its producer (1 unit) just before b2: b2 plus that
+        // recomputation now hide 8 + 1 = 9 units, so f0's prefetch can start at b2 (6),
+        // holding its bytes one node less, and last_prompt follows it.
+        s.recomps.push(1);
+        s.decisions[1] = Decision::Recompute {
+            from: vec![0],
+            drop_after: 2,
+            use_at: 6,
+        };
+        s.update_swap_prompts();
+        assert!(matches!(
+            s.decisions[0],
+            Decision::Swap { prefetch_at: 6, .. }
+        ));
+        assert_eq!(s.last_prompt, 6);
     }
 
     #[test]
