@@ -9,8 +9,10 @@ use serde::Serialize;
 
 use crate::ir::{Graph, NodeId, Phase};
 
-/// MuTWO's attributes of one tensor. Times are in the graph's time unit.
+/// MuTWO's attributes of one tensor. Times are in the graph's time unit. Serialized with
+/// the derived `recompute_ratio` as a field too (null when the recompute time is zero).
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(into = "AttrsView")]
 pub struct TensorAttrs {
     pub memory_size: u64,
     /// Last forward node accessing the tensor (its producer counts as an access).
@@ -32,6 +34,44 @@ pub struct TensorAttrs {
     pub total_recomp_time: f64,
     /// How many recomputations include it (itself and the chains that pass through it).
     pub recomp_cnt: u32,
+}
+
+/// [`TensorAttrs`] as serialized: every field plus the ratio, which is computed from
+/// `total_recomp_time` on demand so that it can never be stale in the struct.
+#[derive(Serialize)]
+struct AttrsView {
+    memory_size: u64,
+    last_fw_access: Option<NodeId>,
+    first_bw_access: Option<NodeId>,
+    last_bw_access: Option<NodeId>,
+    idle: Option<(NodeId, NodeId)>,
+    inactive_time: f64,
+    swap_time: f64,
+    recomp_srcs: Vec<NodeId>,
+    recomp_time: f64,
+    total_recomp_time: f64,
+    recomp_cnt: u32,
+    recompute_ratio: Option<f64>,
+}
+
+impl From<TensorAttrs> for AttrsView {
+    fn from(a: TensorAttrs) -> AttrsView {
+        let ratio = a.recompute_ratio();
+        AttrsView {
+            memory_size: a.memory_size,
+            last_fw_access: a.last_fw_access,
+            first_bw_access: a.first_bw_access,
+            last_bw_access: a.last_bw_access,
+            idle: a.idle,
+            inactive_time: a.inactive_time,
+            swap_time: a.swap_time,
+            recomp_srcs: a.recomp_srcs,
+            recomp_time: a.recomp_time,
+            total_recomp_time: a.total_recomp_time,
+            recomp_cnt: a.recomp_cnt,
+            recompute_ratio: ratio.is_finite().then_some(ratio),
+        }
+    }
 }
 
 impl TensorAttrs {
@@ -151,5 +191,8 @@ mod tests {
         assert_eq!(a[1].first_bw_access, Some(2));
         assert_eq!(a[1].idle, None);
         assert_eq!(a[1].recomp_srcs, vec![0]);
+        let json = serde_json::to_value(&a[0]).unwrap();
+        assert_eq!(json["recompute_ratio"], 100.0);
+        assert_eq!(json["inactive_time"], 7.0);
     }
 }

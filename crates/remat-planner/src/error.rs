@@ -1,4 +1,9 @@
 //! Typed errors. Each names the node, field, step or strategy at fault.
+//!
+//! A wrapped error is part of the message and deliberately not exposed as
+//! [`std::error::Error::source`] (its field is named `error`, not `source`): callers that
+//! print the whole chain (`anyhow`'s `{:#}`) would otherwise show its text twice, and
+//! callers that print only the top message would otherwise lose the step or field at fault.
 
 use thiserror::Error;
 
@@ -21,20 +26,27 @@ pub enum GraphError {
     },
     #[error("time unit {value} s is not a positive finite number")]
     TimeUnit { value: f64 },
+    #[error("the graph has no operations")]
+    Empty,
+    #[error(
+        "node `{node}`: static bytes plus the output bytes of every node up to it exceed 2^64 bytes"
+    )]
+    BytesOverflow { node: String },
+    #[error(
+        "node `{node}`: the total compute time reaches {total}, too large to simulate (with recomputations it would not stay a finite number)"
+    )]
+    TimeOverflow { node: String, total: f64 },
 }
 
 /// A graph file that cannot be imported.
 #[derive(Debug, Error)]
 pub enum ImportError {
-    #[error("{file}: cannot read: {source}")]
-    Io {
-        file: String,
-        source: std::io::Error,
-    },
-    #[error("{file}: not valid JSON: {source}")]
+    #[error("{file}: cannot read: {error}")]
+    Io { file: String, error: std::io::Error },
+    #[error("{file}: not valid JSON: {error}")]
     Json {
         file: String,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("{file}: {what}")]
     Schema { file: String, what: String },
@@ -51,10 +63,14 @@ pub enum ImportError {
         link: usize,
         what: String,
     },
-    #[error("{file}: the graph has a cycle through node {node}")]
-    Cycle { file: String, node: String },
-    #[error("{file}: {source}")]
-    Graph { file: String, source: GraphError },
+    #[error("{file}: the graph has a cycle through node {node}: {path}")]
+    Cycle {
+        file: String,
+        node: String,
+        path: String,
+    },
+    #[error("{file}: {error}")]
+    Graph { file: String, error: GraphError },
 }
 
 /// A schedule that cannot run. `step` is the index in [`crate::plan::Plan::steps`] of the
@@ -115,6 +131,22 @@ pub enum PlanError {
     UnknownStrategy { name: String, known: String },
     #[error("decision for `{tensor}` is inconsistent: {why}")]
     BadDecision { tensor: String, why: String },
-    #[error("strategy `{strategy}` produced an invalid schedule: {source}")]
-    InvalidSchedule { strategy: String, source: SimError },
+    #[error("strategy `{strategy}` produced an invalid schedule: {error}")]
+    InvalidSchedule { strategy: String, error: SimError },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapped_errors_appear_once_in_the_chain() {
+        let err = PlanError::InvalidSchedule {
+            strategy: "s".into(),
+            error: SimError::NeverComputed { node: "n".into() },
+        };
+        let text = err.to_string();
+        assert_eq!(text.matches("never computed").count(), 1, "{text}");
+        assert!(std::error::Error::source(&err).is_none());
+    }
 }

@@ -62,9 +62,13 @@ impl Graph {
         if !(time_unit_s.is_finite() && time_unit_s > 0.0) {
             return Err(GraphError::TimeUnit { value: time_unit_s });
         }
+        if nodes.is_empty() {
+            return Err(GraphError::Empty);
+        }
         for (id, node) in nodes.iter().enumerate() {
             check_node(id, node, nodes.len())?;
         }
+        check_totals(&nodes, static_bytes)?;
         let mut users = vec![Vec::new(); nodes.len()];
         for (id, node) in nodes.iter().enumerate() {
             for &input in &node.inputs {
@@ -183,6 +187,32 @@ fn check_node(id: NodeId, node: &Node, count: usize) -> Result<(), GraphError> {
     Ok(())
 }
 
+/// Bounds every sum the simulator and the strategies form, so none wraps or leaves the
+/// finite numbers: device memory never exceeds static bytes plus every output once (a
+/// tensor is on the device at most once), so that sum must fit in a u64; time sums include
+/// recomputations, which a plan may repeat up to about once per node per node, so the base
+/// time times n^2 must stay finite.
+fn check_totals(nodes: &[Node], static_bytes: u64) -> Result<(), GraphError> {
+    let mut bytes = static_bytes;
+    let mut time = 0.0f64;
+    let headroom = (nodes.len() as f64 + 1.0).powi(2);
+    for node in nodes {
+        bytes = bytes
+            .checked_add(node.output_bytes)
+            .ok_or_else(|| GraphError::BytesOverflow {
+                node: node.name.clone(),
+            })?;
+        time += node.compute_time;
+        if !(time * headroom).is_finite() {
+            return Err(GraphError::TimeOverflow {
+                node: node.name.clone(),
+                total: time,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn input_name(id: NodeId) -> String {
     format!("#{id}")
 }
@@ -218,6 +248,28 @@ mod tests {
         assert_eq!(g.store_all_peak(), 135);
         assert_eq!(g.memory_floor(), 135);
         assert_eq!(g.users(0), &[1, 2]);
+    }
+
+    #[test]
+    fn rejects_empty_graphs_and_totals_that_overflow() {
+        assert_eq!(Graph::new("t", vec![], 0, 1.0), Err(GraphError::Empty));
+        // Two outputs of 2^63 bytes: the second one makes the sum wrap a u64.
+        let big = vec![node("a", 1 << 63, vec![]), node("b", 1 << 63, vec![0])];
+        assert_eq!(
+            Graph::new("t", big, 0, 1.0),
+            Err(GraphError::BytesOverflow { node: "b".into() })
+        );
+        // Static bytes count too.
+        let err = Graph::new("t", vec![node("a", 2, vec![])], u64::MAX - 1, 1.0).unwrap_err();
+        assert!(err.to_string().contains("`a`") && err.to_string().contains("2^64"));
+        // A finite but huge cost leaves no room for recomputation sums.
+        let mut slow = node("slow", 1, vec![]);
+        slow.compute_time = 1e308;
+        let err = Graph::new("t", vec![slow], 0, 1.0).unwrap_err();
+        assert!(
+            matches!(err, GraphError::TimeOverflow { ref node, .. } if node == "slow"),
+            "{err}"
+        );
     }
 
     #[test]

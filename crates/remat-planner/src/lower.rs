@@ -63,9 +63,9 @@ pub fn lower_with(
     for v in 0..graph.len() {
         lowerer
             .node(v)
-            .map_err(|source| PlanError::InvalidSchedule {
+            .map_err(|error| PlanError::InvalidSchedule {
                 strategy: "lowering".into(),
-                source,
+                error,
             })?;
     }
     Ok(Lowered {
@@ -99,9 +99,9 @@ impl<'g> Lowerer<'g> {
         bandwidth: f64,
     ) -> Result<Lowerer<'g>, PlanError> {
         let machine =
-            Machine::new(graph, bandwidth).map_err(|source| PlanError::InvalidSchedule {
+            Machine::new(graph, bandwidth).map_err(|error| PlanError::InvalidSchedule {
                 strategy: "lowering".into(),
-                source,
+                error,
             })?;
         let n = graph.len();
         let mut lowerer = Lowerer {

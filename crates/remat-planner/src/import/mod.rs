@@ -29,18 +29,18 @@ impl Default for ImportOptions {
 /// Reads a graph file in either schema.
 pub fn load(path: &Path, options: ImportOptions) -> Result<Graph, ImportError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Io {
+    let text = std::fs::read_to_string(path).map_err(|error| ImportError::Io {
         file: file.clone(),
-        source,
+        error,
     })?;
     parse(&file, &text, options)
 }
 
 /// Parses a graph from text; `file` names it in errors.
 pub fn parse(file: &str, text: &str, options: ImportOptions) -> Result<Graph, ImportError> {
-    let value: Value = serde_json::from_str(text).map_err(|source| ImportError::Json {
+    let value: Value = serde_json::from_str(text).map_err(|error| ImportError::Json {
         file: file.to_string(),
-        source,
+        error,
     })?;
     let object = value.as_object().ok_or_else(|| ImportError::Schema {
         file: file.to_string(),

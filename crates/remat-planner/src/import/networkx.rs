@@ -2,12 +2,18 @@
 //!
 //! Two node schemas are read:
 //! - training graphs: `id`, `name`, `backward`, `cost_cpu` (time), `cost_ram` (output
-//!   bytes); links `{"source": u, "target": v}`. Node ids are a topological order and that
-//!   order is the schedule: a link from a later to an earlier node is an error.
+//!   bytes); links `{"source": u, "target": v}`. Integer node ids are a topological order
+//!   and that order is the schedule: a link from a later to an earlier node is an error.
+//!   When every id is a string, the file's node order is the schedule instead (it is the
+//!   only order the file states), and it must be topological.
 //! - general DAGs (Moccasin's random layered graph): the node key is `id` or else `name`,
 //!   `duration` (time), `out_cost` (output bytes), `param_cost` (static bytes); links
 //!   `{"0": u, "1": v}`. With no backward marking there is no given schedule, so nodes are
 //!   ordered topologically (Kahn's algorithm, smallest key first) and all are forward.
+//!
+//! The schema is chosen once per file, from the fields the nodes use (any training field
+//! makes it a training graph), so a node missing a field is told the field of the file's
+//! schema. A cycle is reported as such, with its path, before any order is checked.
 
 use std::collections::HashMap;
 
@@ -44,10 +50,11 @@ pub(crate) fn from_value(
         .get("links")
         .and_then(Value::as_array)
         .ok_or_else(|| schema("field `links` is not an array"))?;
+    let training = is_training(nodes);
     let raw = nodes
         .iter()
         .enumerate()
-        .map(|(i, v)| raw_node(file, i, v))
+        .map(|(i, v)| raw_node(file, i, v, training))
         .collect::<Result<Vec<_>, _>>()?;
     let mut index = HashMap::new();
     for (i, node) in raw.iter().enumerate() {
@@ -65,23 +72,29 @@ pub(crate) fn from_value(
         .enumerate()
         .map(|(i, link)| edge(file, i, link, &index))
         .collect::<Result<Vec<_>, _>>()?;
-    let training = raw.iter().any(|n| n.backward) || nodes_have(nodes, "cost_cpu");
+    if let Some(cycle) = find_cycle(raw.len(), &edges) {
+        return Err(cycle_error(file, &raw, &cycle));
+    }
     let order = if training {
         id_order(file, &raw, &edges)?
     } else {
-        topological_order(file, &raw, &edges)?
+        topological_order(&raw, &edges)
     };
     build(file, object, raw, &edges, &order, options)
 }
 
-fn nodes_have(nodes: &[Value], field: &str) -> bool {
+/// Fields only Checkmate's training schema uses.
+const TRAINING_FIELDS: [&str; 3] = ["cost_cpu", "cost_ram", "backward"];
+
+/// Whether any node uses a field of the training schema.
+fn is_training(nodes: &[Value]) -> bool {
     nodes
-        .first()
-        .and_then(Value::as_object)
-        .is_some_and(|o| o.contains_key(field))
+        .iter()
+        .filter_map(Value::as_object)
+        .any(|o| TRAINING_FIELDS.iter().any(|field| o.contains_key(*field)))
 }
 
-fn raw_node(file: &str, i: usize, value: &Value) -> Result<RawNode, ImportError> {
+fn raw_node(file: &str, i: usize, value: &Value, training: bool) -> Result<RawNode, ImportError> {
     let object = value.as_object().ok_or_else(|| ImportError::Schema {
         file: file.to_string(),
         what: format!("nodes[{i}] is not an object"),
@@ -102,7 +115,7 @@ fn raw_node(file: &str, i: usize, value: &Value) -> Result<RawNode, ImportError>
         node: format!("{key} `{name}`"),
         object,
     };
-    if object.contains_key("cost_cpu") {
+    if training {
         Ok(RawNode {
             time: fields.cost("cost_cpu")?,
             bytes: fields.bytes("cost_ram")?,
@@ -155,27 +168,35 @@ fn edge(
     Ok((end("source", "0")?, end("target", "1")?))
 }
 
-/// Training graphs: ids are the schedule. Every link must go forward in id order.
+/// Training graphs: integer ids are the schedule; all-string ids leave the file order as
+/// the only stated one. Every link must go forward in that order.
 fn id_order(
     file: &str,
     raw: &[RawNode],
     edges: &[(usize, usize)],
 ) -> Result<Vec<usize>, ImportError> {
-    let mut ids = Vec::with_capacity(raw.len());
-    for node in raw {
-        let id = node.key.parse::<i64>().map_err(|_| ImportError::Field {
+    let ids: Vec<Option<i64>> = raw.iter().map(|n| n.key.parse::<i64>().ok()).collect();
+    let rank: Vec<i64> = if ids.iter().all(Option::is_some) {
+        ids.iter().map(|id| id.unwrap_or_default()).collect()
+    } else if let Some(i) = ids.iter().position(Option::is_some) {
+        // Some integers, some strings: neither order is the file's intent for sure.
+        let string = ids.iter().position(Option::is_none).unwrap_or(i);
+        return Err(ImportError::Field {
             file: file.to_string(),
-            node: node.key.clone(),
+            node: format!("{} `{}`", raw[string].key, raw[string].name),
             field: "id".into(),
-            what: "is not an integer position".into(),
-        })?;
-        ids.push(id);
-    }
+            what: format!(
+                "is a string while node {} has an integer id: use integer positions throughout, or strings throughout (the file order is then the schedule)",
+                raw[i].key
+            ),
+        });
+    } else {
+        (0..raw.len() as i64).collect()
+    };
     let mut order: Vec<usize> = (0..raw.len()).collect();
-    order.sort_by_key(|&i| ids[i]);
+    order.sort_by_key(|&i| rank[i]);
     for &(u, v) in edges {
-        if ids[u] >= ids[v] {
-            // A cycle shows up here too; name it as the broken order it is.
+        if rank[u] >= rank[v] {
             return Err(ImportError::Field {
                 file: file.to_string(),
                 node: format!("{} `{}`", raw[v].key, raw[v].name),
@@ -190,13 +211,59 @@ fn id_order(
     Ok(order)
 }
 
-/// General DAGs: Kahn's algorithm, smallest key position first; a leftover node is on a
-/// cycle.
-fn topological_order(
-    file: &str,
-    raw: &[RawNode],
-    edges: &[(usize, usize)],
-) -> Result<Vec<usize>, ImportError> {
+/// A cycle of the link graph as node indices (first == last), if any. Kahn's algorithm
+/// removes every node not on or behind a cycle; each node left has a predecessor left, so
+/// walking predecessors from one of them must repeat a node, and the walk from the first
+/// repeat is a cycle.
+fn find_cycle(n: usize, edges: &[(usize, usize)]) -> Option<Vec<usize>> {
+    let mut indegree = vec![0usize; n];
+    let mut out: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut preds: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for &(u, v) in edges {
+        indegree[v] += 1;
+        out[u].push(v);
+        preds[v].push(u);
+    }
+    let mut stack: Vec<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    while let Some(u) = stack.pop() {
+        for &v in &out[u] {
+            indegree[v] -= 1;
+            if indegree[v] == 0 {
+                stack.push(v);
+            }
+        }
+    }
+    let start = (0..n).find(|&i| indegree[i] > 0)?;
+    let mut seen_at = vec![usize::MAX; n];
+    let mut walk = Vec::new();
+    let mut at = start;
+    while seen_at[at] == usize::MAX {
+        seen_at[at] = walk.len();
+        walk.push(at);
+        at = *preds[at].iter().find(|&&p| indegree[p] > 0)?;
+    }
+    // `walk` follows links backwards; the cycle is its tail from `at`, reversed.
+    let mut cycle: Vec<usize> = walk[seen_at[at]..].to_vec();
+    cycle.reverse();
+    cycle.push(cycle[0]);
+    Some(cycle)
+}
+
+fn cycle_error(file: &str, raw: &[RawNode], cycle: &[usize]) -> ImportError {
+    let label = |i: usize| format!("{} `{}`", raw[i].key, raw[i].name);
+    ImportError::Cycle {
+        file: file.to_string(),
+        node: label(cycle[0]),
+        path: cycle
+            .iter()
+            .map(|&i| label(i))
+            .collect::<Vec<_>>()
+            .join(" -> "),
+    }
+}
+
+/// General DAGs (acyclic: checked before): Kahn's algorithm, smallest key position first.
+fn topological_order(raw: &[RawNode], edges: &[(usize, usize)]) -> Vec<usize> {
     let n = raw.len();
     let mut indegree = vec![0usize; n];
     let mut out: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -218,13 +285,7 @@ fn topological_order(
             }
         }
     }
-    if let Some(stuck) = (0..n).find(|&i| indegree[i] > 0) {
-        return Err(ImportError::Cycle {
-            file: file.to_string(),
-            node: format!("{} `{}`", raw[stuck].key, raw[stuck].name),
-        });
-    }
-    Ok(order)
+    order
 }
 
 fn sort_key(key: &str, position: usize) -> i64 {
@@ -278,11 +339,9 @@ fn build(
         .get("graph")
         .and_then(|g| g.get("name"))
         .map_or_else(|| file.to_string(), key_text);
-    Graph::new(name, nodes, static_bytes, options.time_unit_s).map_err(|source| {
-        ImportError::Graph {
-            file: file.to_string(),
-            source,
-        }
+    Graph::new(name, nodes, static_bytes, options.time_unit_s).map_err(|error| ImportError::Graph {
+        file: file.to_string(),
+        error,
     })
 }
 
@@ -323,6 +382,47 @@ mod tests {
     }
 
     #[test]
+    fn a_cycle_in_a_training_graph_is_named_before_the_order() {
+        // 1 -> 2 exists; adding 2 -> 1 closes the cycle Loss -> c1_backward -> Loss.
+        let cyclic = TRAIN.replace(
+            r#"{"source": 0, "target": 2}"#,
+            r#"{"source": 0, "target": 2}, {"source": 2, "target": 1}"#,
+        );
+        let err = parse("c.json", &cyclic, ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cycle"), "{err}");
+        assert!(err.contains("Loss") && err.contains("c1_backward"), "{err}");
+        assert!(!err.contains("c1`"), "c1 is not on the cycle: {err}");
+    }
+
+    #[test]
+    fn string_ids_use_the_file_order_when_unambiguous() {
+        let named = TRAIN
+            .replace(r#""id": 0"#, r#""id": "a""#)
+            .replace(r#""id": 1"#, r#""id": "b""#)
+            .replace(r#""id": 2"#, r#""id": "c""#)
+            .replace(r#""source": 0"#, r#""source": "a""#)
+            .replace(r#""source": 1"#, r#""source": "b""#)
+            .replace(r#""target": 1"#, r#""target": "b""#)
+            .replace(r#""target": 2"#, r#""target": "c""#);
+        let g = parse("s.json", &named, ImportOptions::default()).unwrap();
+        assert_eq!(g.node(2).name, "c1_backward");
+        assert_eq!(g.node(2).inputs, vec![0, 1]);
+        // A mix of integer and string ids is ambiguous.
+        let mixed = TRAIN
+            .replace(r#""id": 2"#, r#""id": "c""#)
+            .replace(r#""target": 2"#, r#""target": "c""#);
+        let err = parse("m.json", &mixed, ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("c1_backward") && err.contains("integer"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn errors_name_node_and_field() {
         let cases = [
             (
@@ -338,12 +438,15 @@ mod tests {
                 "9",
             ),
             (
-                r#"{"source": 0, "target": 1}"#,
+                r#"{"source": 1, "target": 2}"#,
                 r#"{"source": 2, "target": 1}"#,
                 "Loss",
                 "not topological",
             ),
             (r#""cost_ram": 4,"#, "", "Loss", "cost_ram"),
+            // Schema chosen per file: a node without `cost_cpu` is told `cost_cpu`, not
+            // the layered schema's `duration`.
+            (r#""cost_cpu": 3, "#, "", "c1", "field `cost_cpu`: missing"),
         ];
         for (from, to, who, what) in cases {
             let err = parse(

@@ -67,9 +67,9 @@ pub(crate) fn from_value(file: &str, object: &Map<String, Value>) -> Result<Grap
         .enumerate()
         .map(|(index, value)| node(file, index, value, raw.len()))
         .collect::<Result<Vec<_>, _>>()?;
-    Graph::new(name, nodes, static_bytes, time_unit_s).map_err(|source| ImportError::Graph {
+    Graph::new(name, nodes, static_bytes, time_unit_s).map_err(|error| ImportError::Graph {
         file: file.to_string(),
-        source,
+        error,
     })
 }
 

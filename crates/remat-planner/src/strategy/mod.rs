@@ -69,9 +69,9 @@ pub fn plan_from_decisions_with(
 ) -> Result<Planned, PlanError> {
     let lowered =
         lower_with(problem.graph, &decisions, problem.bandwidth, helpers).map_err(|e| match e {
-            PlanError::InvalidSchedule { source, .. } => PlanError::InvalidSchedule {
+            PlanError::InvalidSchedule { error, .. } => PlanError::InvalidSchedule {
                 strategy: strategy.to_string(),
-                source,
+                error,
             },
             other => other,
         })?;
@@ -85,10 +85,10 @@ pub fn plan_from_steps(
     steps: Vec<Step>,
     decisions: Vec<Decision>,
 ) -> Result<Planned, PlanError> {
-    let report = simulate_steps(problem.graph, &steps, problem.bandwidth).map_err(|source| {
+    let report = simulate_steps(problem.graph, &steps, problem.bandwidth).map_err(|error| {
         PlanError::InvalidSchedule {
             strategy: strategy.to_string(),
-            source,
+            error,
         }
     })?;
     if report.peak_bytes > problem.budget_bytes {

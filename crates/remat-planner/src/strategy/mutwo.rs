@@ -388,9 +388,9 @@ impl<'p> Scheduler<'p> {
     fn measure(&mut self) -> Result<u64, PlanError> {
         let lowered = lower(self.graph, &self.decisions, self.problem.bandwidth)?;
         let report = simulate_steps(self.graph, &lowered.steps, self.problem.bandwidth).map_err(
-            |source| PlanError::InvalidSchedule {
+            |error| PlanError::InvalidSchedule {
                 strategy: "mutwo".into(),
-                source,
+                error,
             },
         )?;
         let mut at_step = vec![0u64; lowered.steps.len()];
