@@ -7,7 +7,7 @@ use crate::dtype::Dtype;
 use crate::error::{ReshardError, Result};
 use crate::geometry::{Region, intersecting_pairs};
 use crate::index::INDEX_NAME;
-use crate::readers::{dcp_files, read_dcp, read_hf, read_remat};
+use crate::readers::{has_dcp_names, read_dcp, read_hf, read_remat};
 use crate::safetensors::{MappedFile, volume};
 use crate::target::Placement;
 
@@ -196,7 +196,7 @@ pub fn detect(path: &Path) -> Result<Format> {
     if path.join(HF_INDEX_NAME).is_file() || path.join(HF_SINGLE_NAME).is_file() {
         return Ok(Format::Hf);
     }
-    if !dcp_files(path)?.is_empty() {
+    if has_dcp_names(path)? {
         return Ok(Format::Dcp);
     }
     Err(unknown(

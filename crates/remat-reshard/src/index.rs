@@ -29,7 +29,10 @@
 //!   xxh3-64, and the little-endian concatenation of block digests is hashed again
 //!   (16 lowercase hex digits).
 //! - Chunks of one tensor are either identical boxes (replicas) or disjoint, and together
-//!   cover the global tensor exactly. Empty chunks are not listed.
+//!   cover the global tensor exactly. Empty chunks are not listed, with one exception: a
+//!   tensor with no elements (a 0 in its shape) has exactly one chunk, the whole empty box
+//!   (`offsets` all 0, `sizes` = `shape`, an empty `byte_range`), so that it still exists
+//!   in the rank files and its shape can be read back from them alone.
 
 use std::path::Path;
 

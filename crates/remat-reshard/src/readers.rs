@@ -234,21 +234,55 @@ pub(crate) fn read_remat(root: &Path) -> Result<Checkpoint> {
     ))
 }
 
-/// `(rank, path)` of every `shard-R-model-i-of-n.safetensors` in `dir`, sorted.
+/// `(rank, path)` of every `*.safetensors` file in a DCP directory, sorted by rank then
+/// name. PyTorch's Hugging Face storage reader reads every such file, whatever its name,
+/// so this does too: a `shard-R-model-i-of-n` name gives the rank (1-based, as PyTorch
+/// writes it, or 0-based when some file is `shard-00000-...`); other files take the ranks
+/// after the highest named one, in name order.
 pub(crate) fn dcp_files(dir: &Path) -> Result<Vec<(usize, PathBuf)>> {
-    let mut out = Vec::new();
+    let mut found: Vec<(Option<usize>, PathBuf)> = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
         let entry = entry.map_err(io_err(dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(rank) = parse_dcp_name(&name) {
-            out.push((rank, entry.path()));
+        let path = entry.path();
+        if name.ends_with(".safetensors") && !name.starts_with('.') && path.is_file() {
+            found.push((parse_dcp_name(&name), path));
         }
     }
+    found.sort_by(|a, b| a.1.cmp(&b.1));
+    let zero_based = found.iter().any(|(n, _)| *n == Some(0));
+    let named = |n: usize| if zero_based { n } else { n - 1 };
+    let mut next = found
+        .iter()
+        .filter_map(|(n, _)| n.map(|n| named(n) + 1))
+        .max()
+        .unwrap_or(0);
+    let mut out: Vec<(usize, PathBuf)> = found
+        .into_iter()
+        .map(|(n, path)| match n {
+            Some(n) => (named(n), path),
+            None => {
+                next += 1;
+                (next - 1, path)
+            }
+        })
+        .collect();
     out.sort();
     Ok(out)
 }
 
-/// The 0-based rank of a DCP file name, `shard-00001-...` being rank 0.
+/// Whether `dir` holds a file named the way PyTorch's DCP names its shards.
+pub(crate) fn has_dcp_names(dir: &Path) -> Result<bool> {
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        if parse_dcp_name(&entry.file_name().to_string_lossy()).is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The shard number of a DCP file name `shard-N-model-i-of-n.safetensors`, as written.
 fn parse_dcp_name(name: &str) -> Option<usize> {
     let rest = name.strip_prefix("shard-")?.strip_suffix(".safetensors")?;
     let (shard, rest) = rest.split_once("-model-")?;
@@ -257,13 +291,14 @@ fn parse_dcp_name(name: &str) -> Option<usize> {
     if !(digits(shard) && digits(i) && digits(n)) {
         return None;
     }
-    shard.parse::<usize>().ok()?.checked_sub(1)
+    shard.parse::<usize>().ok()
 }
 
-/// `DCP_SHARDING_INFO` of one file: tensor name to saved offsets.
-fn dcp_offsets(file: &MappedFile) -> Result<BTreeMap<String, Vec<u64>>> {
+/// `DCP_SHARDING_INFO` of one file: tensor name to saved offsets, or `None` when the file
+/// has no sharding info at all.
+fn dcp_offsets(file: &MappedFile) -> Result<Option<BTreeMap<String, Vec<u64>>>> {
     let Some(text) = file.header.metadata.get(DCP_SHARDING_INFO) else {
-        return Ok(BTreeMap::new());
+        return Ok(None);
     };
     let bad = |what: String| ReshardError::HeaderJson {
         path: file.path.clone(),
@@ -286,13 +321,13 @@ fn dcp_offsets(file: &MappedFile) -> Result<BTreeMap<String, Vec<u64>>> {
             })?;
         out.insert(name, offsets);
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 pub(crate) fn read_dcp(root: &Path) -> Result<Checkpoint> {
     let files = dcp_files(root)?;
     if files.is_empty() {
-        return Err(unknown(root, "no shard-*-model-*-of-*.safetensors files"));
+        return Err(unknown(root, "no *.safetensors files"));
     }
     let mut b = Builder::new();
     let mut world = 0;
@@ -302,12 +337,20 @@ pub(crate) fn read_dcp(root: &Path) -> Result<Checkpoint> {
         let offsets = dcp_offsets(&b.files[id])?;
         let entries = b.files[id].header.entries.clone();
         for e in &entries {
-            // PyTorch omits nothing it shards, but a tensor saved without sharding info
-            // starts at the origin, as PyTorch's own reader assumes.
-            let off = offsets
-                .get(&e.name)
-                .cloned()
-                .unwrap_or_else(|| vec![0; e.shape.len()]);
+            // Like PyTorch's reader: a file without sharding info holds whole tensors at
+            // the origin; a file with it must place every tensor it holds.
+            let off = match &offsets {
+                None => vec![0; e.shape.len()],
+                Some(map) => map.get(&e.name).cloned().ok_or_else(|| {
+                    ReshardError::BadTensor {
+                        path: path.clone(),
+                        tensor: e.name.clone(),
+                        what: format!(
+                            "the file has {DCP_SHARDING_INFO} but it does not list this tensor, so where its piece lies in the global tensor is unknown"
+                        ),
+                    }
+                })?,
+            };
             b.add(id, e, off, None)?;
         }
     }
@@ -420,18 +463,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dcp_names_map_to_zero_based_ranks() {
+    fn dcp_names_give_shard_numbers() {
         assert_eq!(
             parse_dcp_name("shard-00001-model-00001-of-00001.safetensors"),
-            Some(0)
+            Some(1)
         );
         assert_eq!(
             parse_dcp_name("shard-00012-model-00002-of-00003.safetensors"),
-            Some(11)
+            Some(12)
         );
         assert_eq!(
             parse_dcp_name("shard-00000-model-00001-of-00001.safetensors"),
-            None
+            Some(0)
         );
         assert_eq!(
             parse_dcp_name("shard-x-model-00001-of-00001.safetensors"),

@@ -232,7 +232,7 @@ pub fn resolve(ckpt: &Checkpoint, spec: &TargetSpec) -> Result<Vec<TargetTensor>
     }
     balance(ckpt, &mut out, &balanced, &mut load);
     for tt in &mut out {
-        drop_empty_chunks(tt);
+        drop_empty_chunks(tt, &ckpt.tensors[tt.tensor].shape);
     }
     Ok(out)
 }
@@ -318,10 +318,16 @@ fn balance(ckpt: &Checkpoint, out: &mut [TargetTensor], which: &[usize], load: &
     }
 }
 
-fn drop_empty_chunks(tt: &mut TargetTensor) {
-    let keep_one = tt.chunks.iter().all(|c| c.region.is_empty());
-    if keep_one {
-        tt.chunks.truncate(1);
+/// Drops empty chunks: PyTorch cannot load them, and they hold nothing. A tensor with no
+/// elements keeps one chunk, the whole (empty) box on the first rank that had one, so
+/// that it still exists and its global shape can be read back from its only piece.
+fn drop_empty_chunks(tt: &mut TargetTensor, shape: &[u64]) {
+    if tt.chunks.iter().all(|c| c.region.is_empty()) {
+        let rank = tt.chunks.first().map_or(0, |c| c.rank);
+        tt.chunks = vec![TargetChunk {
+            rank,
+            region: Region::whole(shape),
+        }];
     } else {
         tt.chunks.retain(|c| !c.region.is_empty());
     }

@@ -9,17 +9,28 @@ use std::path::Path;
 use remat_reshard::safetensors::{TensorData, write_file};
 use remat_reshard::{Checkpoint, Dtype, ExecOptions, Format, TargetSpec, execute, plan};
 
+type DcpPiece<'a> = (&'a str, Dtype, Vec<u64>, Vec<u64>);
+
 /// Writes a DCP shard file holding `(name, dtype, shape, offsets)` pieces.
-fn dcp_file(dir: &Path, rank: usize, pieces: &[(&str, Dtype, Vec<u64>, Vec<u64>)]) {
-    let info: serde_json::Map<String, serde_json::Value> = pieces
-        .iter()
-        .map(|(n, _, _, o)| (n.to_string(), serde_json::json!({ "saved_offsets": o })))
-        .collect();
+fn dcp_file(dir: &Path, rank: usize, pieces: &[DcpPiece]) {
+    let name = format!("shard-{:05}-model-00001-of-00001.safetensors", rank + 1);
+    dcp_file_named(dir, &name, pieces, Some(pieces));
+}
+
+/// Writes `name` holding `pieces`, with `DCP_SHARDING_INFO` listing `info` (none: no
+/// sharding info at all).
+fn dcp_file_named(dir: &Path, name: &str, pieces: &[DcpPiece], info: Option<&[DcpPiece]>) {
     let mut meta = BTreeMap::new();
-    meta.insert(
-        "DCP_SHARDING_INFO".to_string(),
-        serde_json::Value::Object(info).to_string(),
-    );
+    if let Some(info) = info {
+        let info: serde_json::Map<String, serde_json::Value> = info
+            .iter()
+            .map(|(n, _, _, o)| (n.to_string(), serde_json::json!({ "saved_offsets": o })))
+            .collect();
+        meta.insert(
+            "DCP_SHARDING_INFO".to_string(),
+            serde_json::Value::Object(info).to_string(),
+        );
+    }
     let data: Vec<Vec<u8>> = pieces
         .iter()
         .map(|(_, d, s, _)| vec![7u8; d.bytes_for(s.iter().product()).unwrap() as usize])
@@ -34,11 +45,7 @@ fn dcp_file(dir: &Path, rank: usize, pieces: &[(&str, Dtype, Vec<u64>, Vec<u64>)
             data: bytes,
         })
         .collect();
-    let path = dir.join(format!(
-        "shard-{:05}-model-00001-of-00001.safetensors",
-        rank + 1
-    ));
-    write_file(&path, &tensors, &meta).unwrap();
+    write_file(&dir.join(name), &tensors, &meta).unwrap();
 }
 
 /// Runs open + plan + execute and returns the error text; checks nothing was written.
@@ -392,6 +399,104 @@ fn hf_weight_map_naming_the_wrong_file() {
         .to_string();
     assert!(
         e.contains("model.safetensors.index.json") && e.contains("is mapped to"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_tensor_missing_from_the_sharding_info_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let piece = ("w", Dtype::F32, vec![2, 4], vec![2, 0]);
+    let extra = ("x", Dtype::U8, vec![3], vec![0]);
+    dcp_file_named(
+        &src,
+        "shard-00002-model-00001-of-00001.safetensors",
+        &[piece.clone(), extra],
+        Some(&[piece]),
+    );
+    let e = fails(&src);
+    assert!(
+        e.contains("shard-00002")
+            && e.contains("tensor `x`")
+            && e.contains("does not list this tensor"),
+        "{e}"
+    );
+}
+
+#[test]
+fn every_safetensors_file_of_a_dcp_directory_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // 0-based names, as some writers use, and a file with an unrelated name holding a
+    // whole tensor without sharding info (placed at the origin, as PyTorch does).
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let w0 = ("w", Dtype::F32, vec![2, 4], vec![0, 0]);
+    let w1 = ("w", Dtype::F32, vec![2, 4], vec![2, 0]);
+    let w2 = ("w", Dtype::F32, vec![1, 4], vec![4, 0]);
+    dcp_file_named(
+        &src,
+        "shard-00000-model-00001-of-00001.safetensors",
+        std::slice::from_ref(&w0),
+        Some(&[w0]),
+    );
+    dcp_file_named(
+        &src,
+        "shard-00001-model-00001-of-00001.safetensors",
+        std::slice::from_ref(&w1),
+        Some(&[w1]),
+    );
+    dcp_file_named(
+        &src,
+        "shard-00002-model-00001-of-00001.safetensors",
+        std::slice::from_ref(&w2),
+        Some(&[w2]),
+    );
+    dcp_file_named(
+        &src,
+        "extra.safetensors",
+        &[("z", Dtype::U8, vec![3], vec![])],
+        None,
+    );
+    std::fs::write(src.join("notes.txt"), "not a tensor file").unwrap();
+    let ck = Checkpoint::open(&src, None).unwrap();
+    assert_eq!(ck.format, Format::Dcp);
+    assert_eq!(ck.world_size, 4);
+    assert_eq!(ck.tensor("w").unwrap().shape, vec![5, 4]);
+    assert_eq!(ck.tensor("z").unwrap().shape, vec![3]);
+    let mut ranks: Vec<(usize, String)> = ck
+        .files
+        .iter()
+        .zip(&ck.file_ranks)
+        .map(|(f, r)| {
+            (
+                *r,
+                f.path.file_name().unwrap().to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    ranks.sort();
+    assert_eq!(
+        ranks[0],
+        (0, "shard-00000-model-00001-of-00001.safetensors".into())
+    );
+    assert_eq!(ranks[3], (3, "extra.safetensors".into()));
+}
+
+#[test]
+fn a_dcp_file_that_cannot_be_placed_is_an_error_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    // A stray copy of a piece without sharding info lands at the origin and collides.
+    dcp_file_named(
+        &src,
+        "stray.safetensors",
+        &[("w", Dtype::F32, vec![3, 4], vec![])],
+        None,
+    );
+    let e = fails(&src);
+    assert!(
+        e.contains("tensor `w`") && e.contains("overlap") && e.contains("stray.safetensors"),
         "{e}"
     );
 }

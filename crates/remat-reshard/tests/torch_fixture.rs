@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use remat_reshard::{Checkpoint, Format, Placement, verify};
 
-fn fixture() -> Option<PathBuf> {
+fn fixture_dir() -> Option<PathBuf> {
     let dir = Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../../shared/fixtures/torch-dcp-hf-w4"
@@ -22,9 +22,40 @@ fn fixture() -> Option<PathBuf> {
     }
 }
 
+/// The fixture's four shard files alone in a directory of their own, and the fixture
+/// directory. The fixture keeps `full.safetensors` beside the shards; a DCP reader reads
+/// every `*.safetensors` of a directory (as PyTorch's does), so the shards are read from
+/// a copy.
+fn fixture(tmp: &Path) -> Option<(PathBuf, PathBuf)> {
+    let dir = fixture_dir()?;
+    let shards = tmp.join("torch-dcp-w4");
+    std::fs::create_dir(&shards).unwrap();
+    for rank in 1..=4 {
+        let name = format!("shard-{rank:05}-model-00001-of-00001.safetensors");
+        std::fs::copy(dir.join(&name), shards.join(&name)).unwrap();
+    }
+    Some((shards, dir))
+}
+
+#[test]
+fn the_fixture_directory_with_full_safetensors_beside_the_shards_is_refused() {
+    let Some(dir) = fixture_dir() else { return };
+    let e = Checkpoint::open(&dir, None)
+        .err()
+        .expect("overlap")
+        .to_string();
+    assert!(
+        e.contains("overlap") && e.contains("full.safetensors") && e.contains("shard-0000"),
+        "{e}"
+    );
+}
+
 #[test]
 fn reads_the_fixture_with_inferred_shapes_and_placements() {
-    let Some(dir) = fixture() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((dir, original)) = fixture(tmp.path()) else {
+        return;
+    };
     let ck = Checkpoint::open(&dir, None).unwrap();
     assert_eq!((ck.format, ck.world_size), (Format::Dcp, 4));
     let expect = [
@@ -48,15 +79,17 @@ fn reads_the_fixture_with_inferred_shapes_and_placements() {
         let t = ck.tensor(name).unwrap();
         assert_eq!((&t.shape, t.placement), (&shape, Some(placement)), "{name}");
     }
-    let full = Checkpoint::open(&dir.join("full.safetensors"), None).unwrap();
+    let full = Checkpoint::open(&original.join("full.safetensors"), None).unwrap();
     assert_eq!(verify(&ck, &full, None).unwrap().difference, None);
 }
 
 #[test]
 fn four_to_one_and_four_to_three_to_one_reproduce_full_safetensors() {
-    let Some(dir) = fixture() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let want = read_global_reference(&dir.join("full.safetensors"));
+    let Some((dir, original)) = fixture(tmp.path()) else {
+        return;
+    };
+    let want = read_global_reference(&original.join("full.safetensors"));
     let one = tmp.path().join("one");
     reshard(&dir, &one, &spec(1, Format::Hf, vec![]));
     assert_eq!(read_global_reference(&one.join("model.safetensors")), want);
@@ -76,8 +109,10 @@ fn four_to_one_and_four_to_three_to_one_reproduce_full_safetensors() {
 
 #[test]
 fn dcp_written_for_m_ranks_parses_back_without_empty_pieces() {
-    let Some(dir) = fixture() else { return };
     let tmp = tempfile::tempdir().unwrap();
+    let Some((dir, _)) = fixture(tmp.path()) else {
+        return;
+    };
     for m in [2usize, 3, 5, 8] {
         let out = tmp.path().join(format!("dcp-{m}"));
         reshard(&dir, &out, &spec(m, Format::Dcp, vec![]));

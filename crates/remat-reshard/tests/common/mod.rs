@@ -100,9 +100,21 @@ pub fn random_rules(rng: &mut Rng, tensors: &[Tensor], world: usize) -> Vec<Name
         .collect()
 }
 
-/// Reshards `src` into `dst` with the given spec.
+/// Opens a checkpoint the way a reader of its layout would: a directory of DCP shard
+/// files is read from their `DCP_SHARDING_INFO` alone, as PyTorch does, ignoring the
+/// `remat.index.json` beside them, so that what PyTorch would load is what is tested.
+pub fn open_as_reader_would(path: &Path) -> Checkpoint {
+    let detected = remat_reshard::checkpoint::detect(path).unwrap();
+    let dcp_inside = path
+        .join("shard-00001-model-00001-of-00001.safetensors")
+        .is_file();
+    let format = if dcp_inside { Format::Dcp } else { detected };
+    Checkpoint::open(path, Some(format)).unwrap()
+}
+
+/// Reshards `src` into `dst` with the given spec, reading `src` as [`open_as_reader_would`].
 pub fn reshard(src: &Path, dst: &Path, spec: &TargetSpec) {
-    let ckpt = Checkpoint::open(src, None).unwrap();
+    let ckpt = open_as_reader_would(src);
     let p = plan(&ckpt, spec).unwrap();
     execute(
         &ckpt,
