@@ -438,19 +438,19 @@ fn every_safetensors_file_of_a_dcp_directory_is_read() {
         &src,
         "shard-00000-model-00001-of-00001.safetensors",
         std::slice::from_ref(&w0),
-        Some(&[w0]),
+        Some(std::slice::from_ref(&w0)),
     );
     dcp_file_named(
         &src,
         "shard-00001-model-00001-of-00001.safetensors",
         std::slice::from_ref(&w1),
-        Some(&[w1]),
+        Some(std::slice::from_ref(&w1)),
     );
     dcp_file_named(
         &src,
         "shard-00002-model-00001-of-00001.safetensors",
         std::slice::from_ref(&w2),
-        Some(&[w2]),
+        Some(std::slice::from_ref(&w2)),
     );
     dcp_file_named(
         &src,
