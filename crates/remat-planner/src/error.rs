@@ -125,6 +125,14 @@ pub enum PlanError {
         best_peak: u64,
         strategy: String,
     },
+    /// The strategy proved that no schedule fits (an exact solver's answer), without a
+    /// peak of its own to report.
+    #[error("strategy `{strategy}`: budget of {budget} bytes is infeasible: {why}")]
+    ProvedInfeasible {
+        strategy: String,
+        budget: u64,
+        why: String,
+    },
     #[error("strategy `{strategy}` does not apply: {why}")]
     NotApplicable { strategy: String, why: String },
     #[error("unknown strategy `{name}`; known: {known}")]

@@ -160,3 +160,65 @@ fn a_graph_with_a_skip_connection_is_not_a_chain() {
     assert!(matches!(err, PlanError::NotApplicable { .. }), "{err}");
     assert!(err.to_string().contains("`c`"), "{err}");
 }
+
+#[test]
+fn chain_dp_is_exact_only_when_its_memory_units_are_lossless() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // Sizes of up to 1000 bytes: one byte per unit fits the table, so nothing is rounded.
+    let graph = sequential_training_graph(&mut rng, 12);
+    let (floor, peak) = (graph.memory_floor(), graph.store_all_peak());
+    let problem = Problem {
+        graph: &graph,
+        budget_bytes: floor + (peak - floor) / 3,
+        bandwidth: BANDWIDTH,
+    };
+    assert!(ChainDp.is_exact_for(&problem));
+    let planned = ChainDp.plan(&problem).unwrap();
+    let mut mapped = chain_of(&graph).unwrap();
+    mapped.chain.unit_bytes = 1;
+    let avail = problem.budget_bytes - graph.static_bytes();
+    let optimum = solve_chain(&mapped.chain, avail as usize).unwrap();
+    assert!((planned.report.total_time - optimum.time).abs() < 1e-9);
+    // Scaled to GiB-sized tensors of odd sizes the lossless table would need billions of
+    // units: the plan is then an approximation and is not claimed exact.
+    // (Scaling alone would keep a common divisor: offsets break it.)
+    let scaled: Vec<Node> = graph
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Node {
+            output_bytes: n.output_bytes * 1_000_003 + i as u64 % 7,
+            ..n.clone()
+        })
+        .collect();
+    let big = Graph::new("scaled", scaled, 1000, 1e-3).unwrap();
+    let big_problem = Problem {
+        graph: &big,
+        budget_bytes: big.memory_floor() + (big.store_all_peak() - big.memory_floor()) / 3,
+        bandwidth: BANDWIDTH,
+    };
+    assert!(!ChainDp.is_exact_for(&big_problem));
+    let approx = ChainDp.plan(&big_problem).unwrap();
+    assert!(approx.report.peak_bytes <= big_problem.budget_bytes);
+}
+
+#[test]
+fn a_thousand_node_chain_is_declined_not_solved_coarsely() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let graph = sequential_training_graph(&mut rng, 500);
+    assert!(graph.len() > 1000);
+    let problem = Problem {
+        graph: &graph,
+        budget_bytes: graph.memory_floor() + (graph.store_all_peak() - graph.memory_floor()) / 2,
+        bandwidth: BANDWIDTH,
+    };
+    // Within the work limit 500 stages leave only a few memory units, which would waste
+    // most of the budget: the DP declines and the combined planner uses the others.
+    match ChainDp.plan(&problem) {
+        Err(PlanError::NotApplicable { why, .. }) => assert!(why.contains("500 stages"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!ChainDp.is_exact_for(&problem));
+    let best = remat_planner::plan_best(&problem).unwrap();
+    assert!(best.report.peak_bytes <= problem.budget_bytes);
+}

@@ -168,6 +168,36 @@ fn milp_proves_budgets_below_the_floor_infeasible() {
 }
 
 #[test]
+fn highs_itself_proves_a_budget_below_the_floor_infeasible() {
+    // Without the floor shortcut the model goes to HiGHS, which must find no schedule.
+    let mut rng = Rng(91);
+    let graph = training_graph(&mut rng, 3, false);
+    let options = MilpOptions {
+        floor_shortcut: false,
+        ..MilpOptions::default()
+    };
+    let err = solve_milp(&graph, graph.memory_floor() - 1, &options).unwrap_err();
+    assert!(matches!(err, MilpError::Infeasible { .. }), "{err}");
+    // At the floor itself HiGHS finds a schedule.
+    assert!(solve_milp(&graph, graph.memory_floor(), &options).is_ok());
+    // The strategy reports the proof as infeasibility, not as "does not apply".
+    let planned = remat_planner::lookup("checkmate-milp")
+        .unwrap()
+        .plan(&Problem {
+            graph: &graph,
+            budget_bytes: graph.memory_floor() - 1,
+            bandwidth: BANDWIDTH,
+        });
+    assert!(
+        matches!(
+            planned,
+            Err(remat_planner::PlanError::ProvedInfeasible { .. })
+        ),
+        "{planned:?}"
+    );
+}
+
+#[test]
 fn milp_proves_a_budget_above_the_floor_infeasible() {
     // x and y both read a, d reads x and y. The floor is x + y + d = 21, but y runs while a
     // and x are on the device (x waits for d, a is y's input; recomputing x later needs a

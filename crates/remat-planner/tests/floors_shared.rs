@@ -52,7 +52,11 @@ fn below_the_floor_every_strategy_is_infeasible() {
                 Err(PlanError::OverBudget { best_peak, .. }) => {
                     assert!(best_peak >= floor, "{file} {}", strategy.name())
                 }
-                Err(PlanError::NotApplicable { .. }) => {}
+                // An exact solver's proof (the MILP, feature `milp`) carries no peak.
+                Err(PlanError::ProvedInfeasible { .. }) => {}
+                // Only strategies that cannot take this graph at all may decline; the MILP
+                // must answer (see below).
+                Err(PlanError::NotApplicable { .. }) if strategy.name() != "checkmate-milp" => {}
                 other => panic!("{file} {}: {other:?}", strategy.name()),
             }
         }
@@ -87,5 +91,27 @@ fn between_floor_and_peak_mutwo_plans_validate() {
         let report = simulate(&graph, &planned.plan).expect(file);
         assert!(report.peak_bytes <= problem.budget_bytes, "{file}");
         println!("{file}: mutwo overhead {:.2}%", 100.0 * report.overhead());
+    }
+}
+
+/// With the MILP built in, it must prove every shared training graph infeasible a byte
+/// below its floor (the graphs are within its node limit).
+#[cfg(feature = "milp")]
+#[test]
+fn below_the_floor_the_milp_proves_infeasibility() {
+    let Some(dir) = graphs_dir() else { return };
+    for file in TRAINING {
+        let graph = load(&dir.join(file), ImportOptions::default()).expect(file);
+        let problem = Problem {
+            graph: &graph,
+            budget_bytes: graph.memory_floor() - 1,
+            bandwidth: 32e9,
+        };
+        match lookup("checkmate-milp").unwrap().plan(&problem) {
+            Err(PlanError::ProvedInfeasible { budget, .. }) => {
+                assert_eq!(budget, problem.budget_bytes, "{file}")
+            }
+            other => panic!("{file}: {other:?}"),
+        }
     }
 }

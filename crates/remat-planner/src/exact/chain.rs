@@ -119,6 +119,36 @@ pub fn solve_chain<M: ChainModel>(
     model: &M,
     budget_units: usize,
 ) -> Result<ChainSolution, ChainError> {
+    let tables = checked_tables(model, budget_units)?;
+    solution_at(model, &tables, budget_units)
+}
+
+/// The least budget (in units, at most `budget_units`) the chain fits in, with the optimal
+/// schedule at that budget. One table answers every budget up to its size, so this costs
+/// one [`solve_chain`], not a search over budgets.
+pub fn solve_chain_least<M: ChainModel>(
+    model: &M,
+    budget_units: usize,
+) -> Result<(usize, ChainSolution), ChainError> {
+    let tables = checked_tables(model, budget_units)?;
+    let top = |m| tables.idx(0, tables.n, m);
+    let least = (0..=budget_units)
+        .find(|&m| tables.r[top(m)].is_finite())
+        .ok_or(ChainError::Infeasible {
+            stages: tables.n,
+            budget_units,
+        })?;
+    Ok((least, solution_at(model, &tables, least)?))
+}
+
+/// Inner-loop iterations of one table fill: every interval `(s, t]` tries every split `j`
+/// at every budget, about n^3/3 x (M+1) (twice: `R` and `K`).
+pub fn fill_work(stages: usize, budget_units: usize) -> f64 {
+    let n = stages as f64;
+    n * n * n / 3.0 * (budget_units as f64 + 1.0)
+}
+
+fn checked_tables<M: ChainModel>(model: &M, budget_units: usize) -> Result<Tables, ChainError> {
     let n = model.stages();
     if n == 0 {
         return Err(ChainError::Empty);
@@ -132,15 +162,22 @@ pub fn solve_chain<M: ChainModel>(
             limit: MAX_CELLS,
         });
     }
-    let tables = fill_tables(model, budget_units);
-    let top = tables.idx(0, n, budget_units);
+    Ok(fill_tables(model, budget_units))
+}
+
+fn solution_at<M: ChainModel>(
+    model: &M,
+    tables: &Tables,
+    m: usize,
+) -> Result<ChainSolution, ChainError> {
+    let top = tables.idx(0, tables.n, m);
     if !tables.r[top].is_finite() {
         return Err(ChainError::Infeasible {
-            stages: n,
-            budget_units,
+            stages: tables.n,
+            budget_units: m,
         });
     }
-    let steps = reconstruct(model, &tables);
+    let steps = reconstruct(model, tables, m);
     let forwards = steps
         .iter()
         .filter(|s| matches!(s, ChainStep::Forward(_)))
@@ -304,13 +341,13 @@ enum Task {
 }
 
 /// Walk the choice tables with an explicit stack and emit the schedule.
-fn reconstruct<M: ChainModel>(model: &M, tab: &Tables) -> Vec<ChainStep> {
+fn reconstruct<M: ChainModel>(model: &M, tab: &Tables, m: usize) -> Vec<ChainStep> {
     let mut steps = Vec::new();
     let mut stack = vec![Task::Solve {
         keep_t: false,
         s: 0,
         t: tab.n,
-        m: tab.m,
+        m,
     }];
     while let Some(task) = stack.pop() {
         match task {
@@ -436,6 +473,22 @@ pub struct ByteChain {
 }
 
 impl ByteChain {
+    /// The largest unit that divides every byte quantity of the chain: with it, rounding
+    /// sizes up to whole units loses nothing, and the DP is exact in bytes.
+    pub fn lossless_unit(&self) -> u64 {
+        let gcd = |mut a: u64, mut b: u64| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        self.state_bytes
+            .iter()
+            .chain(&self.grad_live_before)
+            .chain(&self.grad_peak_during)
+            .fold(0, |g, &b| gcd(g, b))
+            .max(1)
+    }
     fn units(&self, bytes: u64) -> usize {
         bytes.div_ceil(self.unit_bytes.max(1)) as usize
     }

@@ -43,6 +43,11 @@ pub struct MilpOptions {
     pub mip_rel_gap: f64,
     /// Graphs with more nodes are refused (the model has O(n^2) binaries).
     pub max_nodes: usize,
+    /// Answer "infeasible" without HiGHS when the budget is under the graph's floor (a
+    /// proof: every node runs once with its inputs and output resident). HiGHS needs
+    /// minutes to find the same by branching on real graphs; tests turn it off on small
+    /// ones to check that the model agrees.
+    pub floor_shortcut: bool,
 }
 
 impl Default for MilpOptions {
@@ -51,6 +56,7 @@ impl Default for MilpOptions {
             time_limit_s: 120.0,
             mip_rel_gap: 1e-6,
             max_nodes: 200,
+            floor_shortcut: true,
         }
     }
 }
@@ -132,7 +138,7 @@ pub fn solve_milp(
     // Every node runs at least once with its inputs and output on the device, so no schedule
     // goes below the floor: that is a proof of infeasibility, and one HiGHS takes minutes
     // to find by branching when the budget is a byte under the floor.
-    if budget_bytes < graph.memory_floor() {
+    if options.floor_shortcut && budget_bytes < graph.memory_floor() {
         return Err(infeasible());
     }
     if n == 0 {
@@ -428,13 +434,20 @@ impl Strategy for CheckmateMilp {
         true
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let solution =
-            solve_milp(problem.graph, problem.budget_bytes, &self.options).map_err(|e| {
-                PlanError::NotApplicable {
+        let solution = solve_milp(problem.graph, problem.budget_bytes, &self.options).map_err(
+            |e| match e {
+                MilpError::Infeasible { .. } => PlanError::ProvedInfeasible {
                     strategy: NAME.into(),
+                    budget: problem.budget_bytes,
                     why: e.to_string(),
-                }
-            })?;
+                },
+                // Too large, out of time or a solver failure: no answer either way.
+                other => PlanError::NotApplicable {
+                    strategy: NAME.into(),
+                    why: other.to_string(),
+                },
+            },
+        )?;
         let decisions = decisions_of(problem.graph, &solution.steps);
         plan_from_steps(problem, NAME, solution.steps, decisions)
     }

@@ -42,9 +42,15 @@ pub trait Strategy: Send + Sync {
     fn name(&self) -> String;
     /// One line for `--help` and tables.
     fn summary(&self) -> &'static str;
-    /// Whether the plans are optimal for the strategy's model (the benchmark's reference).
+    /// Whether the strategy can give optimal plans for its model (listed as exact).
     fn is_exact(&self) -> bool {
         false
+    }
+    /// Whether its plan for this problem is optimal for its model: the benchmark's
+    /// reference. A strategy exact only under conditions (`chain-dp` needs lossless memory
+    /// units) says so here.
+    fn is_exact_for(&self, _problem: &Problem) -> bool {
+        self.is_exact()
     }
     /// Plans under the budget, or says why not ([`PlanError::OverBudget`] carries the peak
     /// the strategy could reach).
