@@ -124,3 +124,81 @@ fn train_runs_a_spec_driven_block() {
         "{out}"
     );
 }
+
+/// Small-model flags shared by the training tests below.
+const SMALL: [&str; 8] = [
+    "--steps",
+    "2",
+    "--batch",
+    "2",
+    "--digits",
+    "3",
+    "--log-every",
+    "1",
+];
+
+fn train(extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["train"];
+    args.extend(SMALL);
+    args.extend(extra);
+    remat(&args)
+}
+
+#[test]
+fn train_infers_the_block_from_the_spec_and_refuses_a_mismatch() {
+    let moe = concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/qwen3-moe.toml");
+    let (ok, out, err) = train(&["--spec", moe, "--block-set", "num_hidden_layers=2"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("qwen3-moe block"), "{out}");
+    let start = std::time::Instant::now();
+    let (ok, _, err) = train(&["--block", "qwen3", "--spec", moe]);
+    assert!(!ok);
+    assert!(
+        err.contains("--block qwen3") && err.contains("`qwen3-moe`"),
+        "{err}"
+    );
+    // Refused before any model is built.
+    assert!(start.elapsed().as_secs() < 10);
+    let (ok, _, err) = train(&["--block", "qwen3-mo"]);
+    assert!(!ok && err.contains("unknown --block `qwen3-mo`"), "{err}");
+}
+
+#[test]
+fn train_block_refuses_flags_it_would_ignore() {
+    for flags in [
+        &["--policy", "every:2"][..],
+        &["--policy", "auto"][..],
+        &["--stages", "2"][..],
+    ] {
+        let mut args = vec!["--block", "qwen3"];
+        args.extend(flags);
+        let (ok, _, err) = train(&args);
+        assert!(!ok, "{flags:?} accepted");
+        assert!(
+            err.contains(flags[0]) && err.contains("does not apply with --block"),
+            "{flags:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn train_block_honours_the_memory_budget() {
+    let small = [
+        "--block-set",
+        "num_hidden_layers=2",
+        "--block-set",
+        "hidden_size=32",
+    ];
+    let mut args = vec!["--block", "qwen3", "--block-set", "head_dim=8"];
+    args.extend(small);
+    let (ok, out, err) = train(&args);
+    assert!(ok, "{err}");
+    assert!(out.contains("pool peak"), "{out}");
+    args.extend(["--memory-budget", "64KiB"]);
+    let (ok, _, err) = train(&args);
+    assert!(!ok);
+    assert!(
+        err.contains("out of memory") || err.contains("budget"),
+        "{err}"
+    );
+}

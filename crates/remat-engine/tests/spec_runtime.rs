@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use remat_engine::models::qwen3::{BlockKind, Qwen3};
+use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{QWEN3, QWEN3_MOE};
@@ -67,10 +67,33 @@ fn run(
     remat_engine::models::qwen3::Qwen3Grads,
     remat_engine::models::qwen3::StepStats,
 ) {
+    run_at(model, plan, 0, &Meter::unbounded()).unwrap()
+}
+
+fn run_at(
+    model: &Qwen3,
+    plan: &Plan,
+    step: u64,
+    meter: &Arc<Meter>,
+) -> Result<
+    (
+        remat_engine::models::qwen3::Qwen3Grads,
+        remat_engine::models::qwen3::StepStats,
+    ),
+    remat_engine::spec::run::RunError,
+> {
     let (t, y) = tokens();
     let host = HostStore::in_memory();
-    let meter: Arc<Meter> = Meter::new();
-    model.step(plan, &t, &y, &host, &meter).unwrap()
+    model.step(
+        plan,
+        &t,
+        &y,
+        StepEnv {
+            host: &host,
+            meter,
+            step,
+        },
+    )
 }
 
 /// The shipped spec in `mode` against save-everything, bit for bit.
@@ -215,10 +238,12 @@ fn drift_and_missing_slots_are_errors() {
     let step = |spec: &BlockSpec| {
         let plan = compile(spec, &cfg, Mode::Lora).unwrap();
         let model = model.clone().with_lora(lora(), true).unwrap();
-        model
-            .step(&plan, &t, &y, &HostStore::in_memory(), &Meter::new())
-            .unwrap_err()
-            .to_string()
+        let env = StepEnv {
+            host: &HostStore::in_memory(),
+            meter: &Meter::unbounded(),
+            step: 0,
+        };
+        model.step(&plan, &t, &y, env).unwrap_err().to_string()
     };
     // The attention replay says it reads k where the forward read q.
     let mut drift = QWEN3.spec().unwrap();
@@ -245,4 +270,162 @@ fn drift_and_missing_slots_are_errors() {
     *act = remat_engine::spec::SlotSpec::new("act", &["B", "T", "F"]).save(false);
     let e = step(&missing);
     assert!(e.contains("slot `act`") && e.contains("transient"), "{e}");
+}
+
+/// LoRA dropout draws a fresh mask every step, and the step's recompute re-applies that
+/// step's mask: the gradients of two steps on the same batch differ, and each step still
+/// equals save-everything bit for bit.
+#[test]
+fn lora_dropout_draws_a_fresh_mask_each_step() {
+    let cfg = config(BlockKind::Dense, &[]);
+    let model = Qwen3::new(BlockKind::Dense, &cfg, 11)
+        .unwrap()
+        .with_lora(lora(), true)
+        .unwrap();
+    let spec = spec_of(BlockKind::Dense);
+    let plan = compile(&spec, &cfg, Mode::Lora).unwrap();
+    let reference = compile(&spec.save_everything(), &cfg, Mode::Lora).unwrap();
+    let meter = Meter::unbounded();
+    let (g0, s0) = run_at(&model, &plan, 0, &meter).unwrap();
+    let (g1, s1) = run_at(&model, &plan, 1, &meter).unwrap();
+    assert_ne!(
+        s0.loss.to_bits(),
+        s1.loss.to_bits(),
+        "same mask in steps 0 and 1"
+    );
+    assert!(!g0.bit_diff(&g1).is_empty());
+    let (r1, _) = run_at(&model, &reference, 1, &meter).unwrap();
+    assert_eq!(g1.bit_diff(&r1), Vec::<String>::new());
+    // The same step number redraws the same mask (a step can be replayed).
+    let (again, _) = run_at(&model, &plan, 1, &meter).unwrap();
+    assert_eq!(g1.bit_diff(&again), Vec::<String>::new());
+}
+
+/// A custom recompute op that computes something else than the forward (here `ln2`
+/// rebuilt from the block input instead of `h`) is a drift error naming layer and slot,
+/// never a silently different loss.
+#[test]
+fn a_wrong_custom_recompute_op_is_a_drift_error() {
+    let cfg = config(BlockKind::Dense, &[]);
+    let model = Qwen3::new(BlockKind::Dense, &cfg, 3).unwrap();
+    let mut spec = spec_of(BlockKind::Dense);
+    let ln2 = spec.slots.iter_mut().find(|s| s.name == "ln2").unwrap();
+    ln2.recompute_from[0] = "@input:x".into();
+    let plan = compile(&spec, &cfg, Mode::Full).unwrap();
+    let e = run_at(&model, &plan, 0, &Meter::unbounded()).unwrap_err();
+    match &e {
+        remat_engine::spec::run::RunError::Drift { layer, slot, .. } => {
+            assert_eq!((*layer, slot.as_str()), (2, "ln2"), "{e}");
+        }
+        other => panic!("expected a drift error, got {other}"),
+    }
+    assert!(e.to_string().contains("rebuilt different values"), "{e}");
+}
+
+/// Declared shapes are checked against what the run produces; dtypes the runtime cannot
+/// run are rejected before any step.
+#[test]
+fn declared_shapes_and_dtypes_are_checked() {
+    use remat_engine::spec::run::RunError;
+    let cfg = config(BlockKind::Dense, &[]);
+    let model = Qwen3::new(BlockKind::Dense, &cfg, 3).unwrap();
+    let mut spec = spec_of(BlockKind::Dense);
+    let act = spec.slots.iter_mut().find(|s| s.name == "act").unwrap();
+    act.shape = vec!["B".into(), "T".into(), "D".into()];
+    let plan = compile(&spec, &cfg, Mode::Full).unwrap();
+    let e = run_at(&model, &plan, 0, &Meter::unbounded()).unwrap_err();
+    match &e {
+        RunError::ShapeMismatch {
+            layer,
+            slot,
+            declared,
+            actual,
+            ..
+        } => {
+            assert_eq!((*layer, slot.as_str()), (0, "act"));
+            assert_eq!(
+                (declared.clone(), actual.clone()),
+                (vec![2, 8, 32], vec![2, 8, 40])
+            );
+        }
+        other => panic!("expected a shape mismatch, got {other}"),
+    }
+    let mut spec = spec_of(BlockKind::Dense);
+    let gate = spec.slots.iter_mut().find(|s| s.name == "gate").unwrap();
+    gate.dtype = remat_engine::spec::Dtype::Bf16;
+    let plan = compile(&spec, &cfg, Mode::Full).unwrap();
+    let e = model.check_plan(&plan).unwrap_err();
+    assert!(
+        matches!(&e, RunError::UnsupportedDtype { owner, dtype: "bf16", .. } if owner == "slot `gate`"),
+        "{e}"
+    );
+    let meter = Meter::unbounded();
+    assert!(run_at(&model, &plan, 0, &meter).is_err());
+    assert_eq!(
+        meter.pool().stats().allocations,
+        0,
+        "rejected after allocating"
+    );
+}
+
+/// The memory pool measures the runtime's buffers: a budget between the shipped spec's
+/// measured peak and save-everything's lets the spec train and makes save-everything fail
+/// with the engine's out-of-memory error.
+#[test]
+fn the_pool_budget_separates_the_spec_from_save_everything() {
+    use remat_engine::spec::run::RunError;
+    let cfg = config(BlockKind::Dense, &[]);
+    let model = Qwen3::new(BlockKind::Dense, &cfg, 3).unwrap();
+    let spec = spec_of(BlockKind::Dense);
+    let plan = compile(&spec, &cfg, Mode::Full).unwrap();
+    let reference = compile(&spec.save_everything(), &cfg, Mode::Full).unwrap();
+    let (_, s_spec) = run(&model, &plan);
+    let (_, s_ref) = run(&model, &reference);
+    assert!(s_spec.activations.peak < s_ref.activations.peak);
+    let budget = s_spec.activations.peak;
+    let bounded = || Meter::new(remat_engine::MemoryPool::with_budget(budget));
+    let (_, fits) = run_at(&model, &plan, 0, &bounded()).unwrap();
+    assert_eq!(fits.activations.peak, budget);
+    let e = run_at(&model, &reference, 0, &bounded()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::Memory(remat_engine::EngineError::OutOfMemory { .. })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("layer"), "{e}");
+    // Once the step failed, every buffer it held went back to the pool.
+    let meter = bounded();
+    assert!(run_at(&model, &reference, 0, &meter).is_err());
+    assert_eq!(meter.pool().live(), 0);
+}
+
+/// A spec names its block exactly: a MoE spec is not a dense one (no prefix match), and a
+/// plan of another block is refused before the step allocates anything.
+#[test]
+fn specs_name_their_block_exactly() {
+    assert_eq!(BlockKind::of_spec("qwen3"), Some(BlockKind::Dense));
+    assert_eq!(BlockKind::of_spec("qwen3-moe"), Some(BlockKind::Moe));
+    assert_eq!(
+        BlockKind::of_spec("qwen3-moe-derived"),
+        Some(BlockKind::Moe)
+    );
+    assert_eq!(BlockKind::of_spec("qwen3-save-all"), Some(BlockKind::Dense));
+    assert_eq!(BlockKind::of_spec("qwen3x"), None);
+    assert_eq!(BlockKind::of_spec("qwen3-moe2"), None);
+    let cfg = config(BlockKind::Moe, &[]).set("intermediate_size", Value::Int(40));
+    let dense = Qwen3::new(BlockKind::Dense, &cfg, 3).unwrap();
+    let moe_plan = compile(&spec_of(BlockKind::Moe), &cfg, Mode::Full).unwrap();
+    let e = dense.check_plan(&moe_plan).unwrap_err().to_string();
+    assert!(
+        e.contains("qwen3-moe") && e.contains("stacks `qwen3`"),
+        "{e}"
+    );
+    // A renamed spec whose parameters do not match the model is caught before the step.
+    let mut renamed = spec_of(BlockKind::Moe);
+    renamed.name = "qwen3".into();
+    let plan = compile(&renamed, &cfg, Mode::Full).unwrap();
+    let e = dense.check_plan(&plan).unwrap_err().to_string();
+    assert!(e.contains("parameter `router`"), "{e}");
 }

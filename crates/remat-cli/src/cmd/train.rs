@@ -158,11 +158,12 @@ impl Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let task = args.task()?;
-    if let super::train_auto::PolicyChoice::Auto(strategy) = &args.policy {
-        return super::train_auto::run(&args, &task, strategy.clone());
-    }
+    // Before --policy auto: the spec path refuses the flags it does not use.
     if args.spec_args.block.is_some() || args.spec_args.spec.is_some() {
         return super::train_spec::run(&args, &task);
+    }
+    if let super::train_auto::PolicyChoice::Auto(strategy) = &args.policy {
+        return super::train_auto::run(&args, &task, strategy.clone());
     }
     if let Some(stages) = args.pipeline.stages {
         let batch = |step| task.batch(args.seed, step, args.batch);

@@ -1,26 +1,35 @@
 //! `remat train --block qwen3|qwen3-moe [--spec FILE] [--mode full|lora]`: trains a
 //! Qwen3-style model whose blocks run through a compiled recompute spec, on the same task as
-//! `remat train` (the embedded reversal task or `--data`).
+//! `remat train` (the embedded reversal task or `--data`). `--spec FILE` alone names its
+//! block. Every buffer (parameters, optimizer state, gradients, activations, scratch) is
+//! charged to one memory pool, so `--memory-budget` applies and the reported peak is
+//! measured; flags of the GPT path that would do nothing here are refused.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::qwen3::{BlockKind, Qwen3, Qwen3Grads};
+use remat_engine::models::qwen3::{BlockKind, Qwen3, Qwen3Grads, StepEnv};
+use remat_engine::pool::{Category, MemoryPool, Reservation};
+use remat_engine::spec::run::check;
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
-use remat_engine::spec::{Mode, Value, compile};
+use remat_engine::spec::{BlockSpec, Mode, Value, compile};
 use remat_engine::swap::HostStore;
 
 use super::spec::{human_bytes, load_spec_and_config, print_table};
 use super::train::task::Task;
+use super::train_auto::PolicyChoice;
 
 /// Flags of spec-driven training (flattened into `remat train`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SpecArgs {
-    /// Train a spec-driven block instead of the GPT: qwen3 or qwen3-moe.
+    /// Train a spec-driven block instead of the GPT: qwen3 or qwen3-moe (default: the
+    /// block --spec names, else qwen3).
     #[arg(long)]
     pub block: Option<String>,
     /// Recompute spec (default: the shipped spec of --block).
@@ -45,11 +54,13 @@ pub struct SpecArgs {
     pub lora_dropout: f64,
 }
 
-/// AdamW over named f32 buffers (moments created on first use).
+/// AdamW over named f32 buffers (moments created on first use, charged to the pool).
 struct AdamW {
     lr: f32,
     step: i32,
     moments: BTreeMap<String, (Vec<f32>, Vec<f32>)>,
+    pool: Arc<MemoryPool>,
+    held: Vec<Reservation>,
 }
 
 impl AdamW {
@@ -58,7 +69,15 @@ impl AdamW {
     const EPS: f32 = 1e-8;
     const WEIGHT_DECAY: f32 = 0.01;
 
-    fn update(&mut self, name: &str, param: &mut [f32], grad: &[f32]) {
+    fn update(&mut self, name: &str, param: &mut [f32], grad: &[f32]) -> anyhow::Result<()> {
+        if !self.moments.contains_key(name) {
+            let bytes = 2 * 4 * param.len() as u64;
+            let r = self
+                .pool
+                .reserve(bytes, Category::OptimizerState, None)
+                .map_err(|oom| oom.at(format!("AdamW moments of `{name}`")))?;
+            self.held.push(r);
+        }
         let (m, v) = self
             .moments
             .entry(name.to_string())
@@ -73,82 +92,139 @@ impl AdamW {
             let update = (m[i] / c1) / ((v[i] / c2).sqrt() + Self::EPS);
             param[i] -= self.lr * (update + Self::WEIGHT_DECAY * param[i]);
         }
+        Ok(())
     }
 }
 
-fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) {
+fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) -> anyhow::Result<()> {
     opt.step += 1;
     match mode {
         Mode::Full => {
-            opt.update("embed", &mut model.embed.data, &grads.embed);
-            opt.update("final_norm", &mut model.final_norm.data, &grads.final_norm);
-            opt.update("lm_head", &mut model.lm_head.data, &grads.lm_head);
+            opt.update("embed", &mut model.embed.data, &grads.embed)?;
+            opt.update("final_norm", &mut model.final_norm.data, &grads.final_norm)?;
+            opt.update("lm_head", &mut model.lm_head.data, &grads.lm_head)?;
             for (l, (params, g)) in model.layers.iter_mut().zip(&grads.layers).enumerate() {
                 for (name, grad) in g {
                     if let Some(p) = params.get_mut(name) {
-                        opt.update(&format!("{l}.{name}"), &mut p.data, grad);
+                        opt.update(&format!("{l}.{name}"), &mut p.data, grad)?;
                     }
                 }
             }
         }
         Mode::Lora => {
             let Some((_, adapters)) = model.lora.as_mut() else {
-                return;
+                return Ok(());
             };
             for (l, (layer, g)) in adapters.iter_mut().zip(&grads.adapters).enumerate() {
                 for (target, grad) in g {
                     if let Some(a) = layer.get_mut(target) {
-                        opt.update(&format!("{l}.{target}.A"), &mut a.a.data, &grad.a);
-                        opt.update(&format!("{l}.{target}.B"), &mut a.b.data, &grad.b);
+                        opt.update(&format!("{l}.{target}.A"), &mut a.a.data, &grad.a)?;
+                        opt.update(&format!("{l}.{target}.B"), &mut a.b.data, &grad.b)?;
                     }
                 }
             }
         }
     }
+    Ok(())
 }
 
 fn block_kind(name: &str) -> anyhow::Result<BlockKind> {
-    match name {
-        "qwen3" => Ok(BlockKind::Dense),
-        "qwen3-moe" => Ok(BlockKind::Moe),
-        other => anyhow::bail!("unknown --block `{other}` (expected qwen3 or qwen3-moe)"),
+    BlockKind::from_name(name).ok_or_else(|| {
+        anyhow::anyhow!("unknown --block `{name}` (expected exactly qwen3 or qwen3-moe)")
+    })
+}
+
+/// `remat train` flags that the spec-driven path does not use: refused rather than ignored.
+/// The spec decides what each layer keeps, recomputes or offloads, so a checkpointing
+/// policy or pipeline stages would silently do nothing.
+fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
+    let flag = if let PolicyChoice::Auto(_) = &args.policy {
+        Some("--policy auto")
+    } else if args.policy.fixed()?
+        != super::train::parse_policy("store-all").map_err(anyhow::Error::msg)?
+    {
+        Some("--policy")
+    } else if args.pipeline.stages.is_some() {
+        Some("--stages")
+    } else if args.compare {
+        Some("--compare")
+    } else if args.files.init.is_some() {
+        Some("--init")
+    } else if args.files.dump_grads.is_some() {
+        Some("--dump-grads")
+    } else if args.files.swap_dir.is_some() {
+        Some("--swap-dir")
+    } else {
+        None
+    };
+    match flag {
+        Some(flag) => anyhow::bail!(
+            "{flag} does not apply with --block/--spec: the spec decides what each layer saves, recomputes or offloads (edit the spec, or see `remat spec inspect`); --memory-budget does apply"
+        ),
+        None => Ok(()),
     }
+}
+
+/// The block and spec to train: `--spec FILE` names its block (exactly `qwen3` or
+/// `qwen3-moe`, or those with `-derived`); `--block`, when also given, must agree.
+fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>, String)> {
+    let Some(path) = &sa.spec else {
+        let block = sa.block.as_deref().unwrap_or("qwen3");
+        return Ok((block_kind(block)?, None, block.to_string()));
+    };
+    let source = path.display().to_string();
+    let spec = BlockSpec::load(path)?;
+    let Some(kind) = BlockKind::of_spec(&spec.name) else {
+        anyhow::bail!(
+            "spec {source} is for block `{}`; remat trains qwen3 and qwen3-moe (a spec's `name` must be exactly one of them, or end in -derived)",
+            spec.name
+        );
+    };
+    if let Some(block) = &sa.block
+        && block_kind(block)? != kind
+    {
+        anyhow::bail!(
+            "--block {block} but spec {source} is for block `{}`; drop --block (it is inferred from the spec) or pass --block {}",
+            spec.name,
+            kind.spec_name()
+        );
+    }
+    Ok((kind, Some(spec), source))
 }
 
 /// Runs spec-driven training with `remat train`'s common flags.
 pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
-    let block = args.spec_args.block.as_deref().unwrap_or("qwen3");
-    let kind = block_kind(block)?;
-    let ctx = remat_engine::ExecContext::new(
-        remat_engine::pool::MemoryPool::unbounded(),
-        args.threads(),
-    )?;
-    ctx.install(|| train(args, task, block, kind))
+    reject_unused_flags(args)?;
+    let (kind, spec, source) = resolve_block(&args.spec_args)?;
+    let pool = match args.memory_budget {
+        Some(budget) => MemoryPool::with_budget(budget),
+        None => MemoryPool::unbounded(),
+    };
+    let ctx = remat_engine::ExecContext::new(Arc::clone(&pool), args.threads())?;
+    ctx.install(|| train(args, task, kind, spec, &source, pool))
 }
 
 fn train(
     args: &super::train::Args,
     task: &Task,
-    block: &str,
     kind: BlockKind,
+    spec: Option<BlockSpec>,
+    spec_source: &str,
+    pool: Arc<MemoryPool>,
 ) -> anyhow::Result<()> {
     let sa = &args.spec_args;
-    let spec_source = sa
-        .spec
-        .as_ref()
-        .map_or(block.to_string(), |p| p.display().to_string());
+    let block = kind.spec_name();
     let (shipped_spec, mut config) =
         load_spec_and_config(block, sa.block_config.as_deref(), &sa.block_set)?;
-    let spec = match &sa.spec {
-        Some(path) => remat_engine::spec::BlockSpec::load(path)?,
-        None => shipped_spec,
-    };
+    let spec = spec.unwrap_or(shipped_spec);
     config = config
         .set("vocab_size", Value::Int(task.vocab() as i64))
         .set("batch", Value::Int(args.batch as i64))
         .set("seq_len", Value::Int(task.seq() as i64));
     let plan =
         compile(&spec, &config, sa.mode).with_context(|| format!("compiling {spec_source}"))?;
+    // Before the model exists: a spec the runtime cannot run fails in milliseconds.
+    check::check_dtypes(&plan).with_context(|| format!("spec {spec_source}"))?;
     let mut model = Qwen3::new(kind, &plan.config, args.seed)?;
     if sa.mode == Mode::Lora {
         let lora = LoraConfig {
@@ -162,21 +238,34 @@ fn train(
         };
         model = model.with_lora(lora, false)?;
     }
+    model
+        .check_plan(&plan)
+        .with_context(|| format!("spec {spec_source}"))?;
+    let param_bytes = 4 * (model.trainable(Mode::Full) + model.trainable(Mode::Lora)) as u64;
+    let _params = pool
+        .reserve(param_bytes, Category::Parameters, None)
+        .map_err(|oom| oom.at("model parameters"))?;
     println!(
-        "{} block, spec {spec_source}, {} mode: {} layers, hidden {}, {} trainable parameters; {}",
+        "{} block, spec {spec_source}, {} mode: {} layers, hidden {}, {} trainable parameters; {}{}",
         block,
         sa.mode.name(),
         model.dims.layers,
         model.dims.hidden,
         model.trainable(sa.mode),
-        task.describe()
+        task.describe(),
+        args.memory_budget.map_or(String::new(), |b| format!(
+            "; memory budget {}",
+            human_bytes(b)
+        ))
     );
     let host = HostStore::in_memory();
-    let meter = Meter::new();
+    let meter = Meter::new(Arc::clone(&pool));
     let mut opt = AdamW {
         lr: args.lr as f32,
         step: 0,
         moments: BTreeMap::new(),
+        pool: Arc::clone(&pool),
+        held: Vec::new(),
     };
     let bar = ProgressBar::new(args.steps);
     bar.set_style(
@@ -185,14 +274,25 @@ fn train(
     );
     let log_every = args.log_every.unwrap_or((args.steps / 15).max(1));
     let start = Instant::now();
-    let (mut first, mut last, mut peak, mut host_peak) = (None, 0.0f32, 0u64, 0u64);
+    let (mut first, mut last) = (None, 0.0f32);
+    let (mut peak, mut saved, mut shared, mut host_peak) = (0u64, 0u64, 0u64, 0u64);
     for step in 0..args.steps {
         let batch = task.batch(args.seed, step, args.batch);
-        let (grads, stats) = model.step(&plan, &batch.tokens, &batch.targets, &host, &meter)?;
-        apply(&mut opt, &mut model, &grads, sa.mode);
+        let env = StepEnv {
+            host: &host,
+            meter: &meter,
+            step,
+        };
+        let (grads, stats) = model
+            .step(&plan, &batch.tokens, &batch.targets, env)
+            .with_context(|| format!("step {step}"))?;
+        apply(&mut opt, &mut model, &grads, sa.mode).with_context(|| format!("step {step}"))?;
+        drop(grads);
         first.get_or_insert(stats.loss);
         last = stats.loss;
-        peak = peak.max(stats.activations.peak);
+        peak = peak.max(pool.peak());
+        saved = saved.max(stats.activations.saved_peak);
+        shared = shared.max(stats.activations.shared_peak);
         host_peak = host_peak.max(stats.host_peak);
         bar.set_message(format!("loss {:.4}", stats.loss));
         bar.inc(1);
@@ -207,9 +307,10 @@ fn train(
         &[
             "first loss",
             "last loss",
-            "peak block activations",
+            "pool peak",
+            "saved slots (all layers)",
+            "shared recompute buffers",
             "host store peak",
-            "plan: saved + shared",
             "step time",
             "tokens/s",
         ],
@@ -217,11 +318,15 @@ fn train(
             format!("{:.4}", first.unwrap_or(0.0)),
             format!("{last:.4}"),
             human_bytes(peak),
+            human_bytes(saved),
+            human_bytes(shared),
             human_bytes(host_peak),
-            human_bytes(plan.device_bytes()),
             format!("{:.1} ms", 1e3 * elapsed / args.steps.max(1) as f64),
             format!("{:.0}", tokens / elapsed),
         ]],
+    );
+    println!(
+        "pool peak is measured: parameters, optimizer state, gradients, every activation and backward scratch buffer of the step"
     );
     Ok(())
 }

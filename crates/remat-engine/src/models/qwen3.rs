@@ -6,21 +6,27 @@
 //! Full fine-tuning trains every weight; LoRA mode trains only adapters on the attention
 //! and MLP projections (routed experts carry none), with the base weights and norms frozen.
 
+mod backward;
+mod forward;
+mod inspect;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kernels::{self, RopeTable};
-use crate::spec::compile::{Mode, Plan};
+use crate::spec::compile::{Disposition, Mode, Plan};
 use crate::spec::run::exec::{
-    Backward, Forward, LayerState, LayerWeights, Record, Shared, SharedBuffers, Src,
+    Backward, Forward, LayerState, LayerWeights, Scratch, Shared, SharedBuffers,
 };
-use crate::spec::run::lora::{self, Adapter, AdapterGrad, LayerAdapters, LoraConfig};
-use crate::spec::run::meter::{Meter, MeterStats};
-use crate::spec::run::moe;
-use crate::spec::run::ops::{self, Act};
-use crate::spec::run::{RunError, RunResult, linalg};
+use crate::spec::run::lora::{Adapter, AdapterGrad, LayerAdapters, LoraConfig};
+use crate::spec::run::meter::{Hold, Meter, MeterStats, Use};
+use crate::spec::run::ops::Act;
+use crate::spec::run::{RunError, RunResult, check, linalg};
 use crate::spec::{ModelConfig, Value};
 use crate::swap::HostStore;
+
+use backward::LayerGrads;
+pub use inspect::{RecomputeCheck, record_block};
 
 /// Which block the model stacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +41,25 @@ impl BlockKind {
             BlockKind::Dense => "qwen3",
             BlockKind::Moe => "qwen3-moe",
         }
+    }
+
+    /// The block named exactly `name` (`qwen3`, `qwen3-moe`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [BlockKind::Dense, BlockKind::Moe]
+            .into_iter()
+            .find(|k| k.spec_name() == name)
+    }
+
+    /// The block a spec is written for: its name is exactly the block's, or the block's
+    /// with `-derived` (what `remat spec derive` writes) or `-save-all`
+    /// ([`crate::spec::BlockSpec::save_everything`]). Never a prefix match: `qwen3` must
+    /// not claim a `qwen3-moe` spec.
+    pub fn of_spec(spec_name: &str) -> Option<Self> {
+        let base = ["-derived", "-save-all"]
+            .iter()
+            .find_map(|suffix| spec_name.strip_suffix(suffix))
+            .unwrap_or(spec_name);
+        Self::from_name(base)
     }
 }
 
@@ -161,6 +186,26 @@ pub struct Qwen3Grads {
     pub lm_head: Vec<f32>,
     pub layers: Vec<BTreeMap<String, Vec<f32>>>,
     pub adapters: Vec<BTreeMap<String, AdapterGrad>>,
+    /// The pool bytes these gradients hold, released when the last copy is dropped.
+    pub held: GradHolds,
+}
+
+/// Pool reservations of a step's gradient buffers. Accounting, not values: two gradient
+/// sets compare equal whatever they hold.
+#[derive(Debug, Clone, Default)]
+pub struct GradHolds(Arc<Vec<Hold>>);
+
+impl GradHolds {
+    /// Pool bytes held by the gradient buffers.
+    pub fn bytes(&self) -> u64 {
+        self.0.iter().map(Hold::bytes).sum()
+    }
+}
+
+impl PartialEq for GradHolds {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Qwen3Grads {
@@ -208,10 +253,23 @@ impl Qwen3Grads {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepStats {
     pub loss: f32,
-    /// Device bytes the runtime held for block activations (saved, shared, prefetched).
+    /// The pool over the step: its peak (activations, scratch, gradients, and whatever the
+    /// caller registered, such as parameters), and the saved / shared breakdown.
     pub activations: MeterStats,
     pub host_peak: u64,
     pub recomputed_ops: usize,
+}
+
+/// What a step runs with besides the model, the plan and the batch.
+#[derive(Clone, Copy)]
+pub struct StepEnv<'a> {
+    /// Where offloaded slots live between forward and backward.
+    pub host: &'a HostStore,
+    /// The pool (with its budget) every buffer of the step is charged to.
+    pub meter: &'a Arc<Meter>,
+    /// The training step: LoRA dropout draws a fresh mask each step, shared by the step's
+    /// forward, recompute and backward.
+    pub step: u64,
 }
 
 impl Qwen3 {
@@ -395,17 +453,19 @@ impl Qwen3 {
     }
 
     /// One forward and backward under `plan` (compiled from this block's spec for this
-    /// model's config): loss, gradients and memory figures.
+    /// model's config): loss, gradients and memory figures. Every buffer is charged to
+    /// `env.meter`'s pool: over its budget the step fails with the engine's out-of-memory
+    /// error naming the layer and slot.
     pub fn step(
         &self,
         plan: &Plan,
         tokens: &[u32],
         targets: &[u32],
-        host: &HostStore,
-        meter: &Arc<Meter>,
+        env: StepEnv,
     ) -> RunResult<(Qwen3Grads, StepStats)> {
         let d = &self.dims;
-        self.check_plan(plan, tokens, targets)?;
+        self.check_plan(plan)?;
+        self.check_batch(tokens, targets)?;
         let rope = RopeTable::<f32>::new(d.seq, d.head_dim, d.theta)
             .map_err(|e| RunError::Model(e.to_string()))?;
         let lora_cfg = match plan.mode {
@@ -418,30 +478,36 @@ impl Qwen3 {
             ),
             Mode::Full => None,
         };
+        let meter = env.meter;
         let shared = Shared {
             plan,
             config: &plan.config,
             rope: &rope,
             lora: lora_cfg,
             meter,
-            host,
+            host: env.host,
+            step: env.step,
         };
         meter.reset_peak();
-        host.reset_peak();
-        let mut x = vec![0.0; tokens.len() * d.hidden];
-        kernels::embedding_forward(&self.embed.data, d.vocab, d.hidden, tokens, &mut x)
-            .map_err(kernel_err("embedding"))?;
-        let mut x = Act::new(x, vec![d.batch, d.seq, d.hidden]);
+        env.host.reset_peak();
+        let mut x = Some(self.embed_tokens(tokens, meter)?);
         let mut states: Vec<LayerState> = Vec::with_capacity(d.layers);
         for l in 0..d.layers {
-            let inputs = BTreeMap::from([("x".to_string(), x)]);
-            let mut f = Forward::new(&shared, l, self.weights(l, lora_cfg.is_some()), inputs);
+            let input = x
+                .take()
+                .ok_or_else(|| RunError::Model("lost the residual stream".into()))?;
+            let inputs = BTreeMap::from([("x".to_string(), input)]);
+            let mut f = Forward::new(&shared, l, self.weights(l, lora_cfg.is_some()), inputs)?;
             self.block_forward(&mut f)?;
             let (out, state) = f.finish("out")?;
             states.push(state);
-            x = out;
+            x = Some(out);
         }
-        let (loss, dx_final, mut grads) = self.head(&x, targets, plan.mode)?;
+        let (last, _last_hold) = x.ok_or_else(|| RunError::Model("no block output".into()))?;
+        let mut holds = Vec::new();
+        let (loss, dx_final, mut grads) =
+            self.head(&last, targets, plan.mode, meter, &mut holds)?;
+        drop((last, _last_hold));
         let mut dx = dx_final;
         let mut buffers = SharedBuffers::new();
         let mut recomputed_ops = 0;
@@ -458,35 +524,55 @@ impl Qwen3 {
                 &mut buffers,
             )?;
             let mut lg = LayerGrads {
+                layer: l,
                 params: &mut grads.layers[l],
                 adapters: &mut grads.adapters[l],
+                meter,
+                holds: &mut holds,
             };
             dx = self.block_backward(&mut b, dx, &mut lg)?;
             recomputed_ops += b.recomputed_ops;
         }
         drop(buffers);
         if plan.mode == Mode::Full {
+            holds.push(meter.hold(self.embed.bytes(), Use::Gradient, || {
+                "gradient of `embed`".into()
+            })?);
             grads.embed = vec![0.0; self.embed.data.len()];
             kernels::embedding_backward(tokens, &dx, d.vocab, d.hidden, &mut grads.embed)
                 .map_err(kernel_err("embedding"))?;
         } else {
             grads.layers.iter_mut().for_each(BTreeMap::clear);
         }
+        drop(dx);
+        grads.held = GradHolds(Arc::new(holds));
         let stats = StepStats {
             loss,
             activations: meter.stats(),
-            host_peak: host.stats().peak_bytes,
+            host_peak: env.host.stats().peak_bytes,
             recomputed_ops,
         };
         Ok((grads, stats))
     }
 
-    fn check_plan(&self, plan: &Plan, tokens: &[u32], targets: &[u32]) -> RunResult<()> {
+    /// Layer 0's block input: the token embeddings, charged to the pool.
+    fn embed_tokens(&self, tokens: &[u32], meter: &Arc<Meter>) -> RunResult<(Act, Hold)> {
+        let d = &self.dims;
+        let hold = meter.hold((tokens.len() * d.hidden * 4) as u64, Use::Forward, || {
+            "embedding output (layer 0 block input `x`)".into()
+        })?;
+        let mut x = vec![0.0; tokens.len() * d.hidden];
+        kernels::embedding_forward(&self.embed.data, d.vocab, d.hidden, tokens, &mut x)
+            .map_err(kernel_err("embedding"))?;
+        Ok((Act::new(x, vec![d.batch, d.seq, d.hidden]), hold))
+    }
+
+    /// Checks that `plan` was compiled from a spec of this model's block, for its layer
+    /// count, with dtypes the runtime runs and parameter shapes the model has.
+    pub fn check_plan(&self, plan: &Plan) -> RunResult<()> {
         let d = &self.dims;
         let bad = |what: String| Err(RunError::Model(what));
-        if plan.spec().name != self.kind.spec_name()
-            && !plan.spec().name.starts_with(self.kind.spec_name())
-        {
+        if BlockKind::of_spec(&plan.spec().name) != Some(self.kind) {
             return bad(format!(
                 "plan is for block `{}`, the model stacks `{}`",
                 plan.spec().name,
@@ -500,15 +586,48 @@ impl Qwen3 {
                 d.layers
             ));
         }
+        check::check_dtypes(plan)?;
+        for (l, (layer_plan, params)) in plan.layers.iter().zip(&self.layers).enumerate() {
+            for (spec, shape) in plan.spec().params.iter().zip(&layer_plan.params) {
+                let have = params.get(&spec.name).map(|p| &p.shape);
+                if have != shape.as_ref() {
+                    return bad(format!(
+                        "layer {l}: parameter `{}`: the spec declares {}, the model has {}",
+                        spec.name,
+                        shape
+                            .as_ref()
+                            .map_or("none (absent)".into(), |s| format!("{s:?}")),
+                        have.map_or("none".into(), |s| format!("{s:?}"))
+                    ));
+                }
+            }
+            let declared = |slot: &str| {
+                layer_plan
+                    .slots
+                    .iter()
+                    .any(|s| s.name == slot && s.disposition != Disposition::Absent)
+            };
+            if let Some(missing) = self.backward_reads().into_iter().find(|s| !declared(s)) {
+                return bad(format!(
+                    "layer {l}: the {} backward reads slot `{missing}`, which the spec does not declare",
+                    self.kind.spec_name()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_batch(&self, tokens: &[u32], targets: &[u32]) -> RunResult<()> {
+        let d = &self.dims;
         if tokens.len() != d.rows() || targets.len() != d.rows() {
-            return bad(format!(
+            return Err(RunError::Model(format!(
                 "expected {} tokens and targets (batch {} x seq {}), got {} and {}",
                 d.rows(),
                 d.batch,
                 d.seq,
                 tokens.len(),
                 targets.len()
-            ));
+            )));
         }
         Ok(())
     }
@@ -524,15 +643,26 @@ impl Qwen3 {
         }
     }
 
-    /// Final norm, LM head and mean cross-entropy, forward and backward (not spec-driven).
-    fn head(&self, x: &Act, targets: &[u32], mode: Mode) -> RunResult<(f32, Vec<f32>, Qwen3Grads)> {
+    /// Final norm, LM head and mean cross-entropy, forward and backward (not spec-driven);
+    /// its buffers are charged to the pool like the blocks'.
+    fn head(
+        &self,
+        x: &Act,
+        targets: &[u32],
+        mode: Mode,
+        meter: &Arc<Meter>,
+        holds: &mut Vec<Hold>,
+    ) -> RunResult<(f32, Scratch, Qwen3Grads)> {
         let d = &self.dims;
         let n = d.rows();
-        let mut xf = vec![0.0; x.data.len()];
-        let mut rstd = vec![0.0; n];
+        let scratch = |len: usize, what: &'static str| {
+            Scratch::zeros(meter, len, || format!("LM head `{what}`"))
+        };
+        let mut xf = scratch(x.data.len(), "final norm output")?;
+        let mut rstd = scratch(n, "final norm rstd")?;
         kernels::rmsnorm_forward(&x.data, &self.final_norm.data, d.eps, &mut xf, &mut rstd)
             .map_err(kernel_err("final norm"))?;
-        let mut logits = vec![0.0; n * d.vocab];
+        let mut logits = scratch(n * d.vocab, "logits")?;
         linalg::linear(
             &xf,
             &self.lm_head.data,
@@ -543,14 +673,15 @@ impl Qwen3 {
             false,
             1.0,
         );
-        let mut lse = vec![0.0; n];
+        let mut lse = scratch(n, "logsumexp")?;
         let loss = kernels::cross_entropy_forward(&logits, targets, d.vocab, &mut lse)
             .map_err(kernel_err("cross-entropy"))?;
-        let mut dlogits = vec![0.0; logits.len()];
+        let mut dlogits = scratch(logits.len(), "dlogits")?;
         kernels::cross_entropy_backward(&logits, targets, d.vocab, &lse, 1.0, &mut dlogits)
             .map_err(kernel_err("cross-entropy"))?;
+        drop(logits);
         let mut grads = Qwen3Grads::default();
-        let mut dxf = vec![0.0; xf.len()];
+        let mut dxf = scratch(xf.len(), "dfinal norm output")?;
         linalg::linear_dx(
             &dlogits,
             &self.lm_head.data,
@@ -562,7 +693,7 @@ impl Qwen3 {
             1.0,
         );
         let mut dnorm = vec![0.0; d.hidden];
-        let mut dx = vec![0.0; x.data.len()];
+        let mut dx = scratch(x.data.len(), "dx of the last block")?;
         kernels::rmsnorm_backward(
             &x.data,
             &self.final_norm.data,
@@ -573,6 +704,10 @@ impl Qwen3 {
         )
         .map_err(kernel_err("final norm"))?;
         if mode == Mode::Full {
+            let bytes = self.lm_head.bytes() + self.final_norm.bytes();
+            holds.push(meter.hold(bytes, Use::Gradient, || {
+                "gradients of `lm_head` and `final_norm`".into()
+            })?);
             grads.lm_head = vec![0.0; self.lm_head.data.len()];
             linalg::linear_dw(&dlogits, &xf, n, d.hidden, d.vocab, &mut grads.lm_head, 1.0);
             grads.final_norm = dnorm;
@@ -583,731 +718,4 @@ impl Qwen3 {
 
 fn kernel_err(what: &'static str) -> impl Fn(kernels::KernelError) -> RunError {
     move |e| RunError::Model(format!("{what}: {e}"))
-}
-
-/// Where one layer's backward writes its gradients.
-struct LayerGrads<'g> {
-    params: &'g mut BTreeMap<String, Vec<f32>>,
-    adapters: &'g mut BTreeMap<String, AdapterGrad>,
-}
-
-impl LayerGrads<'_> {
-    fn param(&mut self, name: &str, len: usize) -> &mut Vec<f32> {
-        self.params
-            .entry(name.to_string())
-            .or_insert_with(|| vec![0.0; len])
-    }
-}
-
-fn eps() -> (&'static str, Value) {
-    ("eps", Value::Str("rms_norm_eps".into()))
-}
-
-impl Qwen3 {
-    /// The block's forward as op calls: the slot names are the spec's.
-    fn block_forward(&self, f: &mut Forward) -> RunResult<()> {
-        use Src::{Global, Input, OptParam, Param, Slot};
-        let d = &self.dims;
-        f.call(
-            "rmsnorm",
-            &[eps()],
-            &[Input("x"), Param("input_layernorm")],
-            &["ln1", "ln1_rstd"],
-            &[],
-        )?;
-        f.call(
-            "qkv_proj",
-            &[],
-            &[
-                Slot("ln1"),
-                Param("q_proj"),
-                Param("k_proj"),
-                Param("v_proj"),
-                OptParam("q_bias"),
-                OptParam("k_bias"),
-                OptParam("v_bias"),
-            ],
-            &["q_lin", "k_lin", "v"],
-            &[Some("q"), Some("k"), Some("v")],
-        )?;
-        let (q_in, k_in) = if d.qk_norm {
-            f.call(
-                "head_rmsnorm",
-                &[eps()],
-                &[Slot("q_lin"), Param("q_norm")],
-                &["q_normed", "q_rstd"],
-                &[],
-            )?;
-            f.call(
-                "head_rmsnorm",
-                &[eps()],
-                &[Slot("k_lin"), Param("k_norm")],
-                &["k_normed", "k_rstd"],
-                &[],
-            )?;
-            ("q_normed", "k_normed")
-        } else {
-            ("q_lin", "k_lin")
-        };
-        let hd = [("head_dim", Value::Str("head_dim".into()))];
-        f.call(
-            "rope",
-            &hd,
-            &[Slot(q_in), Global("rope_cos"), Global("rope_sin")],
-            &["q"],
-            &[],
-        )?;
-        f.call(
-            "rope",
-            &hd,
-            &[Slot(k_in), Global("rope_cos"), Global("rope_sin")],
-            &["k"],
-            &[],
-        )?;
-        let heads = [
-            ("heads", Value::Str("num_attention_heads".into())),
-            ("kv_heads", Value::Str("num_key_value_heads".into())),
-        ];
-        f.call(
-            "attention",
-            &heads,
-            &[Slot("q"), Slot("k"), Slot("v")],
-            &["attn", "attn_lse"],
-            &[],
-        )?;
-        f.call(
-            "linear",
-            &[],
-            &[Slot("attn"), Param("o_proj")],
-            &["attn_proj"],
-            &[Some("o")],
-        )?;
-        f.call("add", &[], &[Input("x"), Slot("attn_proj")], &["h"], &[])?;
-        f.call(
-            "rmsnorm",
-            &[eps()],
-            &[Slot("h"), Param("post_attention_layernorm")],
-            &["ln2", "ln2_rstd"],
-            &[],
-        )?;
-        match self.kind {
-            BlockKind::Dense => {
-                f.call(
-                    "linear",
-                    &[],
-                    &[Slot("ln2"), Param("gate_proj")],
-                    &["gate"],
-                    &[Some("gate")],
-                )?;
-                f.call(
-                    "linear",
-                    &[],
-                    &[Slot("ln2"), Param("up_proj")],
-                    &["up"],
-                    &[Some("up")],
-                )?;
-                f.call("swiglu", &[], &[Slot("gate"), Slot("up")], &["act"], &[])?;
-                f.call(
-                    "linear",
-                    &[],
-                    &[Slot("act"), Param("down_proj")],
-                    &["mlp_out"],
-                    &[Some("down")],
-                )?;
-                f.call("add", &[], &[Slot("h"), Slot("mlp_out")], &["out"], &[])
-            }
-            BlockKind::Moe => {
-                f.call(
-                    "linear",
-                    &[],
-                    &[Slot("ln2"), Param("router")],
-                    &["router_logits"],
-                    &[],
-                )?;
-                let topk = [
-                    ("k", Value::Str("num_experts_per_tok".into())),
-                    ("normalize", Value::Str("norm_topk_prob".into())),
-                ];
-                f.call(
-                    "topk_softmax",
-                    &topk,
-                    &[Slot("router_logits")],
-                    &["topk_weights", "topk_experts"],
-                    &[],
-                )?;
-                f.call(
-                    "moe_gate_up",
-                    &[],
-                    &[
-                        Slot("ln2"),
-                        Slot("topk_experts"),
-                        Param("experts_gate"),
-                        Param("experts_up"),
-                    ],
-                    &["expert_gate", "expert_up"],
-                    &[],
-                )?;
-                f.call(
-                    "swiglu",
-                    &[],
-                    &[Slot("expert_gate"), Slot("expert_up")],
-                    &["expert_act"],
-                    &[],
-                )?;
-                f.call(
-                    "moe_down",
-                    &[],
-                    &[
-                        Slot("expert_act"),
-                        Slot("topk_experts"),
-                        Param("experts_down"),
-                    ],
-                    &["expert_out"],
-                    &[],
-                )?;
-                if d.shared_intermediate > 0 {
-                    f.call(
-                        "linear",
-                        &[],
-                        &[Slot("ln2"), Param("shared_gate_proj")],
-                        &["shared_gate"],
-                        &[Some("gate")],
-                    )?;
-                    f.call(
-                        "linear",
-                        &[],
-                        &[Slot("ln2"), Param("shared_up_proj")],
-                        &["shared_up"],
-                        &[Some("up")],
-                    )?;
-                    f.call(
-                        "swiglu",
-                        &[],
-                        &[Slot("shared_gate"), Slot("shared_up")],
-                        &["shared_act"],
-                        &[],
-                    )?;
-                    f.call(
-                        "linear",
-                        &[],
-                        &[Slot("shared_act"), Param("shared_down_proj")],
-                        &["shared_out"],
-                        &[Some("down")],
-                    )?;
-                    f.call(
-                        "moe_combine",
-                        &[],
-                        &[Slot("expert_out"), Slot("topk_weights"), Slot("shared_out")],
-                        &["moe_out"],
-                        &[],
-                    )?;
-                } else {
-                    f.call(
-                        "moe_combine",
-                        &[],
-                        &[Slot("expert_out"), Slot("topk_weights")],
-                        &["moe_out"],
-                        &[],
-                    )?;
-                }
-                // moe_combine yields [tokens, hidden]; the residual add keeps h's shape.
-                f.call("add", &[], &[Slot("h"), Slot("moe_out")], &["out"], &[])
-            }
-        }
-    }
-
-    /// Backward of one linear use: `dx (+)= dy W` (+ the adapter's input gradient); in full
-    /// mode `dW += dy^T x` (and the bias); in LoRA mode the adapter's gradients.
-    #[allow(clippy::too_many_arguments)]
-    fn linear_backward(
-        &self,
-        b: &Backward,
-        g: &mut LayerGrads,
-        x_slot: &str,
-        w_name: &str,
-        bias: Option<&str>,
-        target: Option<&str>,
-        dy: &[f32],
-        dx: &mut [f32],
-        accumulate: bool,
-    ) -> RunResult<()> {
-        let w = b.weights().params.get(w_name).ok_or_else(|| {
-            RunError::Model(format!("layer {}: no parameter `{w_name}`", b.layer))
-        })?;
-        let (n, k) = (w.shape[0], w.shape[1]);
-        let m = dy.len() / n;
-        linalg::linear_dx(dy, &w.data, m, k, n, dx, accumulate, 1.0);
-        match b.mode() {
-            Mode::Full => {
-                let x = b.get(x_slot)?;
-                linalg::linear_dw(dy, &x.data, m, k, n, g.param(w_name, w.data.len()), 1.0);
-                if let Some(bias) = bias.filter(|name| b.weights().params.contains_key(*name)) {
-                    let db = g.param(bias, n);
-                    for row in dy.chunks(n) {
-                        for (o, v) in db.iter_mut().zip(row) {
-                            *o += v;
-                        }
-                    }
-                }
-            }
-            Mode::Lora => {
-                let adapter = target.and_then(|t| b.weights().adapters.and_then(|a| a.get(t)));
-                if let (Some(t), Some(adapter), Some(cfg)) = (target, adapter, b.lora_config()) {
-                    let x = b.get(x_slot)?;
-                    let grad = g
-                        .adapters
-                        .entry(t.to_string())
-                        .or_insert_with(|| AdapterGrad {
-                            a: vec![0.0; adapter.a.data.len()],
-                            b: vec![0.0; adapter.b.data.len()],
-                        });
-                    lora::backward(cfg, b.layer, t, adapter, &x.data, dy, dx, grad);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// RMSNorm backward: returns dx; accumulates the weight gradient in full mode.
-    fn norm_backward(
-        &self,
-        b: &Backward,
-        g: &mut LayerGrads,
-        x: &str,
-        w_name: &str,
-        rstd: &str,
-        dy: &[f32],
-    ) -> RunResult<Vec<f32>> {
-        let w = &b.weights().params[w_name];
-        let mut dx = vec![0.0; dy.len()];
-        let mut dw = vec![0.0; w.data.len()];
-        kernels::rmsnorm_backward(
-            &b.get(x)?.data,
-            &w.data,
-            &b.get(rstd)?.data,
-            dy,
-            &mut dx,
-            &mut dw,
-        )
-        .map_err(kernel_err("rmsnorm"))?;
-        if b.mode() == Mode::Full {
-            for (o, v) in g.param(w_name, dw.len()).iter_mut().zip(&dw) {
-                *o += v;
-            }
-        }
-        Ok(dx)
-    }
-
-    fn block_backward(
-        &self,
-        b: &mut Backward,
-        dout: Vec<f32>,
-        g: &mut LayerGrads,
-    ) -> RunResult<Vec<f32>> {
-        let dln2 = match self.kind {
-            BlockKind::Dense => self.dense_mlp_backward(b, g, &dout)?,
-            BlockKind::Moe => self.moe_backward(b, g, &dout)?,
-        };
-        let dh_norm =
-            self.norm_backward(b, g, "h", "post_attention_layernorm", "ln2_rstd", &dln2)?;
-        let dh: Vec<f32> = dout.iter().zip(&dh_norm).map(|(a, c)| a + c).collect();
-        self.attention_backward(b, g, dh)
-    }
-
-    fn dense_mlp_backward(
-        &self,
-        b: &mut Backward,
-        g: &mut LayerGrads,
-        dout: &[f32],
-    ) -> RunResult<Vec<f32>> {
-        let d = &self.dims;
-        b.ensure(&["act", "gate", "up", "ln2", "h", "ln2_rstd"])?;
-        let n = d.rows();
-        let mut dact = vec![0.0; n * d.intermediate];
-        self.linear_backward(
-            b,
-            g,
-            "act",
-            "down_proj",
-            None,
-            Some("down"),
-            dout,
-            &mut dact,
-            false,
-        )?;
-        let (mut dgate, mut dup) = (vec![0.0; dact.len()], vec![0.0; dact.len()]);
-        kernels::swiglu_backward(
-            &b.get("gate")?.data,
-            &b.get("up")?.data,
-            &dact,
-            &mut dgate,
-            &mut dup,
-        )
-        .map_err(kernel_err("swiglu"))?;
-        let mut dln2 = vec![0.0; n * d.hidden];
-        self.linear_backward(
-            b,
-            g,
-            "ln2",
-            "gate_proj",
-            None,
-            Some("gate"),
-            &dgate,
-            &mut dln2,
-            false,
-        )?;
-        self.linear_backward(
-            b,
-            g,
-            "ln2",
-            "up_proj",
-            None,
-            Some("up"),
-            &dup,
-            &mut dln2,
-            true,
-        )?;
-        Ok(dln2)
-    }
-
-    fn moe_backward(
-        &self,
-        b: &mut Backward,
-        g: &mut LayerGrads,
-        dout: &[f32],
-    ) -> RunResult<Vec<f32>> {
-        let d = &self.dims;
-        let shared = d.shared_intermediate > 0;
-        let mut needed = vec![
-            "ln2",
-            "h",
-            "ln2_rstd",
-            "router_logits",
-            "topk_weights",
-            "topk_experts",
-            "expert_gate",
-            "expert_up",
-            "expert_act",
-            "expert_out",
-        ];
-        if shared {
-            needed.extend(["shared_gate", "shared_up", "shared_act"]);
-        }
-        b.ensure(&needed)?;
-        let full = b.mode() == Mode::Full;
-        let (deo, dweights) =
-            moe::combine_backward(b.get("expert_out")?, b.get("topk_weights")?, dout);
-        let p = b.weights().params;
-        let err = |e: String| RunError::Model(format!("layer {}: {e}", b.layer));
-        let (wd, wg, wu) = (&p["experts_down"], &p["experts_gate"], &p["experts_up"]);
-        let mut dact = vec![0.0; b.get("expert_act")?.data.len()];
-        let mut dwd = full.then(|| vec![0.0; wd.data.len()]);
-        moe::down_backward(
-            b.get("expert_act")?,
-            b.get("topk_experts")?,
-            wd,
-            &deo,
-            &mut dact,
-            dwd.as_deref_mut(),
-        )
-        .map_err(err)?;
-        let (mut deg, mut deu) = (vec![0.0; dact.len()], vec![0.0; dact.len()]);
-        kernels::swiglu_backward(
-            &b.get("expert_gate")?.data,
-            &b.get("expert_up")?.data,
-            &dact,
-            &mut deg,
-            &mut deu,
-        )
-        .map_err(kernel_err("swiglu"))?;
-        let mut dln2 = vec![0.0; d.rows() * d.hidden];
-        let (mut dwg, mut dwu) = (
-            vec![0.0; if full { wg.data.len() } else { 0 }],
-            vec![0.0; if full { wu.data.len() } else { 0 }],
-        );
-        let dws = full.then_some((dwg.as_mut_slice(), dwu.as_mut_slice()));
-        moe::gate_up_backward(
-            b.get("ln2")?,
-            b.get("topk_experts")?,
-            wg,
-            wu,
-            &deg,
-            &deu,
-            &mut dln2,
-            dws,
-        )
-        .map_err(err)?;
-        let dlogits = moe::topk_softmax_backward(
-            b.get("router_logits")?,
-            b.get("topk_experts")?,
-            &dweights,
-            d.norm_topk,
-        );
-        self.linear_backward(b, g, "ln2", "router", None, None, &dlogits, &mut dln2, true)?;
-        if shared {
-            let mut dsa = vec![0.0; d.rows() * d.shared_intermediate];
-            self.linear_backward(
-                b,
-                g,
-                "shared_act",
-                "shared_down_proj",
-                None,
-                Some("down"),
-                dout,
-                &mut dsa,
-                false,
-            )?;
-            let (mut dsg, mut dsu) = (vec![0.0; dsa.len()], vec![0.0; dsa.len()]);
-            kernels::swiglu_backward(
-                &b.get("shared_gate")?.data,
-                &b.get("shared_up")?.data,
-                &dsa,
-                &mut dsg,
-                &mut dsu,
-            )
-            .map_err(kernel_err("swiglu"))?;
-            self.linear_backward(
-                b,
-                g,
-                "ln2",
-                "shared_gate_proj",
-                None,
-                Some("gate"),
-                &dsg,
-                &mut dln2,
-                true,
-            )?;
-            self.linear_backward(
-                b,
-                g,
-                "ln2",
-                "shared_up_proj",
-                None,
-                Some("up"),
-                &dsu,
-                &mut dln2,
-                true,
-            )?;
-        }
-        if let Some(dwd) = dwd {
-            g.params.insert("experts_down".into(), dwd);
-            g.params.insert("experts_gate".into(), dwg);
-            g.params.insert("experts_up".into(), dwu);
-        }
-        Ok(dln2)
-    }
-
-    fn attention_backward(
-        &self,
-        b: &mut Backward,
-        g: &mut LayerGrads,
-        dh: Vec<f32>,
-    ) -> RunResult<Vec<f32>> {
-        let d = &self.dims;
-        let mut needed = vec![
-            "attn", "q", "k", "v", "attn_lse", "ln1", "@input:x", "ln1_rstd",
-        ];
-        if d.qk_norm {
-            needed.extend(["q_lin", "k_lin", "q_rstd", "k_rstd"]);
-        }
-        b.ensure(&needed)?;
-        let n = d.rows();
-        let mut dattn = vec![0.0; n * d.q_width()];
-        self.linear_backward(
-            b,
-            g,
-            "attn",
-            "o_proj",
-            None,
-            Some("o"),
-            &dh,
-            &mut dattn,
-            false,
-        )?;
-        let (q, k) = (b.get("q")?, b.get("k")?);
-        let shape =
-            ops::attention_shape(q, k, d.heads, d.kv_heads).map_err(kernel_err("attention"))?;
-        let workers = kernels::attention_workers(&shape);
-        let mut scratch = vec![0.0; kernels::attention_backward_scratch_len(&shape, workers)];
-        let (mut dq, mut dk, mut dv) = (
-            vec![0.0; shape.q_len()],
-            vec![0.0; shape.kv_len()],
-            vec![0.0; shape.kv_len()],
-        );
-        kernels::attention_backward(
-            &shape,
-            None,
-            &q.data,
-            &k.data,
-            &b.get("v")?.data,
-            &b.get("attn_lse")?.data,
-            &dattn,
-            &mut dq,
-            &mut dk,
-            &mut dv,
-            &mut scratch,
-        )
-        .map_err(kernel_err("attention"))?;
-        let rope = RopeTable::<f32>::new(d.seq, d.head_dim, d.theta).map_err(kernel_err("rope"))?;
-        let unrotate = |grad: Vec<f32>, width: usize| -> RunResult<Vec<f32>> {
-            let a = Act::new(grad, vec![d.batch, d.seq, width]);
-            Ok(ops::rope(&rope, &a, d.head_dim, true)
-                .map_err(kernel_err("rope"))?
-                .data)
-        };
-        let mut dq_lin = unrotate(dq, d.q_width())?;
-        let mut dk_lin = unrotate(dk, d.kv_width())?;
-        if d.qk_norm {
-            dq_lin = self.norm_backward(b, g, "q_lin", "q_norm", "q_rstd", &dq_lin)?;
-            dk_lin = self.norm_backward(b, g, "k_lin", "k_norm", "k_rstd", &dk_lin)?;
-        }
-        let mut dln1 = vec![0.0; n * d.hidden];
-        self.linear_backward(
-            b,
-            g,
-            "ln1",
-            "q_proj",
-            Some("q_bias"),
-            Some("q"),
-            &dq_lin,
-            &mut dln1,
-            false,
-        )?;
-        self.linear_backward(
-            b,
-            g,
-            "ln1",
-            "k_proj",
-            Some("k_bias"),
-            Some("k"),
-            &dk_lin,
-            &mut dln1,
-            true,
-        )?;
-        self.linear_backward(
-            b,
-            g,
-            "ln1",
-            "v_proj",
-            Some("v_bias"),
-            Some("v"),
-            &dv,
-            &mut dln1,
-            true,
-        )?;
-        let dx_norm = self.norm_backward(b, g, "@input:x", "input_layernorm", "ln1_rstd", &dln1)?;
-        Ok(dh.iter().zip(&dx_norm).map(|(a, c)| a + c).collect())
-    }
-}
-
-/// The forward records of layer 0 for the given model (for `remat spec derive`).
-pub fn record_block(model: &Qwen3, plan: &Plan, tokens: &[u32]) -> RunResult<Vec<Record>> {
-    let d = &model.dims;
-    let rope = RopeTable::<f32>::new(d.seq, d.head_dim, d.theta).map_err(kernel_err("rope"))?;
-    let meter = Meter::new();
-    let host = HostStore::in_memory();
-    let shared = Shared {
-        plan,
-        config: &plan.config,
-        rope: &rope,
-        lora: None,
-        meter: &meter,
-        host: &host,
-    };
-    let mut x = vec![0.0; tokens.len() * d.hidden];
-    kernels::embedding_forward(&model.embed.data, d.vocab, d.hidden, tokens, &mut x)
-        .map_err(kernel_err("embedding"))?;
-    let inputs = BTreeMap::from([("x".to_string(), Act::new(x, vec![d.batch, d.seq, d.hidden]))]);
-    let mut f = Forward::new(&shared, 0, model.weights(0, false), inputs);
-    model.block_forward(&mut f)?;
-    Ok(f.records().to_vec())
-}
-
-impl Qwen3 {
-    /// `remat spec derive`: records layer 0's forward (under `plan`, any compiled spec of
-    /// this block) and writes a spec with every op output a slot rebuilt by replay.
-    pub fn derive_spec(&self, plan: &Plan) -> RunResult<crate::spec::BlockSpec> {
-        let d = &self.dims;
-        let tokens: Vec<u32> = (0..d.rows()).map(|i| (i % d.vocab) as u32).collect();
-        let records = record_block(self, plan, &tokens)?;
-        let inputs = BTreeMap::from([("x".to_string(), vec![d.batch, d.seq, d.hidden])]);
-        let params: BTreeMap<String, Vec<usize>> = self.layers[0]
-            .iter()
-            .map(|(k, v)| (k.clone(), v.shape.clone()))
-            .collect();
-        let shapes = crate::spec::derive::DeriveShapes {
-            inputs: &inputs,
-            params: &params,
-        };
-        let name = format!("{}-derived", self.kind.spec_name());
-        let mut spec = crate::spec::derive::derive_spec(&name, &records, &shapes, "out");
-        // The recorded attributes name config keys; keep the defaults they may fall back on.
-        spec.config_defaults = plan.spec().config_defaults.clone();
-        Ok(spec)
-    }
-}
-
-/// One recomputed slot compared with the forward's value.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecomputeCheck {
-    pub layer: usize,
-    pub slot: String,
-    pub bit_equal: bool,
-}
-
-impl Qwen3 {
-    /// Runs the forward, then rebuilds every slot each layer's plan recomputes and compares
-    /// it with the forward's value.
-    pub fn verify_recompute(&self, plan: &Plan, tokens: &[u32]) -> RunResult<Vec<RecomputeCheck>> {
-        let d = &self.dims;
-        let rope = RopeTable::<f32>::new(d.seq, d.head_dim, d.theta).map_err(kernel_err("rope"))?;
-        let (meter, host) = (Meter::new(), HostStore::in_memory());
-        let lora_cfg = match plan.mode {
-            Mode::Lora => self.lora.as_ref().map(|(c, _)| c),
-            Mode::Full => None,
-        };
-        let shared = Shared {
-            plan,
-            config: &plan.config,
-            rope: &rope,
-            lora: lora_cfg,
-            meter: &meter,
-            host: &host,
-        };
-        let mut x = vec![0.0; tokens.len() * d.hidden];
-        kernels::embedding_forward(&self.embed.data, d.vocab, d.hidden, tokens, &mut x)
-            .map_err(kernel_err("embedding"))?;
-        let mut x = Act::new(x, vec![d.batch, d.seq, d.hidden]);
-        let mut checks = Vec::new();
-        let mut buffers = SharedBuffers::new();
-        for l in 0..d.layers {
-            let mut f = Forward::new(
-                &shared,
-                l,
-                self.weights(l, lora_cfg.is_some()),
-                BTreeMap::from([("x".to_string(), x)]),
-            );
-            self.block_forward(&mut f)?;
-            let forward_values = f.snapshot();
-            let (out, state) = f.finish("out")?;
-            let mut b = Backward::new(
-                &shared,
-                self.weights(l, lora_cfg.is_some()),
-                state,
-                &mut buffers,
-            )?;
-            for slot in b.recomputed_slots() {
-                b.ensure(&[slot.as_str()])?;
-                let rebuilt = b.get(&slot)?;
-                let bit_equal = forward_values.get(&slot).is_some_and(|v| v.bit_eq(rebuilt));
-                checks.push(RecomputeCheck {
-                    layer: l,
-                    slot,
-                    bit_equal,
-                });
-            }
-            x = out;
-        }
-        Ok(checks)
-    }
 }

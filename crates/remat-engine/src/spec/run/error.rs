@@ -37,6 +37,30 @@ pub enum RunError {
         spec: String,
         forward: String,
     },
+    /// A produced tensor does not match the slot the compiled plan declares.
+    #[error(
+        "layer {layer}: slot `{slot}`: the spec declares shape {declared:?} ({declared_bytes} bytes), the run produced {actual:?} ({actual_bytes} bytes)"
+    )]
+    ShapeMismatch {
+        layer: usize,
+        slot: String,
+        declared: Vec<usize>,
+        declared_bytes: u64,
+        actual: Vec<usize>,
+        actual_bytes: u64,
+    },
+    /// The runtime holds every tensor as f32; it cannot run other element types.
+    #[error(
+        "spec {block}: {owner} has dtype {dtype}, which the runtime cannot run (it computes in f32; index slots may say i32, held exactly in f32)"
+    )]
+    UnsupportedDtype {
+        block: String,
+        owner: String,
+        dtype: &'static str,
+    },
+    /// The memory pool refused a buffer: the engine's out-of-memory error.
+    #[error(transparent)]
+    Memory(crate::EngineError),
     #[error("model: {0}")]
     Model(String),
 }

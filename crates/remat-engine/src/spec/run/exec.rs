@@ -13,7 +13,8 @@ use crate::spec::{ModelConfig, Value};
 use crate::swap::{HostStore, SlotId};
 
 use super::error::{RunError, RunResult};
-use super::lora::{self, LayerAdapters, LoraConfig};
+use super::fingerprint::fingerprint;
+use super::lora::{self, LayerAdapters, LoraConfig, MaskKey};
 use super::meter::{Hold, Meter, Use};
 use super::ops::{Act, OpEnv, execute};
 
@@ -44,6 +45,9 @@ pub struct Record {
     pub lora_declared: Vec<Option<String>>,
     /// Operands as a spec would write them (`@param:q_bias?` for an optional one).
     pub declared: Vec<String>,
+    /// [`fingerprint`] of each output as the forward produced it (LoRA included): every
+    /// rebuild in backward must reproduce it.
+    pub fingerprints: Vec<u64>,
 }
 
 /// What every layer shares: config, RoPE table, adapters' settings, stores.
@@ -54,6 +58,98 @@ pub struct Shared<'a> {
     pub lora: Option<&'a LoraConfig>,
     pub meter: &'a Arc<Meter>,
     pub host: &'a HostStore,
+    /// The training step: LoRA dropout draws its masks from it.
+    pub step: u64,
+}
+
+impl Shared<'_> {
+    fn mask(&self, layer: usize) -> MaskKey {
+        MaskKey {
+            step: self.step,
+            layer,
+        }
+    }
+}
+
+/// A runtime value with the pool bytes it holds.
+pub type Held = (Act, Hold);
+
+/// Compares a produced tensor with the slot the compiled plan declares for this layer:
+/// same byte size and same row width (a declared `[B*T, E]` may come out as `[B, T, E]`,
+/// the same buffer). Slots the spec does not declare, or declares absent, are not checked.
+fn check_shape(plan: &LayerPlan, name: &str, act: &Act) -> RunResult<()> {
+    let Some(slot) = plan
+        .slots
+        .iter()
+        .find(|s| s.name == name && s.disposition != Disposition::Absent)
+    else {
+        return Ok(());
+    };
+    let row = |shape: &[usize]| shape.last().copied().unwrap_or(1);
+    if slot.bytes != act.bytes() || row(&slot.shape) != row(&act.shape) {
+        return Err(RunError::ShapeMismatch {
+            layer: plan.layer,
+            slot: name.into(),
+            declared: slot.shape.clone(),
+            declared_bytes: slot.bytes,
+            actual: act.shape.clone(),
+            actual_bytes: act.bytes(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a block input against the plan's declared input.
+fn check_input(plan: &LayerPlan, name: &str, act: &Act) -> RunResult<()> {
+    match plan.inputs.iter().find(|x| x.name == name) {
+        Some(x) if x.bytes != act.bytes() || x.shape.last() != act.shape.last() => {
+            Err(RunError::ShapeMismatch {
+                layer: plan.layer,
+                slot: format!("@input:{name}"),
+                declared: x.shape.clone(),
+                declared_bytes: x.bytes,
+                actual: act.shape.clone(),
+                actual_bytes: act.bytes(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Backward scratch (an activation gradient, say) whose bytes the pool holds.
+pub struct Scratch {
+    pub data: Vec<f32>,
+    _hold: Hold,
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Vec<f32>;
+    fn deref(&self) -> &Vec<f32> {
+        &self.data
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut Vec<f32> {
+        &mut self.data
+    }
+}
+
+impl Scratch {
+    /// Zeros of `len` elements, charged to `meter` as scratch named `what`.
+    pub fn zeros(meter: &Arc<Meter>, len: usize, what: impl FnOnce() -> String) -> RunResult<Self> {
+        Self::hold(meter, vec![0.0; len], what)
+    }
+
+    /// Charges an existing buffer.
+    pub fn hold(
+        meter: &Arc<Meter>,
+        data: Vec<f32>,
+        what: impl FnOnce() -> String,
+    ) -> RunResult<Self> {
+        let hold = meter.hold(data.len() as u64 * 4, Use::Scratch, what)?;
+        Ok(Self { data, _hold: hold })
+    }
 }
 
 /// One layer's weights and adapters.
@@ -75,8 +171,8 @@ pub struct Forward<'a> {
     pub layer: usize,
     shared: &'a Shared<'a>,
     weights: LayerWeights<'a>,
-    inputs: BTreeMap<String, Act>,
-    values: HashMap<String, Act>,
+    inputs: BTreeMap<String, Held>,
+    values: HashMap<String, Held>,
     records: Vec<Record>,
 }
 
@@ -85,24 +181,36 @@ impl<'a> Forward<'a> {
         shared: &'a Shared<'a>,
         layer: usize,
         weights: LayerWeights<'a>,
-        inputs: BTreeMap<String, Act>,
-    ) -> Self {
-        Self {
+        inputs: BTreeMap<String, Held>,
+    ) -> RunResult<Self> {
+        let plan = shared.plan.layers.get(layer).ok_or_else(|| {
+            RunError::Model(format!(
+                "layer {layer}: the plan has only {} layers",
+                shared.plan.layers.len()
+            ))
+        })?;
+        for (name, (act, _)) in &inputs {
+            check_input(plan, name, act)?;
+        }
+        Ok(Self {
             layer,
             shared,
             weights,
             inputs,
             values: HashMap::new(),
             records: Vec::new(),
-        }
+        })
     }
 
     pub fn value(&self, slot: &str) -> RunResult<&Act> {
-        self.values.get(slot).ok_or_else(|| RunError::Slot {
-            layer: self.layer,
-            slot: slot.into(),
-            reason: "read before the forward produced it".into(),
-        })
+        self.values
+            .get(slot)
+            .map(|(a, _)| a)
+            .ok_or_else(|| RunError::Slot {
+                layer: self.layer,
+                slot: slot.into(),
+                reason: "read before the forward produced it".into(),
+            })
     }
 
     pub fn has(&self, slot: &str) -> bool {
@@ -114,7 +222,7 @@ impl<'a> Forward<'a> {
             Src::Slot(s) => (s.to_string(), Some(self.value(s)?)),
             Src::Input(name) => (
                 format!("@input:{name}"),
-                Some(self.inputs.get(name).ok_or_else(|| {
+                Some(self.inputs.get(name).map(|(a, _)| a).ok_or_else(|| {
                     RunError::Model(format!("layer {}: no block input `{name}`", self.layer))
                 })?),
             ),
@@ -169,7 +277,7 @@ impl<'a> Forward<'a> {
                 if let Some(adapter) = adapters.get(*target) {
                     lora::apply(
                         cfg,
-                        self.layer,
+                        self.shared.mask(self.layer),
                         target,
                         adapter,
                         &x.data,
@@ -179,9 +287,15 @@ impl<'a> Forward<'a> {
                 }
             }
         }
+        let plan = &self.shared.plan.layers[self.layer];
         let output_shapes = produced.iter().map(|a| a.shape.clone()).collect();
+        let fingerprints = produced.iter().map(fingerprint).collect();
         for (name, value) in outputs.iter().zip(produced) {
-            self.values.insert(name.to_string(), value);
+            check_shape(plan, name, &value)?;
+            let hold = self.shared.meter.hold(value.bytes(), Use::Forward, || {
+                format!("layer {} forward slot `{name}`", self.layer)
+            })?;
+            self.values.insert(name.to_string(), (value, hold));
         }
         let mut lora_declared: Vec<Option<String>> =
             lora.iter().map(|t| t.map(str::to_string)).collect();
@@ -195,13 +309,15 @@ impl<'a> Forward<'a> {
             lora: applied,
             lora_declared,
             declared,
+            fingerprints,
         });
         Ok(())
     }
 
     /// Ends the layer's forward: takes the block output, keeps what the plan saves, sends
-    /// what it offloads to the host store, drops the rest.
-    pub fn finish(mut self, output: &str) -> RunResult<(Act, LayerState)> {
+    /// what it offloads to the host store, drops the rest (before the kept slots move to
+    /// their per-layer storage, so the forward-only values do not count twice).
+    pub fn finish(mut self, output: &str) -> RunResult<(Held, LayerState)> {
         let out = self.values.remove(output).ok_or_else(|| RunError::Slot {
             layer: self.layer,
             slot: output.into(),
@@ -209,12 +325,7 @@ impl<'a> Forward<'a> {
         })?;
         let plan = &self.shared.plan.layers[self.layer];
         let spec = self.shared.plan.spec();
-        let mut state = LayerState {
-            layer: self.layer,
-            saved: HashMap::new(),
-            host: HashMap::new(),
-            records: self.records,
-        };
+        let mut kept: Vec<(String, bool, Held)> = Vec::new();
         for (i, input) in spec.inputs.iter().enumerate() {
             let value = self.inputs.remove(&input.name).ok_or_else(|| {
                 RunError::Model(format!(
@@ -222,12 +333,11 @@ impl<'a> Forward<'a> {
                     self.layer, input.name
                 ))
             })?;
-            let key = format!("@input:{}", input.name);
-            if plan.inputs[i].offload {
-                state.offload(self.shared, key, value)?;
-            } else {
-                state.keep(self.shared, key, value);
-            }
+            kept.push((
+                format!("@input:{}", input.name),
+                plan.inputs[i].offload,
+                value,
+            ));
         }
         for (slot, slot_plan) in spec.slots.iter().zip(&plan.slots) {
             let disposition = slot_plan.disposition;
@@ -243,11 +353,26 @@ impl<'a> Forward<'a> {
                             disposition.name()
                         ),
                     })?;
-                if disposition == Disposition::Saved {
-                    state.keep(self.shared, slot.name.clone(), value);
-                } else {
-                    state.offload(self.shared, slot.name.clone(), value)?;
-                }
+                kept.push((
+                    slot.name.clone(),
+                    disposition == Disposition::Offloaded,
+                    value,
+                ));
+            }
+        }
+        self.values.clear();
+        let mut state = LayerState {
+            layer: self.layer,
+            saved: HashMap::new(),
+            host: HashMap::new(),
+            records: std::mem::take(&mut self.records),
+        };
+        for (name, offload, (value, hold)) in kept {
+            drop(hold);
+            if offload {
+                state.offload(self.shared, name, value)?;
+            } else {
+                state.keep(self.shared, name, value)?;
             }
         }
         Ok((out, state))
@@ -255,7 +380,10 @@ impl<'a> Forward<'a> {
 
     /// Every value produced so far, by slot name (for checking recomputes against them).
     pub fn snapshot(&self) -> HashMap<String, Act> {
-        self.values.clone()
+        self.values
+            .iter()
+            .map(|(k, (a, _))| (k.clone(), a.clone()))
+            .collect()
     }
 
     /// The forward records (for `remat spec derive`).
@@ -284,9 +412,12 @@ fn from_bytes(bytes: &[u8]) -> Vec<f32> {
 }
 
 impl LayerState {
-    fn keep(&mut self, shared: &Shared, name: String, value: Act) {
-        let hold = shared.meter.hold(value.bytes(), Use::Saved);
+    fn keep(&mut self, shared: &Shared, name: String, value: Act) -> RunResult<()> {
+        let hold = shared.meter.hold(value.bytes(), Use::Saved, || {
+            format!("layer {} saved slot `{name}`", self.layer)
+        })?;
         self.saved.insert(name, (value, hold));
+        Ok(())
     }
 
     fn offload(&mut self, shared: &Shared, name: String, value: Act) -> RunResult<()> {
@@ -398,7 +529,9 @@ impl<'a> Backward<'a> {
                 .release(id)
                 .map_err(|e| RunError::Model(e.to_string()))?;
             let act = Act::new(from_bytes(&bytes), shape);
-            let hold = self.shared.meter.hold(act.bytes(), Use::Prefetched);
+            let hold = self.shared.meter.hold(act.bytes(), Use::Prefetched, || {
+                format!("layer {} prefetched `{key}`", self.layer)
+            })?;
             self.prefetched.insert(key, (act, hold));
         }
         Ok(())
@@ -470,7 +603,16 @@ impl<'a> Backward<'a> {
     /// Runs, in plan order, the steps needed to rebuild `slot` from what is available.
     fn rebuild(&mut self, slot: usize) -> RunResult<()> {
         let mut needed = vec![false; self.plan.steps.len()];
-        let mut stack = vec![self.step_of[&slot]];
+        let first = self
+            .step_of
+            .get(&slot)
+            .copied()
+            .ok_or_else(|| RunError::Slot {
+                layer: self.layer,
+                slot: self.plan.slots[slot].name.clone(),
+                reason: "is recomputed but no step of the plan rebuilds it".into(),
+            })?;
+        let mut stack = vec![first];
         while let Some(i) = stack.pop() {
             if needed[i] {
                 continue;
@@ -593,7 +735,7 @@ impl<'a> Backward<'a> {
             (step.op.clone(), step.attrs.clone(), spec_operands, outs)
         };
         self.check_lora(step, &out_names)?;
-        let mut produced = {
+        let produced = {
             let values = operands
                 .iter()
                 .map(|n| self.resolve(n))
@@ -607,6 +749,17 @@ impl<'a> Backward<'a> {
             );
             produced
         };
+        // Every output exists in memory until placed (or dropped, when this mode keeps it
+        // elsewhere): scratch in the pool.
+        let mut produced = produced
+            .into_iter()
+            .map(|act| {
+                let hold = self.shared.meter.hold(act.bytes(), Use::Scratch, || {
+                    format!("layer {} recompute of `{first_name}`", self.layer)
+                })?;
+                Ok(Some((act, hold)))
+            })
+            .collect::<RunResult<Vec<_>>>()?;
         self.recomputed_ops += 1;
         for (pos, name) in out_names.iter().enumerate() {
             let Some(name) = name else { continue };
@@ -614,27 +767,65 @@ impl<'a> Backward<'a> {
             if !step.outputs.contains(&Some(slot)) {
                 continue;
             }
+            let (value, scratch) =
+                produced
+                    .get_mut(pos)
+                    .and_then(Option::take)
+                    .ok_or_else(|| RunError::BadOperands {
+                        op: op.clone(),
+                        slot: name.clone(),
+                        reason: format!("produced no output at position {pos}"),
+                    })?;
+            check_shape(self.plan, name, &value)?;
+            self.check_fingerprint(&op, &operands, name, &value)?;
             let root = self.plan.slots[slot]
                 .buffer
                 .ok_or_else(|| RunError::Model(format!("slot {name} rebuilt without a buffer")))?;
-            let value = std::mem::replace(&mut produced[pos], Act::new(Vec::new(), vec![0]));
-            let hold = match self.buffers.held.remove(&root) {
-                Some((_, _, hold)) => hold,
-                None => {
-                    let bytes = self
-                        .shared
-                        .plan
-                        .shared_buffers
-                        .iter()
-                        .find(|b| b.slot == root)
-                        .map_or(value.bytes(), |b| b.bytes);
-                    self.shared.meter.hold(bytes, Use::Shared)
-                }
-            };
+            // The previous occupant dies first: the buffer is reused, never doubled.
+            self.buffers.held.remove(&root);
+            let hold = self.shared.meter.hold(value.bytes(), Use::Shared, || {
+                format!("layer {} shared recompute buffer for `{name}`", self.layer)
+            })?;
+            drop(scratch);
             let occupant = self.occupant(slot);
             self.buffers.held.insert(root, (occupant, value, hold));
         }
         Ok(())
+    }
+
+    /// A rebuilt slot must be the forward's value bit for bit: a replay runs the forward's
+    /// own op, but a custom recompute op is only checked here, by its result.
+    fn check_fingerprint(
+        &self,
+        op: &str,
+        operands: &[String],
+        name: &str,
+        value: &Act,
+    ) -> RunResult<()> {
+        let record = self.record_of(name)?;
+        let forward = record
+            .outputs
+            .iter()
+            .position(|o| o == name)
+            .and_then(|i| record.fingerprints.get(i).copied());
+        let rebuilt = fingerprint(value);
+        if forward == Some(rebuilt) {
+            return Ok(());
+        }
+        Err(RunError::Drift {
+            layer: self.layer,
+            slot: name.into(),
+            spec: format!(
+                "recompute `{op}` on [{}], which rebuilt different values (fingerprint {rebuilt:016x})",
+                operands.join(", ")
+            ),
+            forward: format!(
+                "`{}` on [{}] (fingerprint {})",
+                record.op,
+                record.operands.join(", "),
+                forward.map_or("missing".into(), |f| format!("{f:016x}"))
+            ),
+        })
     }
 
     /// The spec's `lora_targets` must be the adapters the forward applied to those outputs.
@@ -679,7 +870,7 @@ impl<'a> Backward<'a> {
             {
                 lora::apply(
                     cfg,
-                    self.layer,
+                    self.shared.mask(self.layer),
                     target,
                     adapter,
                     &x.data,
@@ -709,5 +900,24 @@ impl<'a> Backward<'a> {
 
     pub fn lora_config(&self) -> Option<&'a LoraConfig> {
         self.shared.lora
+    }
+
+    /// The dropout mask key of this layer in this step.
+    pub fn mask(&self) -> MaskKey {
+        self.shared.mask(self.layer)
+    }
+
+    /// Zeroed backward scratch of `len` elements, charged to the pool.
+    pub fn scratch(&self, len: usize, what: &str) -> RunResult<Scratch> {
+        Scratch::zeros(self.shared.meter, len, || {
+            format!("layer {} backward scratch `{what}`", self.layer)
+        })
+    }
+
+    /// Charges an existing backward buffer to the pool.
+    pub fn charge(&self, data: Vec<f32>, what: &str) -> RunResult<Scratch> {
+        Scratch::hold(self.shared.meter, data, || {
+            format!("layer {} backward scratch `{what}`", self.layer)
+        })
     }
 }

@@ -1,7 +1,9 @@
 //! Running compiled specs: op implementations shared by forward and recompute, the
 //! per-layer slot store with its buffers, and the mixture-of-experts ops.
 
+pub mod check;
 pub mod error;
+pub mod fingerprint;
 pub mod linalg;
 pub mod moe;
 pub mod ops;

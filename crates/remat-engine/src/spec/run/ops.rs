@@ -135,7 +135,7 @@ pub fn execute(
             let mut y = vec![0.0; x.data.len()];
             let mut rstd = vec![0.0; rows];
             kernels::rmsnorm_forward(&x.data, &w.data, eps, &mut y, &mut rstd).map_err(kernel)?;
-            let rstd_shape = rstd_shape(&x.shape, rows);
+            let rstd_shape = rstd_shape(&x.shape, w.data.len(), rows);
             Ok(vec![
                 Act::new(y, x.shape.clone()),
                 Act::new(rstd, rstd_shape),
@@ -196,8 +196,17 @@ pub fn execute(
     }
 }
 
-fn rstd_shape(x_shape: &[usize], rows: usize) -> Vec<usize> {
-    let mut s = x_shape[..x_shape.len().saturating_sub(1)].to_vec();
+/// One reciprocal std per normalised row: `[B, T]` for a norm over the hidden size,
+/// `[B, T, heads]` for a per-head norm of `[B, T, heads * head_dim]` (as specs declare it).
+fn rstd_shape(x_shape: &[usize], norm_len: usize, rows: usize) -> Vec<usize> {
+    let (last, lead) = match x_shape.split_last() {
+        Some((last, lead)) => (*last, lead.to_vec()),
+        None => return vec![rows],
+    };
+    let mut s = lead;
+    if norm_len > 0 && last != norm_len && last % norm_len == 0 {
+        s.push(last / norm_len);
+    }
     if s.iter().product::<usize>() != rows {
         s = vec![rows];
     }
