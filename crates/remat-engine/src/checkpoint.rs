@@ -70,3 +70,21 @@ impl Retention {
         }
     }
 }
+
+/// What backward does with the checkpointed values a rebuild recomputes (a graph-wide
+/// setting, [`crate::Graph::set_rebuild_mode`]; [`crate::Policy::apply`] sets it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RebuildMode {
+    /// Hold every rebuilt value until its last backward read: each dropped value is
+    /// recomputed about once per backward (a segment is recomputed once), and the values
+    /// rebuilt for one node stay for the later nodes that read them.
+    #[default]
+    HoldUntilLastUse,
+    /// Free every rebuilt checkpoint value (one not held by its own retention or pinned by a
+    /// consumer) right after the backward node that needed it, and everything a rebuild
+    /// recomputed on the way as soon as the rebuild is done with it; a later read rebuilds
+    /// it again. Between backward nodes only kept values are held: the least memory, at up
+    /// to O(n^2) recomputation on an n-node chain. What [`crate::Policy::RecomputeAll`]
+    /// uses.
+    FreeAfterUse,
+}

@@ -1,9 +1,13 @@
 //! AdamW (decoupled weight decay), updating parameters in place. Its moment buffers are
-//! charged to the pool as optimizer state.
+//! charged to the pool as optimizer state. Large tensors are updated in parallel chunks on
+//! the current rayon pool (bit-identical: each element is independent).
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::dtype::Element;
+use crate::elementwise;
 use crate::error::{EngineError, Result};
 use crate::pool::{Category, MemoryPool};
 use crate::tensor::Tensor;
@@ -121,12 +125,26 @@ fn update<T: Element>(
     let (one, lr, eps) = (T::ONE, T::from_f64(c.lr), T::from_f64(c.eps));
     let decay = T::from_f64(1.0 - c.lr * c.weight_decay);
     let (bc1, bc2) = (T::from_f64(bc1), T::from_f64(bc2));
-    for (((p, &g), m), v) in pv.iter_mut().zip(gv).zip(mv.iter_mut()).zip(vv.iter_mut()) {
-        *m = b1 * *m + (one - b1) * g;
-        *v = b2 * *v + (one - b2) * g * g;
-        let mh = *m / bc1;
-        let vh = *v / bc2;
-        *p = *p * decay - lr * mh / (vh.sqrt() + eps);
+    // Every element is updated on its own, so splitting the loop over threads never
+    // changes a bit.
+    let run = |pv: &mut [T], gv: &[T], mv: &mut [T], vv: &mut [T]| {
+        for (((p, &g), m), v) in pv.iter_mut().zip(gv).zip(mv.iter_mut()).zip(vv.iter_mut()) {
+            *m = b1 * *m + (one - b1) * g;
+            *v = b2 * *v + (one - b2) * g * g;
+            let mh = *m / bc1;
+            let vh = *v / bc2;
+            *p = *p * decay - lr * mh / (vh.sqrt() + eps);
+        }
+    };
+    if pv.len() >= elementwise::PAR_MIN {
+        const CHUNK: usize = 1 << 14;
+        pv.par_chunks_mut(CHUNK)
+            .zip(gv.par_chunks(CHUNK))
+            .zip(mv.par_chunks_mut(CHUNK))
+            .zip(vv.par_chunks_mut(CHUNK))
+            .for_each(|(((p, g), m), v)| run(p, g, m, v));
+    } else {
+        run(pv, gv, mv, vv);
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::checkpoint::{CheckpointOptions, Retention};
+use crate::checkpoint::{CheckpointOptions, RebuildMode, Retention};
 use crate::error::{EngineError, Result};
 use crate::graph::Graph;
 
@@ -13,7 +13,12 @@ use crate::graph::Graph;
 pub enum Policy {
     /// Keep every activation backward reads.
     StoreAll,
-    /// Keep only graph inputs and parameters; recompute everything else.
+    /// Keep only graph inputs and parameters; recompute everything else, and free every
+    /// rebuilt value again right after the backward node that read it
+    /// ([`RebuildMode::FreeAfterUse`]): backward holds only what the running node reads and
+    /// the rebuild feeding it, so the peak is the least of all policies, at the price of
+    /// rebuilding each backward node's inputs from the graph inputs (O(n^2) recomputes on
+    /// an n-node chain).
     RecomputeAll,
     /// Keep the output of every n-th op node (in recording order); recompute the rest.
     EveryN(usize),
@@ -24,8 +29,14 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// Sets the retention of every op node of `g` (overwriting earlier marks).
+    /// Sets the retention of every op node of `g` (overwriting earlier marks) and the
+    /// graph's [`RebuildMode`] (free-after-use for recompute-all, hold-until-last-use for
+    /// the others).
     pub fn apply(&self, g: &mut Graph) -> Result<()> {
+        g.set_rebuild_mode(match self {
+            Policy::RecomputeAll => RebuildMode::FreeAfterUse,
+            _ => RebuildMode::HoldUntilLastUse,
+        });
         let ops: Vec<_> = g
             .node_ids()
             .filter(|&id| !g.is_leaf(id).unwrap_or(true))

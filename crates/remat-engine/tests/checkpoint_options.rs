@@ -140,6 +140,119 @@ fn max_recompute_depth_bounds_the_chain_and_names_it() {
     );
 }
 
+/// Runs forward and backward with every op node but the loss checkpointed
+/// (`save_inputs: false`, depth limit `limit`); `build` records the ops on `w` and returns
+/// them in recording order, the last one feeding the loss. Returns w's gradient.
+fn run_with_depth_limit(
+    limit: usize,
+    build: impl FnOnce(&mut Graph, NodeId) -> Vec<NodeId>,
+) -> Result<Tensor, EngineError> {
+    let (ctx, w) = setup();
+    let mut g = Graph::new(&ctx);
+    let wn = g.param("w", &w);
+    let nodes = build(&mut g, wn);
+    let t = g.input(
+        "t",
+        Tensor::zeros(ctx.pool(), &[4], DType::F32, Category::Activations, None).unwrap(),
+    );
+    let loss = g.mse(*nodes.last().unwrap(), t).unwrap();
+    let limited = CheckpointOptions {
+        save_inputs: false,
+        max_recompute_depth: limit,
+        ..opts()
+    };
+    for &n in &nodes {
+        g.checkpoint(n, Some(limited)).unwrap();
+    }
+    g.forward().unwrap();
+    g.backward(loss)?;
+    Ok(g.grad(wn).unwrap().unwrap())
+}
+
+/// `a = scale(w)`, `b = scale(a)`, `c = mul(a, b)`: rebuilding c recomputes c <- b <- a,
+/// though a is also c's direct input (found first at depth 2).
+fn shared_input(g: &mut Graph, w: NodeId) -> Vec<NodeId> {
+    let a = g.scale(w, 1.5).unwrap();
+    let b = g.scale(a, 0.5).unwrap();
+    let c = g.mul(a, b).unwrap();
+    for (n, name) in [(a, "a"), (b, "b"), (c, "c")] {
+        g.set_name(n, name).unwrap();
+    }
+    vec![a, b, c]
+}
+
+/// A residual block: `x0 = scale(w)`, `h1 = scale(x0)`, `h2 = mul(h1, h1)`,
+/// `x1 = add(x0, h2)`: rebuilding x1 recomputes x1 <- h2 <- h1 <- x0, though x0 is also
+/// x1's direct input.
+fn residual(g: &mut Graph, w: NodeId) -> Vec<NodeId> {
+    let x0 = g.scale(w, 1.5).unwrap();
+    let h1 = g.scale(x0, 0.5).unwrap();
+    let h2 = g.mul(h1, h1).unwrap();
+    let x1 = g.add(x0, h2).unwrap();
+    for (n, name) in [(x0, "x0"), (h1, "h1"), (h2, "h2"), (x1, "x1")] {
+        g.set_name(n, name).unwrap();
+    }
+    vec![x0, h1, h2, x1]
+}
+
+#[test]
+fn max_recompute_depth_counts_the_longest_path_through_shared_inputs() {
+    let err = run_with_depth_limit(2, shared_input).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::RecomputeDepthExceeded {
+                depth: 3,
+                limit: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "recompute depth exceeded: rebuilding needs a chain of 3 nodes, more than \
+         max_recompute_depth 2 of c; chain: c <- b <- a"
+    );
+    // Just within the limit: the same gradients as keeping everything.
+    let (ctx, w) = setup();
+    let mut g = Graph::new(&ctx);
+    let wn = g.param("w", &w);
+    let c = *shared_input(&mut g, wn).last().unwrap();
+    let t = g.input(
+        "t",
+        Tensor::zeros(ctx.pool(), &[4], DType::F32, Category::Activations, None).unwrap(),
+    );
+    let loss = g.mse(c, t).unwrap();
+    g.forward().unwrap();
+    g.backward(loss).unwrap();
+    let want = g.grad(wn).unwrap().unwrap();
+    let got = run_with_depth_limit(3, shared_input).unwrap();
+    assert!(got.bit_eq(&want));
+}
+
+#[test]
+fn max_recompute_depth_counts_the_longest_path_through_a_residual() {
+    let err = run_with_depth_limit(3, residual).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::RecomputeDepthExceeded {
+                depth: 4,
+                limit: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "recompute depth exceeded: rebuilding needs a chain of 4 nodes, more than \
+         max_recompute_depth 3 of x1; chain: x1 <- h2 <- h1 <- x0"
+    );
+    run_with_depth_limit(4, residual).unwrap();
+}
+
 #[test]
 fn detach_inputs_rebuilds_only_from_held_inputs() {
     let (ctx, w) = setup();

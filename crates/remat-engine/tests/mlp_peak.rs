@@ -85,3 +85,22 @@ fn sqrt_peak() {
     let (store_all, _) = measured_peak(layers, Policy::StoreAll);
     assert!(peak < store_all);
 }
+
+#[test]
+fn recompute_all_peak() {
+    // Nothing but x, t and the parameters is held between nodes, and every rebuilt value is
+    // freed right after the backward node that read it (free-after-use). A rebuild walks
+    // the chain from x holding two activations at a time (an op's input and output). Bias
+    // backward passes its gradient through, so dM_l is dZ_l. Backward then peaks at layer
+    // 2's matmul (A_1 rebuilt, dZ_2, dA_1) or, equally, at layer 1's relu (A_1 rebuilt,
+    // dA_1, dZ_1), holding the gradients of layers 2..L: 3s + (L - 1) p. Every other
+    // moment holds less: mse's backward 2s, a rebuild under a held gradient 3s with fewer
+    // parameter gradients, layer 1's matmul s + Lp (x needs no gradient; 2s > p).
+    for layers in [5, 11] {
+        let (peak, grads) = measured_peak(layers, Policy::RecomputeAll);
+        assert_eq!(peak, 3 * S + (layers as u64 - 1) * P, "L = {layers}");
+        assert_eq!(grads, layers as u64 * P);
+        let (store_all, _) = measured_peak(layers, Policy::StoreAll);
+        assert!(peak < store_all);
+    }
+}

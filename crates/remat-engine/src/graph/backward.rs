@@ -1,6 +1,9 @@
 //! Backward: walks the arena in reverse index order, rebuilding dropped values on demand,
 //! accumulating gradients in a fixed order, and freeing every value right after its last
-//! backward use.
+//! backward use (under [`RebuildMode::FreeAfterUse`], a rebuilt checkpoint value right after
+//! the node that read it).
+//!
+//! [`RebuildMode::FreeAfterUse`]: crate::checkpoint::RebuildMode::FreeAfterUse
 
 use std::time::Instant;
 
@@ -199,9 +202,13 @@ impl Graph {
     /// One backward read of each value node `c` declared is done; free those with none left.
     fn release_backward_uses(&mut self, c: usize) {
         for j in self.backward_reads(c) {
-            let left = &mut self.plan.bwd_remaining[j];
-            *left = left.saturating_sub(1);
-            if *left == 0 && !self.nodes[j].is_leaf() {
+            let left = self.plan.bwd_remaining[j].saturating_sub(1);
+            self.plan.bwd_remaining[j] = left;
+            if self.frees_after_use(j) {
+                // Its own backward (later) rebuilds it, aux tensors included.
+                self.nodes[j].value = None;
+                self.nodes[j].aux.clear();
+            } else if left == 0 && !self.nodes[j].is_leaf() {
                 self.nodes[j].value = None;
             }
         }

@@ -10,7 +10,7 @@ mod rebuild;
 
 use std::time::Duration;
 
-use crate::checkpoint::{CheckpointOptions, Retention};
+use crate::checkpoint::{CheckpointOptions, RebuildMode, Retention};
 use crate::context::ExecContext;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
@@ -125,6 +125,7 @@ pub struct Graph {
     pub(crate) observer: Option<Box<dyn GraphObserver>>,
     /// Set once backward ran: the activations are gone, the graph is spent.
     pub(crate) spent: bool,
+    pub(crate) rebuild_mode: RebuildMode,
     segment: Option<usize>,
     next_segment: usize,
 }
@@ -148,6 +149,7 @@ impl Graph {
             stats: GraphStats::default(),
             observer: None,
             spent: false,
+            rebuild_mode: RebuildMode::default(),
             segment: None,
             next_segment: 0,
         }
@@ -359,6 +361,22 @@ impl Graph {
 
     pub fn retention(&self, id: NodeId) -> Result<Retention> {
         Ok(self.node(id)?.retention)
+    }
+
+    /// Sets what backward does with rebuilt checkpoint values (see [`RebuildMode`]).
+    pub fn set_rebuild_mode(&mut self, mode: RebuildMode) {
+        self.rebuild_mode = mode;
+    }
+
+    pub fn rebuild_mode(&self) -> RebuildMode {
+        self.rebuild_mode
+    }
+
+    /// Whether backward frees node `j`'s rebuilt value right after the node that read it.
+    pub(crate) fn frees_after_use(&self, j: usize) -> bool {
+        self.rebuild_mode == RebuildMode::FreeAfterUse
+            && !self.nodes[j].is_leaf()
+            && !self.retained(j)
     }
 
     /// Drops the graph's reference to a leaf's value (e.g. an input batch no longer

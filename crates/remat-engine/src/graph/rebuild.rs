@@ -1,6 +1,11 @@
 //! Rebuilding dropped values: collect the missing ancestors with an explicit stack (checking
-//! depth limits, released leaves and detached inputs), then recompute them in index order,
-//! freeing each rebuilt value as soon as nothing in this rebuild nor in backward needs it.
+//! released leaves and detached inputs), check every member's depth limit against the
+//! longest chain of recomputes starting at it, then recompute them in index order, freeing
+//! each rebuilt value as soon as nothing in this rebuild nor in backward needs it (under
+//! [`RebuildMode::FreeAfterUse`], as soon as nothing in this rebuild and not the node it
+//! serves needs it).
+//!
+//! [`RebuildMode::FreeAfterUse`]: crate::checkpoint::RebuildMode::FreeAfterUse
 
 use std::collections::{HashMap, HashSet};
 
@@ -44,7 +49,7 @@ impl Graph {
                 let transient = members.contains(&j.0)
                     && !needed.contains(&j.0)
                     && !needed_aux.contains(&j.0)
-                    && self.plan.bwd_remaining[j.0] == 0
+                    && (self.plan.bwd_remaining[j.0] == 0 || self.frees_after_use(j.0))
                     && self.plan.fwd_remaining[j.0] == 0;
                 if left == Some(0) && transient {
                     self.nodes[j.0].value = None;
@@ -145,7 +150,49 @@ impl Graph {
         }
         let mut set: Vec<usize> = visits.iter().map(|v| v.node).collect();
         set.sort_unstable();
+        self.check_longest_chains(&set)?;
         Ok(set)
+    }
+
+    /// The walk above fixes a node's depth where it is first found, so a node shared by a
+    /// short and a long path (a residual, an input read twice) may hide a longer chain.
+    /// Here the longest chain starting at each member is computed exactly, in index order
+    /// (inputs precede consumers), and checked against that member's own limit.
+    fn check_longest_chains(&self, set: &[usize]) -> Result<()> {
+        // Per member: (longest chain of members starting at it, next member on that chain).
+        let mut longest: HashMap<usize, (usize, Option<usize>)> = HashMap::new();
+        for &v in set {
+            let mut best = (1, None);
+            for j in &self.nodes[v].inputs {
+                if let Some(&(len, _)) = longest.get(&j.0)
+                    && len + 1 > best.0
+                {
+                    best = (len + 1, Some(j.0));
+                }
+            }
+            longest.insert(v, best);
+        }
+        for &v in set.iter().rev() {
+            let (Some(limit), Some(&(depth, _))) = (self.depth_limit(v), longest.get(&v)) else {
+                continue;
+            };
+            if depth <= limit {
+                continue;
+            }
+            let mut chain = Vec::with_capacity(depth);
+            let mut cur = Some(v);
+            while let Some(c) = cur {
+                chain.push(self.nodes[c].name.clone());
+                cur = longest.get(&c).and_then(|&(_, next)| next);
+            }
+            return Err(EngineError::RecomputeDepthExceeded {
+                depth,
+                limit,
+                limited_by: self.nodes[v].name.clone(),
+                chain,
+            });
+        }
+        Ok(())
     }
 
     fn depth_limit(&self, i: usize) -> Option<usize> {

@@ -20,10 +20,12 @@ use crate::tensor::Tensor;
 /// What can go wrong reading or writing a safetensors file; every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
-    #[error("{path}: {source}")]
+    /// The OS error is part of the message and deliberately not a `source()`: reporters
+    /// that print the cause chain (anyhow's `{:#}`) would show it twice.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: not a valid safetensors file: {message}")]
     Format { path: PathBuf, message: String },
@@ -101,9 +103,9 @@ fn to_f32(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Vec<f32>, Hf
 /// Overwrites the model's parameters with the tensors of `path` (all checked first: on
 /// error no parameter has changed).
 pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
-    let bytes = fs::read(path).map_err(|source| HfError::Io {
+    let bytes = fs::read(path).map_err(|error| HfError::Io {
         path: path.into(),
-        source,
+        error,
     })?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::Format {
         path: path.into(),
@@ -199,9 +201,9 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfE
 }
 
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), HfError> {
-    let io = |source| HfError::Io {
+    let io = |error| HfError::Io {
         path: path.into(),
-        source,
+        error,
     };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
