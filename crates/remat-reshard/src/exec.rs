@@ -14,9 +14,10 @@ use crate::checkpoint::Checkpoint;
 use crate::checksum::{BLOCK_BYTES, combine};
 use crate::error::{ReshardError, Result, io_err};
 use crate::fsio::sync_dir;
+use crate::geometry::StridedCopy;
 use crate::output;
 use crate::plan::{Plan, TargetFile};
-use crate::stream::{BlockHasher, Cursor, Seg, Segment, gather, write_vectored_at};
+use crate::stream::{BlockHasher, Cursor, Frontier, Seg, Segment, gather, write_vectored_at};
 
 /// The default bound on buffered memory.
 pub const DEFAULT_MAX_BUFFER: u64 = 256 << 20;
@@ -228,19 +229,20 @@ fn write_files(
         window: w,
         peak: Mutex::new((0, 0)),
     };
+    let max_ends: Vec<Vec<u64>> = files
+        .iter()
+        .map(|(slot, _)| running_max_end(&plan.files[*slot]))
+        .collect();
     let digests: Vec<Vec<(usize, u64, u64)>> = tasks
         .par_iter()
         .map(|t| {
             let (slot, path) = &files[t.file];
-            run_task(
-                ckpt,
-                &plan.files[*slot],
-                &handles[t.file],
+            let out = TaskOut {
+                file: &handles[t.file],
                 path,
-                t,
-                &pool,
-                opts,
-            )
+                max_end: &max_ends[t.file],
+            };
+            run_task(ckpt, &plan.files[*slot], out, t, &pool, opts)
         })
         .collect::<Result<_>>()?;
     files
@@ -330,44 +332,75 @@ impl BufferPool {
     }
 }
 
+/// For each copy of `f` (sorted by destination start), the largest destination end of
+/// it and every copy before it, so a task finds its copies by binary search.
+fn running_max_end(f: &TargetFile) -> Vec<u64> {
+    let mut max = 0;
+    f.copies
+        .iter()
+        .map(|c| {
+            max = max.max(c.dst_end());
+            max
+        })
+        .collect()
+}
+
+/// The copies of `f` that write inside `[start, end)`: none before the first whose
+/// running maximum end passes `start`, none from the first starting at `end`.
+fn copies_in<'f>(
+    f: &'f TargetFile,
+    max_end: &[u64],
+    start: u64,
+    end: u64,
+) -> impl Iterator<Item = &'f StridedCopy> {
+    let lo = max_end.partition_point(|&e| e <= start);
+    let hi = f.copies.partition_point(|c| c.dst_start < end).max(lo);
+    f.copies[lo..hi].iter().filter(move |c| c.dst_end() > start)
+}
+
+struct TaskOut<'a> {
+    file: &'a File,
+    path: &'a Path,
+    max_end: &'a [u64],
+}
+
 fn run_task(
     ckpt: &Checkpoint,
     f: &TargetFile,
-    out: &File,
-    path: &Path,
+    out: TaskOut,
     task: &Task,
     pool: &BufferPool,
     opts: &ExecOptions,
 ) -> Result<Vec<(usize, u64, u64)>> {
     let header = f.header.len() as u64;
-    let mut cursors: Vec<Cursor> = f
-        .copies
-        .iter()
-        .filter(|c| c.dst_start < task.end && c.dst_end() > task.start)
+    let cursors: Vec<Cursor> = copies_in(f, out.max_end, task.start, task.end)
         .map(|c| Cursor::seek(c, task.start))
         .collect();
+    let mut frontier = Frontier::new(cursors);
     let mut hasher = BlockHasher::new(&task.segments, task.start);
     let mut buf = pool.take();
     let mut pos = task.start;
+    let path = out.path;
     let result = (|| {
         while pos < task.end {
-            let direct = cursors
-                .iter_mut()
-                .find(|c| !c.finished && c.pos() == pos && c.run_left() >= DIRECT_MIN);
-            let n = if let Some(c) = direct {
+            let Some(next) = frontier.next() else {
+                break;
+            };
+            let c = &frontier.cursors[next];
+            let n = if c.run_left() >= DIRECT_MIN {
                 let map = &ckpt.files[c.copy.src_file].map;
                 let n = c.run_left().min(task.end - pos).min(pool.window);
                 let s = c.src_pos() as usize;
                 let bytes = &map.bytes()[s..s + n as usize];
-                out.write_all_at(bytes, header + pos)
+                out.file
+                    .write_all_at(bytes, header + pos)
                     .map_err(io_err(path))?;
                 hasher.feed(bytes);
-                c.advance(n);
-                c.release(map);
+                frontier.advance(next, n);
                 n
             } else {
                 let end = (pos + pool.window).min(task.end);
-                let segs = gather(&mut cursors, pos, end, &mut buf, ckpt);
+                let segs = gather(&mut frontier, pos, end, &mut buf, ckpt);
                 let slices: Vec<IoSlice> = segs
                     .iter()
                     .map(|seg| match *seg {
@@ -380,18 +413,23 @@ fn run_task(
                 for slice in &slices {
                     hasher.feed(slice);
                 }
-                write_vectored_at(out, slices, header + pos).map_err(io_err(path))?;
-                for c in cursors.iter_mut() {
-                    let map = &ckpt.files[c.copy.src_file].map;
-                    c.release(map);
-                }
+                write_vectored_at(out.file, slices, header + pos).map_err(io_err(path))?;
                 end - pos
             };
+            frontier.release(ckpt);
             pos += n;
             if let Some(p) = opts.progress {
                 p(n);
             }
-            cursors.retain(|c| !c.finished);
+        }
+        if pos < task.end {
+            return Err(ReshardError::Plan {
+                tensor: String::new(),
+                what: format!(
+                    "internal: the plan leaves bytes {pos}..{} of {} unwritten",
+                    task.end, f.name
+                ),
+            });
         }
         Ok(())
     })();

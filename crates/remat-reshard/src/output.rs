@@ -249,38 +249,31 @@ pub fn build_index(ckpt: &Checkpoint, plan: &Plan, sums: &[Option<Vec<u64>>]) ->
             bytes: f.file_len(),
         })
         .collect();
+    // Chunks grouped by tensor in one pass over the files, in file then chunk order.
+    let mut by_tensor: Vec<Vec<IndexChunk>> = vec![Vec::new(); ckpt.tensors.len()];
+    for (slot, f) in plan.files.iter().enumerate() {
+        for (ci, c) in f.chunks.iter().enumerate() {
+            let start = f.header.len() as u64 + c.data_start;
+            let sum = sums[slot]
+                .as_ref()
+                .and_then(|s| s.get(ci))
+                .copied()
+                .unwrap_or(0);
+            by_tensor[c.tensor].push(IndexChunk {
+                file: slot,
+                offsets: c.region.offsets.clone(),
+                sizes: c.region.sizes.clone(),
+                byte_range: [start, start + c.len],
+                checksum: to_hex(sum),
+            });
+        }
+    }
     let tensors = plan
         .tensors
         .iter()
         .map(|tt| {
             let t = &ckpt.tensors[tt.tensor];
-            let chunks = plan
-                .files
-                .iter()
-                .enumerate()
-                .flat_map(|(slot, f)| {
-                    f.chunks
-                        .iter()
-                        .enumerate()
-                        .map(move |(ci, c)| (slot, f, ci, c))
-                })
-                .filter(|(_, _, _, c)| c.tensor == tt.tensor)
-                .map(|(slot, f, ci, c)| {
-                    let start = f.header.len() as u64 + c.data_start;
-                    let sum = sums[slot]
-                        .as_ref()
-                        .and_then(|s| s.get(ci))
-                        .copied()
-                        .unwrap_or(0);
-                    IndexChunk {
-                        file: slot,
-                        offsets: c.region.offsets.clone(),
-                        sizes: c.region.sizes.clone(),
-                        byte_range: [start, start + c.len],
-                        checksum: to_hex(sum),
-                    }
-                })
-                .collect();
+            let chunks = std::mem::take(&mut by_tensor[tt.tensor]);
             IndexTensor {
                 name: t.name.clone(),
                 dtype: t.dtype.name().into(),

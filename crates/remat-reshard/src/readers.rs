@@ -1,6 +1,6 @@
 //! Readers of the three layouts, each gathering pieces into global tensors.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{
@@ -294,34 +294,24 @@ fn parse_dcp_name(name: &str) -> Option<usize> {
     shard.parse::<usize>().ok()
 }
 
+/// One tensor's entry in `DCP_SHARDING_INFO`.
+#[derive(serde::Deserialize)]
+struct ShardingInfo {
+    saved_offsets: Vec<u64>,
+}
+
 /// `DCP_SHARDING_INFO` of one file: tensor name to saved offsets, or `None` when the file
 /// has no sharding info at all.
-fn dcp_offsets(file: &MappedFile) -> Result<Option<BTreeMap<String, Vec<u64>>>> {
+fn dcp_offsets(file: &MappedFile) -> Result<Option<HashMap<String, ShardingInfo>>> {
     let Some(text) = file.header.metadata.get(DCP_SHARDING_INFO) else {
         return Ok(None);
     };
-    let bad = |what: String| ReshardError::HeaderJson {
-        path: file.path.clone(),
-        message: format!("{DCP_SHARDING_INFO}: {what}"),
-    };
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-    let serde_json::Value::Object(map) = value else {
-        return Err(bad("not a JSON object".into()));
-    };
-    let mut out = BTreeMap::new();
-    for (name, info) in map {
-        let offsets = info
-            .get("saved_offsets")
-            .and_then(|v| v.as_array())
-            .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
-            .ok_or_else(|| {
-                bad(format!(
-                    "tensor `{name}` has no list of unsigned `saved_offsets`"
-                ))
-            })?;
-        out.insert(name, offsets);
-    }
-    Ok(Some(out))
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| ReshardError::HeaderJson {
+            path: file.path.clone(),
+            message: format!("{DCP_SHARDING_INFO}: {e}"),
+        })
 }
 
 pub(crate) fn read_dcp(root: &Path) -> Result<Checkpoint> {
@@ -341,7 +331,7 @@ pub(crate) fn read_dcp(root: &Path) -> Result<Checkpoint> {
             // the origin; a file with it must place every tensor it holds.
             let off = match &offsets {
                 None => vec![0; e.shape.len()],
-                Some(map) => map.get(&e.name).cloned().ok_or_else(|| {
+                Some(map) => map.get(&e.name).map(|i| i.saved_offsets.clone()).ok_or_else(|| {
                     ReshardError::BadTensor {
                         path: path.clone(),
                         tensor: e.name.clone(),

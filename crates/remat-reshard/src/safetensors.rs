@@ -1,10 +1,10 @@
 //! The safetensors container, read and written by hand so that every error can name the
 //! file and the tensor: `u64` little-endian header length, a JSON header, then the data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::dtype::Dtype;
 use crate::error::{ReshardError, Result};
@@ -32,12 +32,14 @@ pub struct Header {
     pub data_start: u64,
     /// Length of the whole file.
     pub file_len: u64,
+    /// Position in `entries` of each tensor name.
+    by_name: HashMap<String, usize>,
 }
 
 impl Header {
-    /// Finds an entry by tensor name.
+    /// Finds an entry by tensor name, in constant time.
     pub fn entry(&self, name: &str) -> Option<&Entry> {
-        self.entries.iter().find(|e| e.name == name)
+        self.by_name.get(name).and_then(|&i| self.entries.get(i))
     }
 }
 
@@ -68,29 +70,92 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<Header> {
     }
     let data_start = 8 + header_len;
     let json = &bytes[8..data_start as usize];
-    let object: Map<String, Value> =
-        serde_json::from_slice(json).map_err(|e| ReshardError::HeaderJson {
-            path: path.into(),
-            message: e.to_string(),
-        })?;
+    let raw: RawHeader = serde_json::from_slice(json).map_err(|e| ReshardError::HeaderJson {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
     let data_len = file_len - data_start;
-    let mut metadata = BTreeMap::new();
-    let mut entries = Vec::with_capacity(object.len());
-    for (name, value) in object {
-        if name == METADATA_KEY {
-            metadata = parse_metadata(path, value)?;
-        } else {
-            entries.push(parse_entry(path, name, &value, data_len)?);
+    let mut metadata = None;
+    let mut entries = Vec::with_capacity(raw.tensors.len());
+    for (name, value) in raw.metadata {
+        if metadata.is_some() {
+            return Err(json_err(path, format!("`{name}` appears twice")));
         }
+        metadata = Some(parse_metadata(path, value)?);
+    }
+    for (name, raw) in raw.tensors {
+        entries.push(parse_entry(path, name, raw, data_len)?);
     }
     entries.sort_by_key(|e| (e.start, e.end));
-    check_disjoint(path, &entries)?;
+    check_contiguous(path, &entries, data_len)?;
+    let mut by_name = HashMap::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        if by_name.insert(e.name.clone(), i).is_some() {
+            return Err(bad(path, &e.name, "the header names this tensor twice"));
+        }
+    }
     Ok(Header {
         entries,
-        metadata,
+        metadata: metadata.unwrap_or_default(),
         data_start,
         file_len,
+        by_name,
     })
+}
+
+/// A tensor entry as written, before validation.
+#[derive(serde::Deserialize)]
+struct RawEntry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: Vec<u64>,
+}
+
+/// The header object, keys in file order and duplicates kept (so that they can be
+/// refused), tensor entries parsed straight into typed fields: headers of tens of
+/// thousands of tensors parse without building a JSON tree.
+struct RawHeader {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, RawEntry)>,
+}
+
+impl<'de> serde::Deserialize<'de> for RawHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_map(RawHeaderVisitor)
+    }
+}
+
+struct RawHeaderVisitor;
+
+impl<'de> serde::de::Visitor<'de> for RawHeaderVisitor {
+    type Value = RawHeader;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object of tensor entries")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<RawHeader, A::Error> {
+        use serde::de::Error;
+        let mut out = RawHeader {
+            metadata: Vec::new(),
+            tensors: Vec::with_capacity(map.size_hint().unwrap_or(0)),
+        };
+        while let Some(key) = map.next_key::<String>()? {
+            if key == METADATA_KEY {
+                let value = map.next_value()?;
+                out.metadata.push((key, value));
+            } else {
+                let entry = map
+                    .next_value::<RawEntry>()
+                    .map_err(|e| A::Error::custom(format!("tensor `{key}`: {e}")))?;
+                out.tensors.push((key, entry));
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn json_err(path: &Path, message: String) -> ReshardError {
@@ -100,9 +165,12 @@ fn json_err(path: &Path, message: String) -> ReshardError {
     }
 }
 
+/// `__metadata__`: string values only; `null` means none, as the reference reader has it.
 fn parse_metadata(path: &Path, value: Value) -> Result<BTreeMap<String, String>> {
-    let Value::Object(map) = value else {
-        return Err(json_err(path, format!("`{METADATA_KEY}` is not an object")));
+    let map = match value {
+        Value::Null => return Ok(BTreeMap::new()),
+        Value::Object(map) => map,
+        _ => return Err(json_err(path, format!("`{METADATA_KEY}` is not an object"))),
     };
     map.into_iter()
         .map(|(k, v)| match v {
@@ -123,48 +191,21 @@ fn bad(path: &Path, tensor: &str, what: impl Into<String>) -> ReshardError {
     }
 }
 
-fn u64_list(path: &Path, tensor: &str, field: &str, value: Option<&Value>) -> Result<Vec<u64>> {
-    let Some(Value::Array(items)) = value else {
-        return Err(bad(
-            path,
-            tensor,
-            format!("`{field}` is missing or not an array"),
-        ));
-    };
-    items
-        .iter()
-        .map(|v| {
-            v.as_u64().ok_or_else(|| {
-                bad(
-                    path,
-                    tensor,
-                    format!("`{field}` holds {v}, not an unsigned integer"),
-                )
-            })
-        })
-        .collect()
-}
-
-fn parse_entry(path: &Path, name: String, value: &Value, data_len: u64) -> Result<Entry> {
-    let Value::Object(fields) = value else {
-        return Err(bad(path, &name, "entry is not an object"));
-    };
-    let dtype_name = match fields.get("dtype") {
-        Some(Value::String(s)) => s.as_str(),
-        _ => return Err(bad(path, &name, "`dtype` is missing or not a string")),
-    };
-    let dtype = Dtype::from_name(dtype_name).ok_or_else(|| ReshardError::UnknownDtype {
+fn parse_entry(path: &Path, name: String, raw: RawEntry, data_len: u64) -> Result<Entry> {
+    let dtype = Dtype::from_name(&raw.dtype).ok_or_else(|| ReshardError::UnknownDtype {
         path: path.into(),
         tensor: name.clone(),
-        dtype: dtype_name.into(),
+        dtype: raw.dtype.clone(),
     })?;
-    let shape = u64_list(path, &name, "shape", fields.get("shape"))?;
-    let offsets = u64_list(path, &name, "data_offsets", fields.get("data_offsets"))?;
-    let [start, end] = offsets[..] else {
+    let shape = raw.shape;
+    let [start, end] = raw.data_offsets[..] else {
         return Err(bad(
             path,
             &name,
-            format!("`data_offsets` has {} values, not 2", offsets.len()),
+            format!(
+                "`data_offsets` has {} values, not 2",
+                raw.data_offsets.len()
+            ),
         ));
     };
     if start > end || end > data_len {
@@ -215,22 +256,46 @@ pub fn tensor_bytes(path: &Path, name: &str, dtype: Dtype, shape: &[u64]) -> Res
     })
 }
 
-fn check_disjoint(path: &Path, sorted: &[Entry]) -> Result<()> {
+/// The entries, sorted by offsets, tile the data section exactly, as the reference
+/// reader requires: no overlap, no gap, no bytes after the last tensor.
+fn check_contiguous(path: &Path, sorted: &[Entry], data_len: u64) -> Result<()> {
+    let mut at = 0u64;
     let mut prev: Option<&Entry> = None;
-    for e in sorted.iter().filter(|e| e.end > e.start) {
-        if let Some(p) = prev
-            && e.start < p.end
-        {
+    for e in sorted {
+        if e.start < at {
+            let p = prev.map_or_else(String::new, |p| {
+                format!(" those of `{}` [{}, {})", p.name, p.start, p.end)
+            });
+            return Err(bad(
+                path,
+                &e.name,
+                format!("data_offsets [{}, {}) overlap{p}", e.start, e.end),
+            ));
+        }
+        if e.start > at {
             return Err(bad(
                 path,
                 &e.name,
                 format!(
-                    "data_offsets [{}, {}) overlap those of `{}` [{}, {})",
-                    e.start, e.end, p.name, p.start, p.end
+                    "data_offsets [{}, {}) leave a gap of {} bytes before them in the data section",
+                    e.start,
+                    e.end,
+                    e.start - at
                 ),
             ));
         }
+        at = e.end;
         prev = Some(e);
+    }
+    if at != data_len {
+        let what = format!(
+            "the data section holds {data_len} bytes but the tensors end at byte {at}: {} trailing bytes belong to no tensor",
+            data_len - at
+        );
+        return Err(match prev {
+            Some(p) => bad(path, &p.name, what),
+            None => json_err(path, what),
+        });
     }
     Ok(())
 }
@@ -433,5 +498,79 @@ mod tests {
             b"xyz",
         ));
         assert!(e.contains("overlap"), "{e}");
+    }
+
+    /// Headers the reference reader accepts, we accept; those it refuses for layout
+    /// reasons (gaps, overlaps, trailing bytes), we refuse, naming the tensor.
+    #[test]
+    fn agrees_with_the_reference_reader_on_layout() {
+        let cases: [(&str, &[u8], Option<&str>); 7] = [
+            (
+                r#"{"__metadata__":null,"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
+                b"xy",
+                None,
+            ),
+            (
+                r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#,
+                b"xy",
+                Some("gap of 1 bytes"),
+            ),
+            (
+                r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
+                b"xy",
+                Some("1 trailing bytes"),
+            ),
+            (
+                r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#,
+                b"xyz",
+                Some("overlap"),
+            ),
+            (
+                r#"{"e":{"dtype":"F32","shape":[0,3],"data_offsets":[2,2]},"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
+                b"xy",
+                None,
+            ),
+            (r#"{}"#, b"", None),
+            (
+                r#"{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}"#,
+                b"xy",
+                Some("names this tensor twice"),
+            ),
+        ];
+        for (json, data, want) in cases {
+            let bytes = file(json, data);
+            let ours = parse_header(Path::new("x.safetensors"), &bytes);
+            match want {
+                None => {
+                    assert!(ours.is_ok(), "{json}: {:?}", ours.err());
+                    assert!(
+                        ::safetensors::SafeTensors::deserialize(&bytes).is_ok(),
+                        "{json}"
+                    );
+                }
+                Some(text) => {
+                    let e = ours.expect_err(json).to_string();
+                    assert!(e.contains(text) && e.contains("x.safetensors"), "{e}");
+                }
+            }
+        }
+        // The reference refuses layout errors too (duplicates it silently collapses).
+        for (json, data, _) in cases.iter().filter(|c| c.2.is_some()).take(3) {
+            assert!(::safetensors::SafeTensors::deserialize(&file(json, data)).is_err());
+        }
+    }
+
+    #[test]
+    fn a_bad_field_names_the_tensor() {
+        let e = err(&file(
+            r#"{"w":{"dtype":"U8","shape":"3","data_offsets":[0,3]}}"#,
+            b"xyz",
+        ));
+        assert!(
+            e.contains("tensor `w`") && e.contains("x.safetensors"),
+            "{e}"
+        );
+        let e = err(&file(r#"{"__metadata__":{"k":1}}"#, b""));
+        assert!(e.contains("not a string"), "{e}");
     }
 }

@@ -2,6 +2,8 @@
 //! windows assembled for gathering writes straight from the source maps, and block
 //! checksums computed as the bytes go out.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::IoSlice;
 use std::os::fd::AsRawFd;
@@ -137,11 +139,66 @@ pub(crate) enum Seg {
     },
 }
 
-/// Lays out the window `[pos, end)` in destination order: at every position exactly one
-/// cursor continues (the plan covers each target byte once), so the one furthest behind
-/// is the next to write.
+/// The live cursors of a task, ordered by destination position: at every position
+/// exactly one cursor continues (the plan covers each target byte once), so the one
+/// furthest behind is the next to write. A heap keeps finding it logarithmic in the
+/// number of cursors, which matters for files of many small tensors.
+pub(crate) struct Frontier<'c> {
+    pub cursors: Vec<Cursor<'c>>,
+    heap: BinaryHeap<Reverse<(u64, usize)>>,
+    touched: Vec<usize>,
+    is_touched: Vec<bool>,
+}
+
+impl<'c> Frontier<'c> {
+    pub(crate) fn new(cursors: Vec<Cursor<'c>>) -> Frontier<'c> {
+        let heap = cursors
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.finished)
+            .map(|(i, c)| Reverse((c.pos(), i)))
+            .collect();
+        let n = cursors.len();
+        Frontier {
+            cursors,
+            heap,
+            touched: Vec::new(),
+            is_touched: vec![false; n],
+        }
+    }
+
+    /// The cursor that writes the next byte.
+    pub(crate) fn next(&self) -> Option<usize> {
+        self.heap.peek().map(|Reverse((_, i))| *i)
+    }
+
+    /// Moves cursor `i` (the next) on by `n` bytes and notes it for [`Self::release`].
+    pub(crate) fn advance(&mut self, i: usize, n: u64) {
+        self.heap.pop();
+        let c = &mut self.cursors[i];
+        c.advance(n);
+        if !c.finished {
+            self.heap.push(Reverse((c.pos(), i)));
+        }
+        if !self.is_touched[i] {
+            self.is_touched[i] = true;
+            self.touched.push(i);
+        }
+    }
+
+    /// Gives back the source pages behind every cursor moved since the last call.
+    pub(crate) fn release(&mut self, ckpt: &Checkpoint) {
+        for i in self.touched.drain(..) {
+            self.is_touched[i] = false;
+            let c = &mut self.cursors[i];
+            c.release(&ckpt.files[c.copy.src_file].map);
+        }
+    }
+}
+
+/// Lays out the window `[pos, end)` in destination order, taking the cursors in turn.
 pub(crate) fn gather(
-    cursors: &mut [Cursor],
+    frontier: &mut Frontier,
     pos: u64,
     end: u64,
     buf: &mut [u8],
@@ -151,13 +208,10 @@ pub(crate) fn gather(
     let mut p = pos;
     let mut used = 0usize;
     while p < end {
-        let Some(c) = cursors
-            .iter_mut()
-            .filter(|c| !c.finished)
-            .min_by_key(|c| c.pos())
-        else {
+        let Some(i) = frontier.next() else {
             break;
         };
+        let c = &frontier.cursors[i];
         debug_assert_eq!(c.pos(), p, "the plan leaves a gap");
         let n = c.run_left().min(end - p);
         let start = c.src_pos() as usize;
@@ -177,7 +231,7 @@ pub(crate) fn gather(
             }
             used += len;
         }
-        c.advance(n);
+        frontier.advance(i, n);
         p += n;
     }
     segs
