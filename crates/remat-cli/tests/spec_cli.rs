@@ -50,8 +50,6 @@ fn inspect_reads_files_and_overrides() {
         "--mode",
         "lora",
         "--set",
-        "use_shared_expert=true",
-        "--set",
         "shared_expert_intermediate_size=16",
     ]);
     assert!(ok, "{err}");

@@ -293,14 +293,7 @@ fn shipped_moe_block_compiles_with_and_without_shared_expert() {
             slot(&plain, 0, "shared_act").disposition,
             Disposition::Absent
         );
-        let shared = shipped_plan(
-            QWEN3_MOE,
-            mode,
-            &[
-                "use_shared_expert=true",
-                "shared_expert_intermediate_size=64",
-            ],
-        );
+        let shared = shipped_plan(QWEN3_MOE, mode, &["shared_expert_intermediate_size=64"]);
         assert_ne!(
             slot(&shared, 0, "shared_act").disposition,
             Disposition::Absent
@@ -369,6 +362,11 @@ fn errors_name_the_slot_and_the_cause() {
             .any(|c| e.contains(c)),
         "{e}"
     );
+    // The same cycle is an error under full fine-tuning too, where `b` is saved.
+    let mut cyclic = toy();
+    cyclic.slots[1].recompute_from[2] = "c".into();
+    let e = compile(&cyclic, &cfg, Mode::Full).unwrap_err().to_string();
+    assert!(e.contains("recompute cycle"), "{e}");
     // Two producers: `b` also listed as an output of `c`'s op.
     let e = with(&|s| {
         s.slots[3] = SlotSpec::new("c", &["N", "D"])
@@ -402,4 +400,18 @@ fn compile_errors_are_typed() {
         compile(&s, &toy_config(), Mode::Full),
         Err(SpecError::UnknownOp { .. })
     ));
+}
+
+/// A Hugging Face config.json has no batch or sequence length: the error says how to add them.
+#[test]
+fn a_config_without_batch_says_how_to_set_it() {
+    let spec = remat_engine::spec::shipped::QWEN3.spec().unwrap();
+    let hf = ModelConfig::parse(
+        r#"{"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64}"#,
+        "config.json",
+    )
+    .unwrap();
+    let e = compile(&spec, &hf, Mode::Full).unwrap_err().to_string();
+    assert!(e.contains("--set batch=N --set seq_len=N"), "{e}");
 }

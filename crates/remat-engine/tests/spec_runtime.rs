@@ -165,10 +165,7 @@ fn moe_steps_equal_save_everything() {
     assert_exact(
         BlockKind::Moe,
         Mode::Lora,
-        &[
-            "use_shared_expert=true",
-            "shared_expert_intermediate_size=16",
-        ],
+        &["shared_expert_intermediate_size=16"],
     );
 }
 

@@ -114,7 +114,11 @@ impl Qwen3Dims {
     pub fn from_config(cfg: &ModelConfig, kind: BlockKind) -> RunResult<Self> {
         let n = |k: &str| cfg.usize_of(k, "qwen3 model").map_err(RunError::from);
         let moe = kind == BlockKind::Moe;
-        let use_shared = moe && flag(cfg, "use_shared_expert", false)?;
+        // The shared expert exists when its width is set and positive (the spec's `when`).
+        let shared = match cfg.get("shared_expert_intermediate_size") {
+            Some(_) if moe => n("shared_expert_intermediate_size")?,
+            _ => 0,
+        };
         Ok(Self {
             vocab: n("vocab_size")?,
             hidden: n("hidden_size")?,
@@ -131,11 +135,7 @@ impl Qwen3Dims {
             top_k: if moe { n("num_experts_per_tok")? } else { 0 },
             moe_intermediate: if moe { n("moe_intermediate_size")? } else { 0 },
             norm_topk: flag(cfg, "norm_topk_prob", true)?,
-            shared_intermediate: if use_shared {
-                n("shared_expert_intermediate_size")?
-            } else {
-                0
-            },
+            shared_intermediate: shared,
             batch: n("batch")?,
             seq: n("seq_len")?,
         })

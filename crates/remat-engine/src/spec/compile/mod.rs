@@ -196,8 +196,25 @@ impl Plan {
 }
 
 /// Compiles `spec` for `config` (its `config_defaults` fill unset keys) in `mode`.
+///
+/// A recompute cycle is an error in every mode: a cycle through `lora_only` slots is
+/// invisible under full fine-tuning (they are saved there) but would break the first LoRA
+/// run of the same spec, so both modes' steps are ordered.
 pub fn compile(spec: &BlockSpec, config: &ModelConfig, mode: Mode) -> Result<Plan> {
-    Resolved::new(spec.clone())?.plan(config, mode)
+    let resolved = Resolved::new(spec.clone())?;
+    let plan = resolved.plan(config, mode)?;
+    let other = match mode {
+        Mode::Full => Mode::Lora,
+        Mode::Lora => Mode::Full,
+    };
+    for layer in 0..plan.layers.len() {
+        if let Err(cycle @ SpecError::Cycle { .. }) =
+            resolved.plan_layer(&plan.config, other, layer)
+        {
+            return Err(cycle);
+        }
+    }
+    Ok(plan)
 }
 
 impl Resolved {

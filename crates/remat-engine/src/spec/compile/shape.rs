@@ -63,8 +63,11 @@ impl ShapeResolver<'_> {
             Some(other) => Err(format!(
                 "`{factor}` = {other} is not a non-negative integer"
             )),
+            None if matches!(factor, "batch" | "seq_len") => Err(format!(
+                "`{factor}` is not in the model config; a Hugging Face config.json has no batch size or sequence length: add them with `--set batch=N --set seq_len=N`"
+            )),
             None => Err(format!(
-                "`{factor}` is neither a dim of the spec nor a key of the model config"
+                "`{factor}` is neither a dim of the spec nor a key of the model config (override it with `--set {factor}=N`)"
             )),
         }
     }
