@@ -57,3 +57,49 @@ fn infeasible_budget_names_the_smallest_feasible_one_which_then_trains() {
     let cells: Vec<&str> = peak_row.split_whitespace().collect();
     assert_eq!(cells[2], cells[3], "predicted vs measured peak: {peak_row}");
 }
+
+fn remat(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .output()
+        .expect("the remat binary runs")
+}
+
+#[test]
+fn flags_auto_does_not_use_are_errors_naming_the_flag() {
+    for (extra, flag) in [
+        (&["--stages", "2"][..], "--stages"),
+        (&["--compare"][..], "--compare"),
+        (&["--dump-grads", "g.safetensors"][..], "--dump-grads"),
+    ] {
+        let mut args = vec![
+            "train",
+            "--steps",
+            "1",
+            "--policy",
+            "auto",
+            "--memory-budget",
+            "64MiB",
+        ];
+        args.extend_from_slice(extra);
+        let out = remat(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} should fail");
+        assert!(
+            err.contains(&format!("{flag} cannot be combined with --policy auto")),
+            "{extra:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn profiling_a_qwen3_model_says_why_it_cannot() {
+    let out = remat(&["profile", "--model", "qwen3", "--out", "unused.json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--model qwen3") && err.contains("spec runtime") && err.contains("`gpt`"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("unused.json").exists());
+}

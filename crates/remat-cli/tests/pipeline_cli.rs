@@ -91,3 +91,50 @@ fn bad_pipeline_flags_are_errors() {
         assert!(stderr.contains(expected), "{extra:?}: {stderr}");
     }
 }
+
+/// The README's command, as printed there, with few steps: the default GPT has 2 blocks, so
+/// without --layers the depth grows to the 4 stages (and the output says so).
+#[test]
+fn the_readme_pipeline_command_runs() {
+    let out = remat(&[
+        "train",
+        "--stages",
+        "4",
+        "--micro-batches",
+        "8",
+        "--schedule",
+        "1f1b",
+        "--stage-policy",
+        "selective:2",
+        "--steps",
+        "2",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("using --layers 4"), "{stdout}");
+    assert!(stdout.contains("4 stages"), "{stdout}");
+    for stage in ["0        0..1", "3        3..4"] {
+        assert!(
+            stdout.contains(stage),
+            "missing stage row {stage:?} in {stdout}"
+        );
+    }
+    assert!(stdout.contains("ideal (P-1)/(M+P-1) = 0.273"), "{stdout}");
+}
+
+#[test]
+fn policy_is_refused_with_stages() {
+    let mut args = SMALL.to_vec();
+    args.extend(["1", "--stages", "2", "--policy", "sqrt"]);
+    let out = remat(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--policy cannot be combined with --stages"),
+        "{stderr}"
+    );
+}

@@ -3,13 +3,18 @@
 //! The step is run a few times by the store-all schedule of its [`Layout`]; every item is
 //! timed (the median of the runs is kept) and its output and transient bytes measured from
 //! the memory pool. The planner graph has one node per item, with the static memory (what
-//! the pool holds when the step starts: parameters, inputs, gradient buffers) as its static
-//! bytes and seconds as its time unit.
+//! the pool holds when the step starts: parameters, inputs, optimizer state) as its static
+//! bytes and seconds as its time unit. Gradient buffers are nodes of their own, allocated at
+//! their first write (see [`crate::plan_exec::Layout`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::graph::{Graph, NodeId};
 use crate::plan_exec::{
     ItemKind, ItemMeasure, Layout, Measured, PlanExecError, RunOptions, run_steps,
 };
+use crate::swap::{CopyEngine, SwapError};
 
 /// How to profile.
 #[derive(Clone, Debug)]
@@ -87,7 +92,7 @@ pub fn profile_step(
     let measured = measurements(graph.nodes.len(), &rough, &measures);
     let layout = Layout::build(graph, loss, &measured)?;
     let (times, bytes) = item_costs(&rough, &layout, &measures);
-    let static_bytes = static_bytes_of(graph, &layout)?;
+    let static_bytes = graph.ctx.pool().live();
     let ir = remat_planner::Graph::new(
         opts.name.clone(),
         layout.ir_nodes(&times, &bytes),
@@ -122,7 +127,7 @@ fn measurements(nodes: usize, rough: &Layout, measures: &[Vec<ItemMeasure>]) -> 
                 m.fwd_workspace[node] = ws;
             }
             ItemKind::Backward { node } => m.bwd_workspace[node] = ws,
-            ItemKind::Workspace { .. } => {}
+            ItemKind::Workspace { .. } | ItemKind::Grad { .. } | ItemKind::End => {}
         }
     }
     m
@@ -140,7 +145,7 @@ fn item_costs(
         let rough_item = match item.kind {
             ItemKind::Forward { node } => rough.forward_item(NodeId(node)),
             ItemKind::Backward { node } => rough.backward_item(NodeId(node)),
-            ItemKind::Workspace { .. } => None,
+            ItemKind::Workspace { .. } | ItemKind::Grad { .. } | ItemKind::End => None,
         };
         if let Some(r) = rough_item {
             times[i] = median(measures.iter().map(|m| m[r].time.as_secs_f64()).collect());
@@ -150,21 +155,89 @@ fn item_costs(
     (times, bytes)
 }
 
-/// What the pool holds when a step starts: what is live now plus the gradient buffers the
-/// executor allocates for the leaves.
-fn static_bytes_of(graph: &Graph, layout: &Layout) -> Result<u64, PlanExecError> {
-    let grads: u64 = layout
-        .grad_leaves
-        .iter()
-        .map(|&j| crate::tensor::nbytes(&graph.nodes[j].shape, graph.nodes[j].dtype))
-        .sum();
-    Ok(graph.ctx.pool().live() + grads)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
+/// The middle value (the mean of the two middle ones for an even count): with two runs,
+/// their mean, not the larger one.
+pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let mid = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    }
 }
+
+/// The host-device bandwidth swaps get while the step computes: copies stream through
+/// `copy` (out and back, `probe_bytes` at a time) while the profiled step runs `runs` times
+/// by its store-all schedule on the same cores. The planner overlaps swaps with compute, so
+/// this, not the bandwidth of an idle machine, is what it must plan with. Bytes per second,
+/// one way. The graph's random generator and gradients are left as they were.
+pub fn measure_bandwidth_under_compute(
+    graph: &mut Graph,
+    profile: &StepProfile,
+    copy: &CopyEngine,
+    runs: usize,
+    probe_bytes: usize,
+) -> Result<f64, PlanExecError> {
+    let words = (probe_bytes / 4).max(1);
+    let steps = profile.layout.store_all_steps();
+    let rng = graph.rng;
+    let stop = AtomicBool::new(false);
+    let trips = AtomicU64::new(0);
+    let (moved, elapsed, result) = std::thread::scope(|scope| {
+        let copier = scope.spawn(|| -> Result<(u64, Duration), SwapError> {
+            let start = Instant::now();
+            let mut buf = vec![0.5f32; words];
+            let mut moved = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let (slot, out) = copy.offload(buf, "bandwidth probe")?.wait()?.value;
+                buf = copy.prefetch(slot, out, true)?.wait()?.value;
+                moved += 2 * (words as u64 * 4);
+                trips.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok((moved, start.elapsed()))
+        });
+        // At least `runs` steps, and more while fewer than MIN_TRIPS round trips are done (a
+        // small step ends before one copy does).
+        let mut result = Ok(());
+        let mut done = 0usize;
+        while done < runs.max(1)
+            || (trips.load(Ordering::Relaxed) < MIN_TRIPS && !copier.is_finished())
+        {
+            graph.rng = rng;
+            if let Err(e) = run_steps(graph, &profile.layout, &steps, None, RunOptions::default()) {
+                result = Err(e);
+                break;
+            }
+            done += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let copied = copier
+            .join()
+            .map_err(|_| PlanExecError::Invalid("the bandwidth probe thread panicked".into()));
+        match copied {
+            Ok(Ok((moved, elapsed))) => (moved, elapsed, result),
+            Ok(Err(e)) => (0, Duration::ZERO, result.and(Err(e.into()))),
+            Err(e) => (0, Duration::ZERO, result.and(Err(e))),
+        }
+    });
+    graph.rng = rng;
+    for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
+        node.grad = None;
+    }
+    copy.reset_stats();
+    result?;
+    if moved == 0 {
+        return Err(PlanExecError::Invalid(
+            "the bandwidth probe moved no bytes while the step computed".into(),
+        ));
+    }
+    // One way: a round trip moves the bytes twice, each direction on its own worker.
+    Ok(moved as f64 / elapsed.as_secs_f64().max(1e-9))
+}
+
+/// Round trips the bandwidth probe completes at least.
+const MIN_TRIPS: u64 = 4;

@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use remat_engine::models::mlp::{Mlp, MlpConfig};
-use remat_engine::plan_exec::{StepReport, run_plan};
+use remat_engine::plan_exec::{PlanExecError, StepReport, check_plan, run_plan};
 use remat_engine::profile::{ProfileOptions, StepProfile, profile_step};
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{Category, ExecContext, Graph, MemoryPool, NodeId, Policy, Tensor};
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::strategy::plan_from_decisions;
-use remat_planner::{Decision, Planned, Problem};
+use remat_planner::{Decision, PlanError, Planned, Problem};
 
 const BANDWIDTH: f64 = 8e9;
 
@@ -132,6 +132,13 @@ type Recorder = Box<dyn Fn(&ExecContext) -> (Graph, NodeId, Vec<NodeId>)>;
 
 struct Setup {
     expected: Vec<Tensor>,
+    /// The pool's peak over the engine's own store-all forward and backward, beyond what
+    /// the pool held before.
+    engine_peak: u64,
+    /// Bytes of the outputs of ops whose output (reshape) or input gradients (reshape, add)
+    /// share storage with another tensor in the engine: the executor gives every item's
+    /// tensor its own bytes, so around them its peak may exceed the engine's.
+    view_bytes: u64,
     graph: Graph,
     ids: Vec<NodeId>,
     profile: StepProfile,
@@ -143,8 +150,23 @@ fn setup_with(record: Recorder) -> Setup {
     let pool = MemoryPool::unbounded();
     let ctx = ExecContext::new(pool.clone(), 1).unwrap();
     let (mut reference, loss, ids) = record(&ctx);
+    pool.reset_peak();
+    let before = pool.live();
     reference.forward().unwrap();
     reference.backward(loss).unwrap();
+    let engine_peak = pool.peak() - before;
+    let view_bytes = reference
+        .node_ids()
+        .filter(|&id| {
+            reference
+                .kind(id)
+                .is_ok_and(|k| k == "reshape" || k == "add")
+        })
+        .map(|id| {
+            let elems: usize = reference.shape(id).unwrap().iter().product();
+            (elems * reference.dtype(id).unwrap().size_bytes()) as u64
+        })
+        .sum();
     let expected = ids
         .iter()
         .map(|&id| reference.grad(id).unwrap().unwrap())
@@ -158,6 +180,8 @@ fn setup_with(record: Recorder) -> Setup {
     let profile = profile_step(&mut graph, loss, &opts).unwrap();
     Setup {
         expected,
+        engine_peak,
+        view_bytes,
         graph,
         ids,
         profile,
@@ -166,7 +190,8 @@ fn setup_with(record: Recorder) -> Setup {
 
 fn setup(layers: usize) -> Setup {
     let pool = MemoryPool::unbounded();
-    let m = model(&pool, layers, 8, 16);
+    // Enough rows that activations, not gradients, make the store-all peak.
+    let m = model(&pool, layers, 64, 16);
     setup_with(Box::new(move |ctx| record(ctx, &m, 7)))
 }
 
@@ -204,10 +229,18 @@ impl Setup {
         }
     }
 
-    /// Hand-made swap and recompute plans, and every registered strategy at three budgets.
-    fn all_plans(&self) -> Vec<(String, Planned)> {
+    /// Hand-made swap and recompute plans, and every registered strategy at three budgets
+    /// (with the names of the strategies whose plans were run, per budget).
+    fn all_plans(&self) -> (Vec<(String, Planned)>, Vec<Vec<String>>) {
         let graph = &self.profile.graph;
-        let (peak, floor) = (graph.store_all_peak(), graph.memory_floor());
+        // From store-all's peak down to recompute-all's (the least a baseline needs).
+        let peak = graph.store_all_peak();
+        let least = remat_planner::lookup("recompute-all")
+            .unwrap()
+            .plan(&self.unlimited())
+            .unwrap()
+            .report
+            .peak_bytes;
         let mut plans: Vec<(String, Planned)> = Vec::new();
         for (label, decisions) in [
             ("swap-all", swap_decisions(&self.profile)),
@@ -219,36 +252,110 @@ impl Setup {
                 plan_from_decisions(&self.unlimited(), label, decisions).unwrap(),
             ));
         }
-        for budget in [peak, floor + (peak - floor) / 2, floor + (peak - floor) / 4] {
+        let mut ran = Vec::new();
+        for budget in [peak, least + (peak - least) / 2, least] {
             let problem = Problem {
                 graph,
                 budget_bytes: budget,
                 bandwidth: BANDWIDTH,
             };
+            let mut names = Vec::new();
             for strategy in remat_planner::registry() {
-                if let Ok(planned) = strategy.plan(&problem) {
-                    plans.push((format!("{}@{budget}", strategy.name()), planned));
+                match strategy.plan(&problem) {
+                    Ok(planned) => {
+                        // A plan that would drop a written gradient buffer is refused by
+                        // the executor before it runs (and left out by the auto choice).
+                        match check_plan(&self.profile.layout, &planned.plan.steps) {
+                            Ok(()) => {
+                                names.push(strategy.name());
+                                plans.push((format!("{}@{budget}", strategy.name()), planned));
+                            }
+                            Err(e) => assert!(
+                                matches!(e, PlanExecError::GradientLost { .. }),
+                                "{}@{budget}: {e}",
+                                strategy.name()
+                            ),
+                        }
+                    }
+                    // Over budget at the tighter budgets; chain-dp only plans chains.
+                    Err(PlanError::OverBudget { .. } | PlanError::NotApplicable { .. }) => {}
+                    Err(e) => names.push(format!("{} failed: {e}", strategy.name())),
                 }
             }
+            ran.push(names);
         }
-        plans
+        (plans, ran)
     }
 
-    fn check_all(&mut self) {
-        let plans = self.all_plans();
-        assert!(plans.len() >= 6, "{} plans", plans.len());
+    /// Runs every plan; returns the strategies that ran at each budget (store-all's peak,
+    /// half way to recompute-all's, recompute-all's).
+    fn check_all(&mut self) -> Vec<Vec<String>> {
+        let (plans, ran) = self.all_plans();
+        for names in &ran {
+            assert!(
+                names.iter().all(|n| !n.contains(" failed: ")),
+                "strategies failed: {names:?}"
+            );
+        }
         let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
         for (label, planned) in &plans {
             self.check(label, planned, &copy);
         }
         // Every swapped byte came back and was released.
         assert_eq!(copy.store().stats().live_bytes, 0);
+        // Gradient buffers are allocated at their first write, as the engine's backward
+        // does: the executed store-all plan peaks where the engine's own store-all does.
+        let store_all = &plans
+            .iter()
+            .find(|(label, _)| label.starts_with("store-all@"))
+            .expect("store-all always fits the store-all peak")
+            .1;
+        // Exactly, when the model has no views or pass-through gradients; those are the one
+        // remaining difference (the executor copies them, the engine shares storage).
+        let planned = store_all.report.peak_bytes - self.profile.static_bytes();
+        if self.view_bytes == 0 {
+            assert_eq!(
+                planned, self.engine_peak,
+                "store-all plan vs the engine's own store-all (beyond static memory)"
+            );
+        } else {
+            assert!(
+                planned >= self.engine_peak && planned - self.engine_peak <= self.view_bytes,
+                "store-all plan {planned} vs the engine's own {} (views: {} bytes)",
+                self.engine_peak,
+                self.view_bytes
+            );
+        }
+        ran
+    }
+}
+
+/// The strategies every model must run at every budget tried (the general ones that
+/// always reach the floor); the rest are checked by name at the store-all budget.
+const ALWAYS: [&str; 3] = ["recompute-all", "threshold", "chen-greedy"];
+
+fn assert_ran(ran: &[Vec<String>], at_store_all: &[&str]) {
+    println!("strategies run per budget (store-all, middle, recompute-all): {ran:?}");
+    for name in at_store_all {
+        assert!(
+            ran[0].iter().any(|n| n == name),
+            "{name} did not run at the store-all budget: {ran:?}"
+        );
+    }
+    for names in ran {
+        for name in ALWAYS {
+            assert!(names.iter().any(|n| n == name), "{name} missing: {ran:?}");
+        }
     }
 }
 
 #[test]
 fn every_plan_meets_its_predicted_peak_and_store_all_gradients() {
-    setup(3).check_all();
+    let ran = setup(3).check_all();
+    assert_ran(
+        &ran,
+        &["store-all", "every:2", "every:4", "sqrt", "mutwo", "evict"],
+    );
 }
 
 #[test]
@@ -260,23 +367,24 @@ fn mlp_chain_with_dropout_under_every_plan() {
         seed: 3,
     };
     let mlp = Mlp::new(&pool, config).unwrap();
+    let rows = 64;
     let x = Tensor::from_vec(
         &pool,
         "x",
-        &[6, 24],
-        values(6 * 24, 5, 2.0),
+        &[rows, 24],
+        values(rows * 24, 5, 2.0),
         Category::Activations,
     )
     .unwrap();
     let y = Tensor::from_vec(
         &pool,
         "y",
-        &[6, 16],
-        values(6 * 16, 6, 2.0),
+        &[rows, 16],
+        values(rows * 16, 6, 2.0),
         Category::Activations,
     )
     .unwrap();
-    setup_with(Box::new(move |ctx| {
+    let ran = setup_with(Box::new(move |ctx| {
         let mut g = Graph::new(ctx);
         g.set_seed(7);
         let (xn, yn) = (g.input("x", x.clone()), g.input("y", y.clone()));
@@ -284,6 +392,18 @@ fn mlp_chain_with_dropout_under_every_plan() {
         (g, nodes.loss, nodes.params)
     }))
     .check_all();
+    assert_ran(
+        &ran,
+        &[
+            "store-all",
+            "every:2",
+            "every:4",
+            "sqrt",
+            "mutwo",
+            "evict",
+            "chain-dp",
+        ],
+    );
 }
 
 #[test]
@@ -300,7 +420,7 @@ fn gpt_with_dropout_under_every_plan() {
         ..GptConfig::bench()
     };
     let gpt = Gpt::new(&pool, config).unwrap();
-    let (batch, seq) = (2, 8);
+    let (batch, seq) = (8, 16);
     let tokens: Vec<u32> = (0..batch * seq).map(|i| (i * 7 % 32) as u32).collect();
     let targets: Vec<u32> = (0..batch * seq).map(|i| (i * 5 % 32) as u32).collect();
     let data = Batch {
@@ -309,7 +429,7 @@ fn gpt_with_dropout_under_every_plan() {
         batch,
         seq,
     };
-    setup_with(Box::new(move |ctx| {
+    let ran = setup_with(Box::new(move |ctx| {
         let mut g = Graph::new(ctx);
         g.set_seed(7);
         let step = gpt
@@ -318,6 +438,10 @@ fn gpt_with_dropout_under_every_plan() {
         (g, step.loss, step.params)
     }))
     .check_all();
+    assert_ran(
+        &ran,
+        &["store-all", "every:2", "every:4", "sqrt", "mutwo", "evict"],
+    );
 }
 
 #[test]
@@ -367,4 +491,107 @@ fn a_slow_host_store_shows_up_as_stall_time() {
     );
     assert!(slow_report.stall > fast_report.stall);
     assert_eq!(slow.stats().stall, slow_report.stall);
+}
+
+/// Swaps every gradient buffer over its longest idle gap (after a write, back before the
+/// next write or the end of the step).
+fn grad_swap_decisions(p: &StepProfile) -> Vec<Decision> {
+    let nodes = p.graph.nodes();
+    tensor_attrs(&p.graph, BANDWIDTH)
+        .iter()
+        .enumerate()
+        .map(|(t, a)| match a.idle {
+            Some((after, use_at)) if nodes[t].name.starts_with("grad:") => Decision::Swap {
+                swap_out_after: after,
+                prefetch_at: (use_at - 1).max(after + 1),
+                use_at,
+            },
+            _ => Decision::Keep,
+        })
+        .collect()
+}
+
+#[test]
+fn gradient_buffers_are_planner_nodes_that_swap_exactly() {
+    let mut s = setup(2);
+    let layout = &s.profile.layout;
+    // One buffer per parameter, allocated right before its first writer, read at the end.
+    let grads: Vec<usize> = (0..layout.len())
+        .filter(|&i| layout.items()[i].name.starts_with("grad:"))
+        .collect();
+    assert_eq!(grads.len(), s.ids.len());
+    let end = layout.len() - 1;
+    assert_eq!(layout.items()[end].name, "end:step");
+    assert_eq!(layout.items()[end].inputs, grads);
+    for &g in &grads {
+        assert!(
+            layout.items()[g + 1..]
+                .iter()
+                .any(|i| i.inputs.contains(&g))
+        );
+    }
+    // Static memory no longer holds gradient buffers: the store-all plan's first allocation
+    // of a gradient comes in backward.
+    let decisions = grad_swap_decisions(&s.profile);
+    let swapped = decisions
+        .iter()
+        .filter(|d| matches!(d, Decision::Swap { .. }))
+        .count();
+    assert!(swapped > 0, "some gradient buffer has an idle gap");
+    let planned = plan_from_decisions(&s.unlimited(), "swap-grads", decisions).unwrap();
+    let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
+    let report = s.check("swap gradient buffers", &planned, &copy);
+    assert!(report.swapped_out_bytes > 0);
+    assert_eq!(copy.store().stats().live_bytes, 0);
+}
+
+#[test]
+fn a_plan_dropping_a_written_gradient_buffer_is_refused_before_it_runs() {
+    let mut s = setup(2);
+    let layout = s.profile.layout.clone();
+    let grad = (0..layout.len())
+        .find(|&i| layout.items()[i].name.starts_with("grad:"))
+        .unwrap();
+    let writer = (grad + 1..layout.len())
+        .find(|&i| layout.items()[i].inputs.contains(&grad))
+        .unwrap();
+    // Free the buffer right after its first write and recompute it for the next reader.
+    let mut steps = Vec::new();
+    for step in layout.store_all_steps() {
+        match step {
+            remat_planner::Step::Free { tensor } if tensor == grad => {}
+            remat_planner::Step::Compute { node } if node > writer => {
+                if layout.items()[node].inputs.contains(&grad)
+                    && !steps.contains(&remat_planner::Step::Compute { node: grad })
+                {
+                    steps.push(remat_planner::Step::Compute { node: grad });
+                }
+                steps.push(step);
+            }
+            remat_planner::Step::Compute { node } if node == writer => {
+                steps.push(step);
+                steps.push(remat_planner::Step::Free { tensor: grad });
+            }
+            other => steps.push(other),
+        }
+    }
+    let err = check_plan(&layout, &steps).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, PlanExecError::GradientLost { .. }) && text.contains("grad:"),
+        "{text}"
+    );
+    s.graph.set_seed(7);
+    let run = remat_engine::plan_exec::run_steps(
+        &mut s.graph,
+        &layout,
+        &steps,
+        None,
+        remat_engine::plan_exec::RunOptions::default(),
+    );
+    assert!(matches!(run, Err(PlanExecError::GradientLost { .. })));
+    // Nothing ran: no partial gradients.
+    for id in &s.ids {
+        assert!(s.graph.grad(*id).unwrap().is_none());
+    }
 }

@@ -1,19 +1,23 @@
 //! `remat bench auto`: auto plans executed by the engine on the GPT, against the
 //! simulator's predictions and against the engine's fixed checkpointing policies
-//! (issue 5, section 5). Every number is measured in this run; ratios are to store-all.
+//! (issue 5, section 5). Every number is measured in this run; the auto plan and the best
+//! fixed policy of each budget are run alternately, so they see the same machine.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use remat_engine::models::gpt::Checkpointing;
-use remat_engine::plan_exec::run_plan;
-use remat_engine::policy::Policy;
+use remat_engine::plan_exec::{StepReport, choose_plan, run_plan};
+use remat_engine::profile::{StepProfile, measure_bandwidth_under_compute, median};
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
+use remat_engine::{ExecContext, Policy};
 use remat_planner::{Planned, Problem};
 
 use super::profile::{BuiltModel, ModelArgs, profile_model};
-use super::train_auto::{measure_copy_bandwidth, mib};
+use super::train_auto::{
+    PROBE_BYTES, fixed_policies, fixed_policy_sets, measure_copy_bandwidth, mib,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,18 +28,22 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "0.9,0.7,0.5,0.3")]
     fractions: Vec<f64>,
     /// Timed steps per measurement (the median is reported).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 5)]
     runs: usize,
     /// A small model instead of the engine benchmark's (to try the benchmark quickly).
     #[arg(long)]
     quick: bool,
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Relative step-time difference treated as noise when comparing auto with the best
+    /// fixed policy.
+    #[arg(long, default_value_t = 0.03)]
+    noise: f64,
 }
 
-/// One measured fixed policy.
+/// One measured fixed policy (the engine's own forward and backward).
 struct Fixed {
-    name: String,
+    ckpt: Checkpointing,
     peak: u64,
     time: Duration,
 }
@@ -59,56 +67,113 @@ fn model_args(args: &Args, layers: usize) -> ModelArgs {
     }
 }
 
-fn fixed_policies(layers: usize) -> Vec<Checkpointing> {
-    let mut v = vec![
-        Checkpointing::Graph(Policy::StoreAll),
-        Checkpointing::PerBlock,
-        Checkpointing::SqrtBlocks,
-        Checkpointing::Graph(Policy::Sqrt),
-        Checkpointing::Graph(Policy::RecomputeAll),
-    ];
-    v.extend([2, 3, 4, 6, 8].map(|n| Checkpointing::Graph(Policy::EveryN(n))));
-    if layers >= 4 {
-        v.push(Checkpointing::Blocks(2));
-    }
-    v
+fn median_time(v: Vec<Duration>) -> Duration {
+    Duration::from_secs_f64(median(v.iter().map(Duration::as_secs_f64).collect()))
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
+/// One step under the engine's own policy: pool peak and wall time.
+fn run_fixed(
+    built: &BuiltModel,
+    ctx: &ExecContext,
+    ckpt: Checkpointing,
+) -> anyhow::Result<(u64, Duration)> {
+    let pool = ctx.pool();
+    let mut step = built.record_with(ctx, 0, Some(ckpt))?;
+    pool.reset_peak();
+    let start = Instant::now();
+    step.graph.forward()?;
+    step.graph.backward(step.loss)?;
+    Ok((pool.peak(), start.elapsed()))
 }
 
-/// Runs the engine's own policy `runs` times: pool peak and median step time.
+/// The engine's own policy `runs` times (after a warm-up): pool peak and median time.
 fn measure_fixed(
     built: &BuiltModel,
-    ctx: &remat_engine::ExecContext,
+    ctx: &ExecContext,
     ckpt: Checkpointing,
     runs: usize,
 ) -> anyhow::Result<Fixed> {
-    let pool = ctx.pool();
+    run_fixed(built, ctx, ckpt)?;
     let mut times = Vec::new();
     let mut peak = 0;
-    for _ in 0..runs {
-        let mut step = built.record_with(ctx, 0, Some(ckpt))?;
-        pool.reset_peak();
-        let start = Instant::now();
-        step.graph.forward()?;
-        step.graph.backward(step.loss)?;
-        times.push(start.elapsed());
-        peak = peak.max(pool.peak());
+    for _ in 0..runs.max(1) {
+        let (p, t) = run_fixed(built, ctx, ckpt)?;
+        peak = peak.max(p);
+        times.push(t);
     }
     Ok(Fixed {
-        name: ckpt.to_string(),
+        ckpt,
         peak,
-        time: median(times),
+        time: median_time(times),
+    })
+}
+
+/// One step by a plan.
+fn run_once(
+    built: &BuiltModel,
+    ctx: &ExecContext,
+    profile: &StepProfile,
+    planned: &Planned,
+    copy: &CopyEngine,
+) -> anyhow::Result<StepReport> {
+    let mut step = built.record(ctx, 0)?;
+    Ok(run_plan(
+        &mut step.graph,
+        &profile.layout,
+        profile.graph.name(),
+        &planned.plan,
+        Some(copy),
+    )?)
+}
+
+/// Medians over runs of a plan (and, alternately, of a fixed policy): plan time, plan peak,
+/// plan stall, fixed time.
+struct Measured {
+    time: Duration,
+    peak: u64,
+    stall: Duration,
+    fixed_time: Option<Duration>,
+}
+
+fn measure_side_by_side(
+    built: &BuiltModel,
+    ctx: &ExecContext,
+    profile: &StepProfile,
+    planned: &Planned,
+    copy: &CopyEngine,
+    fixed: Option<Checkpointing>,
+    runs: usize,
+) -> anyhow::Result<Measured> {
+    run_once(built, ctx, profile, planned, copy)?;
+    let (mut times, mut stalls, mut fixed_times) = (Vec::new(), Vec::new(), Vec::new());
+    let mut peak = 0;
+    for _ in 0..runs.max(1) {
+        let report = run_once(built, ctx, profile, planned, copy)?;
+        times.push(report.step_time);
+        stalls.push(report.stall);
+        peak = peak.max(report.peak_bytes);
+        if let Some(ckpt) = fixed {
+            fixed_times.push(run_fixed(built, ctx, ckpt)?.1);
+        }
+    }
+    Ok(Measured {
+        time: median_time(times),
+        peak,
+        stall: median_time(stalls),
+        fixed_time: fixed.map(|_| median_time(fixed_times)),
     })
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
+    let mut notes = Vec::new();
     for &layers in &args.layers {
-        rows.extend(bench_depth(&args, layers)?);
+        let (r, n) = bench_depth(&args, layers)?;
+        rows.extend(r);
+        notes.extend(n);
+    }
+    for note in &notes {
+        println!("{note}");
     }
     let header = [
         "model",
@@ -122,49 +187,95 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "time err",
         "overhead",
         "stall ms",
+        "swapped MiB",
         "best fixed",
+        "fixed peak",
         "fixed ms",
         "auto/fixed",
+        "goals",
     ];
     println!("\n{}", render(&header, &rows));
     println!(
         "budget: fraction of the store-all activation peak (static memory added); peaks in MiB;"
     );
     println!(
-        "overhead: measured step time over the executed store-all plan's; auto/fixed < 1 means auto is faster."
+        "overhead: measured step time over the executed store-all plan's; auto/fixed < 1 means auto is faster;"
+    );
+    println!(
+        "goals: ok, or what failed: OVER (peak above budget), TIME (measured more than 10% off predicted), SLOWER (auto slower than the best fixed policy beyond {:.0}% noise).",
+        args.noise * 100.0
     );
     Ok(())
 }
 
-fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Vec<Vec<String>>> {
+type Rows = (Vec<Vec<String>>, Vec<String>);
+
+fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
     let margs = model_args(args, layers);
-    let bar = indicatif::ProgressBar::new(
-        (fixed_policies(layers).len() + args.fractions.len() + 1) as u64,
-    );
-    bar.set_message(format!("{}: profiling", margs.label()));
-    let (pool, ctx, built, _, profile) = profile_model(&margs, args.runs.max(1))?;
+    let label = margs.label();
+    let policies = fixed_policies(layers);
+    let bar = indicatif::ProgressBar::new((policies.len() + args.fractions.len() + 2) as u64);
+    bar.set_message(format!("{label}: profiling"));
+    let (pool, ctx, built, mut step, profile) = profile_model(&margs, args.runs.max(1))?;
     bar.inc(1);
     let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
-    let bandwidth = measure_copy_bandwidth(&copy)?;
+    let idle_bandwidth = measure_copy_bandwidth(&copy)?;
+    let bandwidth =
+        measure_bandwidth_under_compute(&mut step.graph, &profile, &copy, 2, PROBE_BYTES)?;
+    let sets = fixed_policy_sets(&step.graph, &policies, |ckpt| {
+        Ok(built.record_with(&ctx, 0, Some(ckpt))?.graph)
+    })?;
+    drop(step);
     let graph = &profile.graph;
     let static_bytes = graph.static_bytes();
     let activations = graph.store_all_peak() - static_bytes;
     let mut fixed = Vec::new();
-    for ckpt in fixed_policies(layers) {
-        bar.set_message(format!("{}: fixed policy {ckpt}", margs.label()));
+    for &ckpt in &policies {
+        bar.set_message(format!("{label}: fixed policy {ckpt}"));
         fixed.push(measure_fixed(&built, &ctx, ckpt, args.runs)?);
         bar.inc(1);
     }
-    // The executed store-all plan is the time reference of every overhead.
+    // The executed store-all plan: the time reference of every overhead, and its peak
+    // against the engine's own store-all.
     let store_all = remat_planner::lookup("store-all")?.plan(&Problem {
         graph,
         budget_bytes: u64::MAX,
         bandwidth,
     })?;
-    let (base_time, _, _) = execute(&built, &ctx, &profile, &store_all, &copy, args.runs)?;
+    let base = measure_side_by_side(&built, &ctx, &profile, &store_all, &copy, None, args.runs)?;
+    bar.inc(1);
+    let engine_store_all = fixed
+        .iter()
+        .find(|f| f.ckpt == Checkpointing::Graph(Policy::StoreAll))
+        .map_or(0, |f| f.peak);
+    let notes = vec![
+        format!(
+            "\n{label}: static {} MiB, store-all peak: planned {} MiB, executed {} MiB, engine's own {} MiB; copy bandwidth {:.2} GB/s idle, {:.2} GB/s while computing (planned with)",
+            mib(static_bytes),
+            mib(store_all.report.peak_bytes),
+            mib(base.peak),
+            mib(engine_store_all),
+            idle_bandwidth / 1e9,
+            bandwidth / 1e9
+        ),
+        render(
+            &["fixed policy", "peak MiB", "peak / store-all", "ms"],
+            &fixed
+                .iter()
+                .map(|f| {
+                    vec![
+                        f.ckpt.to_string(),
+                        mib(f.peak),
+                        format!("{:.2}", f.peak as f64 / engine_store_all.max(1) as f64),
+                        format!("{:.1}", f.time.as_secs_f64() * 1e3),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ),
+    ];
     let mut rows = Vec::new();
     for &f in &args.fractions {
-        bar.set_message(format!("{}: budget {f}", margs.label()));
+        bar.set_message(format!("{label}: budget {f}"));
         let budget = static_bytes + (f * activations as f64) as u64;
         let problem = Problem {
             graph,
@@ -175,75 +286,74 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Vec<Vec<String>>> {
             .iter()
             .filter(|x| x.peak <= budget)
             .min_by_key(|x| x.time);
-        let mut row = vec![margs.label(), format!("{f:.1}"), mib(budget)];
-        match remat_planner::plan_best(&problem) {
-            Ok(planned) => {
+        let mut row = vec![label.clone(), format!("{f:.1}"), mib(budget)];
+        match choose_plan(&problem, &profile.layout, None, &sets) {
+            Ok(choice) => {
+                let planned = &choice.planned;
                 pool.set_budget(Some(budget));
-                let measured = execute(&built, &ctx, &profile, &planned, &copy, args.runs);
+                let measured = measure_side_by_side(
+                    &built,
+                    &ctx,
+                    &profile,
+                    planned,
+                    &copy,
+                    best_fixed.map(|b| b.ckpt),
+                    args.runs,
+                );
                 pool.set_budget(None);
-                let (time, peak, stall) =
-                    measured.with_context(|| format!("executing the plan for budget {f}"))?;
+                let m = measured.with_context(|| format!("executing the plan for budget {f}"))?;
                 let predicted = planned.report.total_time;
+                let time = m.time.as_secs_f64();
+                let err = time / predicted - 1.0;
+                let mut goals = Vec::new();
+                if m.peak > budget {
+                    goals.push("OVER");
+                }
+                if err.abs() > 0.10 {
+                    goals.push("TIME");
+                }
                 row.extend([
                     planned.plan.strategy.clone(),
                     mib(planned.report.peak_bytes),
-                    format!("{}{}", mib(peak), if peak <= budget { "" } else { " OVER" }),
+                    mib(m.peak),
                     format!("{:.1}", predicted * 1e3),
-                    format!("{:.1}", time.as_secs_f64() * 1e3),
-                    format!("{:+.1}%", (time.as_secs_f64() / predicted - 1.0) * 100.0),
-                    format!(
-                        "{:+.1}%",
-                        (time.as_secs_f64() / base_time.as_secs_f64() - 1.0) * 100.0
-                    ),
-                    format!("{:.1}", stall.as_secs_f64() * 1e3),
+                    format!("{:.1}", time * 1e3),
+                    format!("{:+.1}%", err * 100.0),
+                    format!("{:+.1}%", (time / base.time.as_secs_f64() - 1.0) * 100.0),
+                    format!("{:.1}", m.stall.as_secs_f64() * 1e3),
+                    mib(planned.report.swapped_out_bytes),
                 ]);
-                match best_fixed {
-                    Some(b) => row.extend([
-                        b.name.clone(),
-                        format!("{:.1}", b.time.as_secs_f64() * 1e3),
-                        format!("{:.2}", time.as_secs_f64() / b.time.as_secs_f64()),
-                    ]),
-                    None => row.extend(["none fits".into(), "-".into(), "-".into()]),
+                match (best_fixed, m.fixed_time) {
+                    (Some(b), Some(ft)) => {
+                        let ratio = time / ft.as_secs_f64();
+                        if ratio > 1.0 + args.noise {
+                            goals.push("SLOWER");
+                        }
+                        row.extend([
+                            b.ckpt.to_string(),
+                            mib(b.peak),
+                            format!("{:.1}", ft.as_secs_f64() * 1e3),
+                            format!("{ratio:.2}"),
+                        ]);
+                    }
+                    _ => row.extend(["none fits".into(), "-".into(), "-".into(), "-".into()]),
                 }
+                row.push(if goals.is_empty() {
+                    "ok".into()
+                } else {
+                    goals.join(" ")
+                });
             }
             Err(e) => {
                 row.push(format!("infeasible: {e}"));
-                row.extend(std::iter::repeat_n("-".to_string(), 10));
+                row.extend(std::iter::repeat_n("-".to_string(), 13));
             }
         }
         rows.push(row);
         bar.inc(1);
     }
     bar.finish_and_clear();
-    Ok(rows)
-}
-
-/// Executes a plan `runs` times: median step time, pool peak, median stall.
-fn execute(
-    built: &BuiltModel,
-    ctx: &remat_engine::ExecContext,
-    profile: &remat_engine::profile::StepProfile,
-    planned: &Planned,
-    copy: &CopyEngine,
-    runs: usize,
-) -> anyhow::Result<(Duration, u64, Duration)> {
-    let mut times = Vec::new();
-    let mut stalls = Vec::new();
-    let mut peak = 0;
-    for _ in 0..runs.max(1) {
-        let mut step = built.record(ctx, 0)?;
-        let report = run_plan(
-            &mut step.graph,
-            &profile.layout,
-            profile.graph.name(),
-            &planned.plan,
-            Some(copy),
-        )?;
-        times.push(report.step_time);
-        stalls.push(report.stall);
-        peak = peak.max(report.peak_bytes);
-    }
-    Ok((median(times), peak, median(stalls)))
+    Ok((rows, notes))
 }
 
 /// A plain aligned text table.

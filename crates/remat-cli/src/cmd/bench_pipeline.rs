@@ -1,6 +1,6 @@
 //! `remat bench pipeline`: a GPT split over P stages (default 4), for M = 4, 8, 16
 //! micro-batches, under both schedules and every stage policy: per-stage peak activation
-//! memory and step time as ratios to GPipe + store-all at the same M, and the measured
+//! memory and busy time, and step time as ratios to GPipe + store-all at the same M, and the measured
 //! bubble fraction against the ideal (P-1)/(M+P-1), all measured in one run.
 //!
 //! Stages are threads: on a machine with fewer cores than stages they time-share cores, which
@@ -58,6 +58,8 @@ struct Measured {
     seconds: f64,
     /// Peak activation bytes of each stage.
     peaks: Vec<u64>,
+    /// Busy time of each stage in the step (its forwards, backwards and recomputes).
+    busy: Vec<f64>,
     bubble: f64,
     recomputes: usize,
     /// The most bytes of forward states the busiest stage's checkpoint manager held.
@@ -127,6 +129,12 @@ fn run_once(
             .memory
             .iter()
             .map(|m| m.category(Category::Activations).peak)
+            .collect(),
+        busy: fastest
+            .run
+            .stages
+            .iter()
+            .map(|s| s.busy.as_secs_f64())
             .collect(),
         bubble: fastest.run.bubble_fraction(),
         recomputes: fastest
@@ -229,6 +237,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "peak act (max stage)",
             "x peak",
             "peak act per stage",
+            "busy ms per stage",
             "bubble",
             "bubble / ideal",
             "recomputes",
@@ -269,6 +278,11 @@ fn row(x: &Measured, base: &Measured, stages: usize, m: usize) -> Vec<String> {
             .collect::<Vec<_>>()
             .join(" / ")
             + " MiB",
+        x.busy
+            .iter()
+            .map(|b| format!("{:.1}", b * 1e3))
+            .collect::<Vec<_>>()
+            .join(" / "),
         format!("{:.3}", x.bubble),
         ratio(x.bubble, ideal),
         x.recomputes.to_string(),

@@ -15,7 +15,8 @@ use remat_engine::{Category, ExecContext, MemoryPool, Tensor};
 /// Which model, and its size.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// `gpt` (the decoder of `remat train`) or `mlp` (the engine's MLP chain).
+    /// `gpt` (the decoder of `remat train`) or `mlp` (the engine's MLP chain). The Qwen3
+    /// blocks run on the spec runtime and cannot be profiled.
     #[arg(long, default_value = "gpt")]
     pub model: String,
     /// GPT: blocks; MLP: hidden layers.
@@ -126,6 +127,14 @@ impl ModelArgs {
                     target: data(2)?,
                 })
             }
+            "qwen3" | "qwen3-moe" => anyhow::bail!(
+                "--model {}: the Qwen3 blocks run on the spec runtime (`remat train --block {}`), \
+                 not on the engine graph that profiling records, so they cannot be profiled or \
+                 planned here; their recompute plans come from their declarative specs \
+                 (`remat spec`). Profile `gpt` or `mlp`",
+                self.model,
+                self.model
+            ),
             other => anyhow::bail!("--model {other:?}: expected `gpt` or `mlp`"),
         }
     }
@@ -187,7 +196,7 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Timed runs per op (after a warm-up); the median is kept.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub runs: usize,
     /// Where to write the graph (remat's JSON schema, read by `remat plan`).
     #[arg(long)]

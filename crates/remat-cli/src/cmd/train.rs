@@ -32,9 +32,9 @@ pub struct Args {
     /// Sequence length for --data.
     #[arg(long, default_value_t = 64)]
     pub seq: usize,
-    /// Transformer blocks.
-    #[arg(long, default_value_t = 2)]
-    pub layers: usize,
+    /// Transformer blocks (default 2; with --stages P > 2 and no --layers, P).
+    #[arg(long)]
+    pub layers: Option<usize>,
     /// Model width.
     #[arg(long, default_value_t = 64)]
     pub d_model: usize,
@@ -131,13 +131,18 @@ impl Args {
         Ok(self.memory_budget)
     }
 
+    /// Transformer blocks: --layers, else 2.
+    pub fn layers(&self) -> usize {
+        self.layers.unwrap_or(2)
+    }
+
     /// The model configuration for a task of `vocab` tokens.
     pub fn model_config(&self, vocab: usize) -> GptConfig {
         let d = self.d_model;
         GptConfig {
             vocab,
             d_model: d,
-            n_layers: self.layers,
+            n_layers: self.layers(),
             n_heads: self.heads,
             n_kv_heads: self.kv_heads.unwrap_or(self.heads),
             ffn_hidden: self.ffn.unwrap_or((8 * d).div_ceil(3).div_ceil(16) * 16),
@@ -163,6 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return super::train_spec::run(&args, &task);
     }
     if let super::train_auto::PolicyChoice::Auto(strategy) = &args.policy {
+        super::train_auto::check_flags(&args)?;
         return super::train_auto::run(&args, &task, strategy.clone());
     }
     if let Some(stages) = args.pipeline.stages {

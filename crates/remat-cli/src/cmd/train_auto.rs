@@ -12,8 +12,12 @@ use remat_engine::{AdamW, AdamWConfig, ExecContext, MemoryPool, Policy};
 
 use super::train::task::Task;
 use super::train::{Args, format_bytes};
-use remat_engine::plan_exec::{StepReport, run_plan};
-use remat_engine::profile::{ProfileOptions, StepProfile, profile_step};
+use remat_engine::plan_exec::{
+    Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes,
+};
+use remat_engine::profile::{
+    ProfileOptions, StepProfile, measure_bandwidth_under_compute, median, profile_step,
+};
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_planner::{PlanError, Planned, Problem};
 
@@ -26,10 +30,73 @@ pub struct AutoSettings {
     pub strategy: Option<String>,
     /// Keep swapped tensors in a memory-mapped file in this directory instead of in memory.
     pub swap_dir: Option<PathBuf>,
-    /// Host-device bandwidth to plan with (bytes/s); measured on the copy engine if `None`.
+    /// Host-device bandwidth to plan with (bytes/s); measured on the copy engine while the
+    /// step computes if `None`.
     pub bandwidth: Option<f64>,
     /// Timed profiling runs.
     pub profile_runs: usize,
+    /// The engine's fixed policies as candidate plans: name and the engine nodes each keeps
+    /// (indexed like the profiled graph; see [`fixed_policy_sets`]).
+    pub fixed: Vec<(String, Vec<bool>)>,
+}
+
+/// The engine's fixed checkpointing policies the auto choice and the benchmark weigh
+/// against the planner's strategies.
+pub fn fixed_policies(layers: usize) -> Vec<Checkpointing> {
+    let mut v = vec![
+        Checkpointing::Graph(Policy::StoreAll),
+        Checkpointing::PerBlock,
+        Checkpointing::SqrtBlocks,
+        Checkpointing::Graph(Policy::Sqrt),
+        Checkpointing::Graph(Policy::RecomputeAll),
+    ];
+    v.extend([2, 3, 4, 6, 8].map(|n| Checkpointing::Graph(Policy::EveryN(n))));
+    if layers >= 4 {
+        v.push(Checkpointing::Blocks(2));
+    }
+    v
+}
+
+/// The kept engine nodes of each fixed policy: `record` records the profiled step under a
+/// policy. A recording whose nodes differ from `reference`'s is skipped (its kept set would
+/// not index the profiled layout).
+pub fn fixed_policy_sets(
+    reference: &Graph,
+    policies: &[Checkpointing],
+    mut record: impl FnMut(Checkpointing) -> anyhow::Result<Graph>,
+) -> anyhow::Result<Vec<(String, Vec<bool>)>> {
+    let mut sets = Vec::with_capacity(policies.len());
+    for &ckpt in policies {
+        let g = record(ckpt)?;
+        if same_nodes(reference, &g) {
+            sets.push((ckpt.to_string(), kept_nodes(&g)));
+        }
+    }
+    Ok(sets)
+}
+
+/// `remat train` flags that `--policy auto` does not use: refused rather than ignored.
+pub fn check_flags(args: &Args) -> anyhow::Result<()> {
+    let flag = if args.spec_args.block.is_some() {
+        Some("--block")
+    } else if args.spec_args.spec.is_some() {
+        Some("--spec")
+    } else if args.pipeline.stages.is_some() {
+        Some("--stages")
+    } else if args.compare {
+        Some("--compare")
+    } else if args.files.dump_grads.is_some() {
+        Some("--dump-grads")
+    } else {
+        None
+    };
+    match flag {
+        Some(flag) => anyhow::bail!(
+            "{flag} cannot be combined with --policy auto: auto profiles and plans the \
+             single-stage GPT step itself (drop {flag}, or use a fixed --policy)"
+        ),
+        None => Ok(()),
+    }
 }
 
 /// `--policy` of `remat train`: one of the engine's fixed policies, or `auto[:STRATEGY]`.
@@ -69,6 +136,8 @@ pub fn parse_policy_choice(s: &str) -> Result<PolicyChoice, String> {
 pub struct AutoSession {
     pub profile: StepProfile,
     pub planned: Planned,
+    /// Every candidate plan weighed, with its predicted time or why it was left out.
+    pub considered: Vec<Considered>,
     pub copy: CopyEngine,
     pub bandwidth: f64,
     pub budget: u64,
@@ -110,24 +179,31 @@ impl AutoSession {
             None => HostStore::in_memory(),
         };
         let copy = CopyEngine::new(Arc::new(store), Throttle::default());
-        let bandwidth = match settings.bandwidth {
-            Some(b) => b,
-            None => measure_copy_bandwidth(&copy)?,
-        };
         let opts = ProfileOptions {
             runs: settings.profile_runs,
             name: name.to_string(),
         };
         let profile = profile_step(graph, loss, &opts).context("profiling the training step")?;
+        let bandwidth = match settings.bandwidth {
+            Some(b) => b,
+            None => measure_bandwidth_under_compute(graph, &profile, &copy, 2, PROBE_BYTES)
+                .context("measuring the copy bandwidth while the step computes")?,
+        };
         let problem = Problem {
             graph: &profile.graph,
             budget_bytes: settings.budget,
             bandwidth,
         };
-        let planned = plan(&problem, settings.strategy.as_deref())?;
+        let (planned, considered) = plan(
+            &problem,
+            &profile,
+            settings.strategy.as_deref(),
+            &settings.fixed,
+        )?;
         Ok(AutoSession {
             profile,
             planned,
+            considered,
             copy,
             bandwidth,
             budget: settings.budget,
@@ -148,17 +224,11 @@ impl AutoSession {
     /// Predicted against measured, for the end-of-run summary.
     pub fn summary(&self, reports: &[StepReport]) -> String {
         let peak = reports.iter().map(|r| r.peak_bytes).max().unwrap_or(0);
-        let mut times: Vec<Duration> = reports.iter().map(|r| r.step_time).collect();
-        times.sort();
-        let time = times
-            .get(times.len() / 2)
-            .copied()
-            .unwrap_or_default()
-            .as_secs_f64();
+        let time = median(reports.iter().map(|r| r.step_time.as_secs_f64()).collect());
         let stall: f64 = reports.iter().map(|r| r.stall.as_secs_f64()).sum::<f64>()
             / reports.len().max(1) as f64;
         let r = &self.planned.report;
-        let (kept, swapped, recomputed) = r.bytes_by_fate(&self.profile.graph);
+        let (kept, swapped, recomputed) = forward_bytes_by_fate(&self.profile.graph, r);
         let g = &self.profile.graph;
         [
             format!(
@@ -169,7 +239,8 @@ impl AutoSession {
                 mib(g.store_all_peak()),
                 self.bandwidth / 1e9
             ),
-            format!("  activations kept {} MiB, swapped {} MiB, recomputed {} MiB", mib(kept), mib(swapped), mib(recomputed)),
+            format!("  forward outputs (activations) kept {} MiB, swapped {} MiB, recomputed {} MiB (each counted once)", mib(kept), mib(swapped), mib(recomputed)),
+            self.considered_line(),
             format!("  {:<10} {:>12} {:>12}", "", "predicted", "measured"),
             format!("  {:<10} {:>12} {:>12}", "peak MiB", mib(r.peak_bytes), mib(peak)),
             format!("  {:<10} {:>12.1} {:>12.1}", "step ms", r.total_time * 1e3, time * 1e3),
@@ -179,12 +250,61 @@ impl AutoSession {
     }
 }
 
-/// Plans with one strategy or the best of all; infeasible budgets name the smallest peak.
-fn plan(problem: &Problem, strategy: Option<&str>) -> anyhow::Result<Planned> {
-    let result = match strategy {
-        Some(name) => remat_planner::lookup(name).and_then(|s| s.plan(problem)),
-        None => remat_planner::plan_best(problem),
-    };
+/// Bytes probed per copy when measuring the bandwidth under compute.
+pub const PROBE_BYTES: usize = 8 << 20;
+
+/// Bytes of the forward-pass outputs by what the plan does to them (kept, swapped,
+/// recomputed). Gradient bundles, workspaces and gradient buffers are not activations.
+pub fn forward_bytes_by_fate(
+    graph: &remat_planner::Graph,
+    report: &remat_planner::SimReport,
+) -> (u64, u64, u64) {
+    let mut sums = (0, 0, 0);
+    for (id, fate) in report.fates.iter().enumerate() {
+        let node = graph.node(id);
+        if node.phase != remat_planner::Phase::Forward || !node.name.starts_with("fwd:") {
+            continue;
+        }
+        match fate {
+            remat_planner::sim::Fate::Kept => sums.0 += node.output_bytes,
+            remat_planner::sim::Fate::Swapped => sums.1 += node.output_bytes,
+            remat_planner::sim::Fate::Recomputed => sums.2 += node.output_bytes,
+        }
+    }
+    sums
+}
+
+impl AutoSession {
+    /// How many candidate plans were weighed and the runner-up.
+    fn considered_line(&self) -> String {
+        let mut fits: Vec<(&str, f64)> = self
+            .considered
+            .iter()
+            .filter_map(|c| c.outcome.as_ref().ok().map(|&(t, _)| (c.name.as_str(), t)))
+            .collect();
+        fits.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let next = fits.get(1).map_or(String::new(), |(n, t)| {
+            format!("; next fastest {n} ({:.1} ms)", t * 1e3)
+        });
+        format!(
+            "  weighed {} candidate plans, {} fit the budget and run exactly{next}",
+            self.considered.len(),
+            fits.len()
+        )
+    }
+}
+
+/// Plans with one strategy or the fastest predicted of all (planner strategies and the
+/// engine's fixed policies), among plans the executor runs; infeasible budgets name the
+/// smallest peak.
+pub fn plan(
+    problem: &Problem,
+    profile: &StepProfile,
+    strategy: Option<&str>,
+    fixed: &[(String, Vec<bool>)],
+) -> anyhow::Result<(Planned, Vec<Considered>)> {
+    let result = choose_plan(problem, &profile.layout, strategy, fixed)
+        .map(|choice| (choice.planned, choice.considered));
     result.map_err(|e| match e {
         PlanError::Infeasible { budget, best_peak, strategy } | PlanError::OverBudget { budget, best_peak, strategy } => {
             anyhow::anyhow!(
@@ -204,6 +324,7 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
         "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)",
     )?;
     let config = args.model_config(task.vocab());
+    let n_layers = config.n_layers;
     println!(
         "remat train: {} | GPT L={} d={} heads={} ({} parameters) | batch {} x seq {} | policy auto{} | budget {} | {} threads",
         task.describe(),
@@ -239,7 +360,8 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
         strategy,
         swap_dir: args.files.swap_dir.clone(),
         bandwidth: None,
-        profile_runs: 2,
+        profile_runs: 5,
+        fixed: Vec::new(),
     };
     let record = |step: u64| -> anyhow::Result<(Graph, Vec<NodeId>, NodeId)> {
         let mut g = Graph::new(&ctx);
@@ -252,12 +374,17 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
     spinner.set_message("profiling and planning the training step");
     spinner.enable_steady_tick(Duration::from_millis(120));
     let (mut g0, _, loss0) = record(0)?;
-    let session = AutoSession::prepare(
-        &mut g0,
-        loss0,
-        &format!("gpt-train-l{}", args.layers),
-        &settings,
-    );
+    let mut settings = settings;
+    if settings.strategy.is_none() {
+        let batch0 = task.batch(args.seed, 0, args.batch);
+        settings.fixed = fixed_policy_sets(&g0, &fixed_policies(n_layers), |ckpt| {
+            let mut g = Graph::new(&ctx);
+            gpt.record(&mut g, &batch0, ckpt)?;
+            Ok(g)
+        })?;
+    }
+    let session =
+        AutoSession::prepare(&mut g0, loss0, &format!("gpt-train-l{n_layers}"), &settings);
     spinner.finish_and_clear();
     let session = session?;
     drop(g0);

@@ -109,9 +109,18 @@ fn check_flags(args: &Args, stages: usize) -> anyhow::Result<()> {
     let p = &args.pipeline;
     anyhow::ensure!(stages >= 1, "--stages must be at least 1");
     anyhow::ensure!(
-        stages <= args.layers,
+        stages <= args.layers(),
         "--stages {stages} exceeds --layers {}: every stage needs at least one block",
-        args.layers
+        args.layers()
+    );
+    let store_all = super::train_auto::PolicyChoice::Fixed(
+        super::train::parse_policy("store-all").map_err(anyhow::Error::msg)?,
+    );
+    anyhow::ensure!(
+        args.policy == store_all,
+        "--policy cannot be combined with --stages: each stage keeps or recomputes its \
+         micro-batches' activations by --stage-policy (store-all, recompute-all, selective:N, \
+         memory:BYTES)"
     );
     anyhow::ensure!(
         p.micro_batches >= 1 && args.batch.is_multiple_of(p.micro_batches),
@@ -132,6 +141,16 @@ fn check_flags(args: &Args, stages: usize) -> anyhow::Result<()> {
 
 /// Runs pipelined training; called by `remat train` when `--stages` is given.
 pub fn run(args: &Args, stages: usize, task: &TaskSource<'_>) -> anyhow::Result<()> {
+    // Every stage needs a block: without --layers, the default depth grows to the stages.
+    let mut raised = args.clone();
+    if args.layers.is_none() && stages > args.layers() {
+        raised.layers = Some(stages);
+        println!(
+            "--stages {stages} needs at least {stages} blocks: using --layers {stages} (the default is {}; give --layers to choose)",
+            args.layers()
+        );
+    }
+    let args = &raised;
     check_flags(args, stages)?;
     let p = &args.pipeline;
     let config = args.model_config(task.vocab);

@@ -2,8 +2,9 @@
 //! dropping each micro-batch's forward state through its own [`CheckpointManager`], and
 //! exchanging activations and gradients with its neighbours through a [`Transport`].
 //!
-//! What a stage computes is behind [`StageWork`]; the engine's GPT stages implement it in
-//! `super::gpt_stage`, the tests below with a toy model.
+//! What a stage computes is behind [`StageWork`]; [`super::graph_stage::GraphStage`]
+//! implements it for any [`super::graph_stage::StagedModel`] (the engine's GPT in
+//! [`super::staged_gpt`], the MLP chain in [`super::staged_mlp`]), the tests with a toy model.
 
 use std::time::{Duration, Instant};
 

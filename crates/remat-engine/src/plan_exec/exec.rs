@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use remat_planner::Step;
 
 use super::PlanExecError;
-use super::grads::{accumulate_into, add_in_place, fill_ones};
+use super::grads::{add_in_place, fill_ones};
 use super::layout::{ItemKind, Layout};
 use crate::dtype::DType;
 use crate::error::EngineError;
@@ -38,7 +38,7 @@ pub struct StepReport {
     pub loss: Option<f64>,
     /// The pool's peak during the step, static memory included.
     pub peak_bytes: u64,
-    /// Pool bytes live when the step started (parameters, inputs, gradient buffers, ...).
+    /// Pool bytes live when the step started (parameters, inputs, optimizer state, ...).
     pub static_bytes: u64,
     pub step_time: Duration,
     /// Time the compute thread waited for copies (a prefetch not done, a swap-out to finish).
@@ -88,6 +88,8 @@ struct ItemState {
     outgoing: Option<Vec<Transfer<(SlotId, Tensor)>>>,
     host: Option<HostCopy>,
     computations: u32,
+    /// Gradient buffers: a contribution has been summed in (it cannot be recomputed now).
+    written: bool,
 }
 
 /// The executor of one step.
@@ -98,8 +100,10 @@ struct Runner<'a> {
     pool: Arc<MemoryPool>,
     states: Vec<ItemState>,
     rng: Vec<Vec<RngState>>,
+    /// Finished gradients of the leaves, taken from their buffers at the end of the step.
     leaf_grads: Vec<Option<Tensor>>,
-    leaf_grad_set: Vec<bool>,
+    /// Whether the end-of-step item has run (gradient buffers are complete then).
+    ended: bool,
     /// Step index of the last `SwapIn` of each item (its host copy is released with it).
     last_swap_in: Vec<Option<usize>>,
     report: StepReport,
@@ -143,21 +147,17 @@ impl<'a> Runner<'a> {
                 last_swap_in[tensor] = Some(k);
             }
         }
-        let mut leaf_grads = vec![None; layout.fwd.len()];
+        super::check_plan(layout, steps)?;
         for &j in &layout.grad_leaves {
             // A step's gradients replace the previous step's (take them out before running
-            // to keep them): the buffers are part of the static memory the plan assumed.
+            // to keep them): the plan allocates their buffers as it goes.
             graph.nodes[j].grad = None;
-            let node = &graph.nodes[j];
-            let buf = Tensor::zeros(&pool, &node.shape, node.dtype, Category::Gradients, Some(j))
-                .map_err(|e| e.at(&node.name))?;
-            leaf_grads[j] = Some(buf);
         }
         pool.reset_peak();
         let static_bytes = pool.live();
         Ok(Runner {
-            leaf_grad_set: vec![false; leaf_grads.len()],
-            leaf_grads,
+            leaf_grads: vec![None; layout.fwd.len()],
+            ended: false,
             graph,
             layout,
             copy,
@@ -193,7 +193,7 @@ impl<'a> Runner<'a> {
             }
             match step {
                 Step::Compute { .. } => self.compute(k, item)?,
-                Step::Free { .. } => self.free(item)?,
+                Step::Free { .. } => self.free(k, item)?,
                 Step::SwapOut { .. } => self.swap_out(k, item)?,
                 Step::SwapIn { .. } => self.swap_in(k, item)?,
             }
@@ -207,8 +207,17 @@ impl<'a> Runner<'a> {
 
     /// Drops whatever the plan left on the device, hands the leaf gradients to the graph.
     fn finish(&mut self) -> Result<StepReport, PlanExecError> {
+        // Gradients only from a step that ran to its end: never partial ones.
+        if self.ended {
+            for &j in &self.layout.grad_leaves {
+                if let Some(gi) = self.layout.grad[j] {
+                    self.settle_incoming(gi)?;
+                    self.take_gradient(gi);
+                }
+            }
+        }
         for i in 0..self.states.len() {
-            self.free(i)?;
+            self.release(i)?;
             if let Some(host) = self.states[i].host.take()
                 && let Some(copy) = self.copy
             {
@@ -220,7 +229,7 @@ impl<'a> Runner<'a> {
         self.peak = self.peak.max(self.pool.peak());
         for (j, grad) in self.leaf_grads.iter_mut().enumerate() {
             if let Some(g) = grad.take() {
-                self.graph.nodes[j].grad = self.leaf_grad_set[j].then_some(g);
+                self.graph.nodes[j].grad = Some(g);
             }
         }
         let mut report = std::mem::take(&mut self.report);
@@ -282,6 +291,13 @@ impl<'a> Runner<'a> {
     }
 
     fn compute(&mut self, k: usize, item: usize) -> Result<(), PlanExecError> {
+        if self.states[item].written {
+            return Err(PlanExecError::GradientLost {
+                step: k,
+                item: self.name(item).to_string(),
+                action: "recomputing",
+            });
+        }
         if self.states[item].held.is_some() || self.states[item].incoming.is_some() {
             return Err(PlanExecError::AlreadyResident {
                 step: k,
@@ -298,13 +314,19 @@ impl<'a> Runner<'a> {
             self.peak = self.peak.max(self.pool.peak());
             self.pool.reset_peak();
         }
-        // Workspace read by this item: give its bytes to the op, which allocates its own.
-        let workspaces: Vec<usize> = inputs
+        // Reserved bytes read by this item (its workspace, the gradient buffers it writes
+        // first): give them to the op, which allocates its own.
+        let reserved: Vec<usize> = inputs
             .iter()
             .copied()
-            .filter(|&i| matches!(self.layout.items[i].kind, ItemKind::Workspace { .. }))
+            .filter(|&i| {
+                self.states[i]
+                    .held
+                    .as_ref()
+                    .is_some_and(|h| h.reservation.is_some())
+            })
             .collect();
-        for &w in &workspaces {
+        for &w in &reserved {
             if let Some(held) = self.states[w].held.as_mut() {
                 held.reservation = None;
             }
@@ -314,13 +336,25 @@ impl<'a> Runner<'a> {
         let held = match self.layout.items[item].kind {
             ItemKind::Forward { node } => self.forward(node, first)?,
             ItemKind::Backward { node } => self.backward(node, first)?,
-            ItemKind::Workspace { .. } => self.reserve_workspace(item)?,
+            ItemKind::Workspace { .. } | ItemKind::Grad { .. } => self.reserve(item)?,
+            ItemKind::End => {
+                self.ended = true;
+                Held::default()
+            }
         };
         let elapsed = start.elapsed();
-        for &w in &workspaces {
-            let reservation = self.reserve_workspace(w)?.reservation;
-            if let Some(held) = self.states[w].held.as_mut() {
-                held.reservation = reservation;
+        // A workspace is reserved again until the plan frees it; a gradient buffer the op
+        // did not write (no contribution) too.
+        for &w in &reserved {
+            let unwritten = self.states[w]
+                .held
+                .as_ref()
+                .is_some_and(|h| h.tensors.is_empty());
+            if unwritten {
+                let reservation = self.reserve(w)?.reservation;
+                if let Some(held) = self.states[w].held.as_mut() {
+                    held.reservation = reservation;
+                }
             }
         }
         let output_bytes = held.tensors.iter().map(Tensor::bytes).sum::<u64>()
@@ -344,11 +378,16 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
-    fn reserve_workspace(&self, item: usize) -> Result<Held, PlanExecError> {
+    /// The reserved bytes of a workspace or of a gradient buffer not written yet.
+    fn reserve(&self, item: usize) -> Result<Held, PlanExecError> {
         let it = &self.layout.items[item];
+        let (category, node) = match it.kind {
+            ItemKind::Grad { leaf } => (Category::Gradients, Some(leaf)),
+            _ => (Category::Temporaries, None),
+        };
         let reservation = self
             .pool
-            .reserve(it.workspace_bytes, Category::Temporaries, None)
+            .reserve(it.reserved_bytes, category, node)
             .map_err(|e| e.at(&it.name))?;
         Ok(Held {
             reservation: Some(reservation),
@@ -570,6 +609,7 @@ impl<'a> Runner<'a> {
         }
         let name = node.name.clone();
         let mut held = Held::default();
+        let mut leaf_parts: Vec<(usize, Tensor)> = Vec::new();
         let mut others: Vec<Tensor> = saved_inputs.into_iter().flatten().collect();
         others.extend(own);
         others.push(grad_out);
@@ -590,9 +630,9 @@ impl<'a> Runner<'a> {
                 .into());
             }
             if input.is_leaf() {
-                if first && let Some(buf) = self.leaf_grads[j].as_ref() {
-                    accumulate_into(buf, &g, !self.leaf_grad_set[j], &input.name)?;
-                    self.leaf_grad_set[j] = true;
+                // A recomputation's contributions were summed the first time.
+                if first && let Some(gi) = self.layout.grad[j] {
+                    leaf_parts.push((gi, g));
                 }
             } else if self.layout.bwd[j].is_some() {
                 let g = own_storage(g, &others, &held.tensors, Category::Temporaries, &name)?;
@@ -600,7 +640,75 @@ impl<'a> Runner<'a> {
                 held.grad_slots.push(slot);
             }
         }
+        others.extend(held.tensors.iter().cloned());
+        for (gi, g) in leaf_parts {
+            self.write_gradient(gi, g, &others, &name)?;
+        }
         Ok(held)
+    }
+
+    /// Sums a contribution into a gradient buffer. The first one becomes the buffer (moved
+    /// in, or copied when it is not the op's own gradient tensor), as in the engine's
+    /// backward; the next ones are added in place, in the engine's order. A host copy of the
+    /// buffer is stale afterwards and is released.
+    fn write_gradient(
+        &mut self,
+        gi: usize,
+        g: Tensor,
+        others: &[Tensor],
+        name: &str,
+    ) -> Result<(), PlanExecError> {
+        self.drop_host_copy(gi)?;
+        let state = &mut self.states[gi];
+        let held = state.held.as_mut().ok_or_else(|| {
+            PlanExecError::Invalid(format!(
+                "{} is not on the device for {name}'s backward",
+                self.layout.items[gi].name
+            ))
+        })?;
+        match held.tensors.first() {
+            Some(acc) => add_in_place(acc, &g, &self.layout.items[gi].name)?,
+            None => {
+                let shared = others.iter().any(|o| o.same_storage(&g));
+                let g = if shared || g.category() != Category::Gradients {
+                    g.deep_copy(Category::Gradients)
+                        .map_err(|e| e.at(&self.layout.items[gi].name))?
+                } else {
+                    g
+                };
+                held.reservation = None;
+                held.tensors.push(g);
+            }
+        }
+        state.written = true;
+        Ok(())
+    }
+
+    /// Releases an item's host copy (waiting for a swap-out in flight first).
+    fn drop_host_copy(&mut self, item: usize) -> Result<(), PlanExecError> {
+        self.settle_outgoing(item)?;
+        if let Some(host) = self.states[item].host.take()
+            && let Some(copy) = self.copy
+        {
+            for slot in host.slots {
+                copy.store().release(slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves a written gradient buffer's tensor to the leaf's finished gradient.
+    fn take_gradient(&mut self, gi: usize) {
+        let ItemKind::Grad { leaf } = self.layout.items[gi].kind else {
+            return;
+        };
+        let state = &mut self.states[gi];
+        if !state.written {
+            return;
+        }
+        if let Some(t) = state.held.as_mut().and_then(|h| h.tensors.pop()) {
+            self.leaf_grads[leaf] = Some(t);
+        }
     }
 
     fn swap_out(&mut self, k: usize, item: usize) -> Result<(), PlanExecError> {
@@ -650,9 +758,16 @@ impl<'a> Runner<'a> {
                 item: self.name(item).to_string(),
             });
         }
-        if matches!(self.layout.items[item].kind, ItemKind::Workspace { .. }) {
-            let held = self.reserve_workspace(item)?;
+        let reserved_only = match self.layout.items[item].kind {
+            ItemKind::Workspace { .. } => true,
+            ItemKind::Grad { .. } => !self.states[item].written,
+            _ => false,
+        };
+        if reserved_only {
+            // Nothing written: bytes to reserve, nothing to copy.
+            let held = self.reserve(item)?;
             self.states[item].held = Some(held);
+            self.drop_host_copy(item)?;
             return Ok(());
         }
         let Some(host) = self.states[item].host.as_ref() else {
@@ -662,13 +777,14 @@ impl<'a> Runner<'a> {
             });
         };
         let release = self.last_swap_in[item] == Some(k);
-        let node = match self.layout.items[item].kind {
-            ItemKind::Forward { node } | ItemKind::Backward { node } => Some(node),
-            ItemKind::Workspace { .. } => None,
+        let (node, category) = match self.layout.items[item].kind {
+            ItemKind::Forward { node } | ItemKind::Backward { node } => (Some(node), None),
+            ItemKind::Grad { leaf } => (Some(leaf), Some(Category::Gradients)),
+            ItemKind::Workspace { .. } | ItemKind::End => (None, None),
         };
         let mut transfers = Vec::with_capacity(host.slots.len());
-        for (&slot, (shape, dtype, category)) in host.slots.iter().zip(&host.metas) {
-            let dst = Tensor::zeros(&self.pool, shape, *dtype, *category, node)
+        for (&slot, (shape, dtype, cat)) in host.slots.iter().zip(&host.metas) {
+            let dst = Tensor::zeros(&self.pool, shape, *dtype, category.unwrap_or(*cat), node)
                 .map_err(|e| e.at(&self.layout.items[item].name))?;
             self.report.swapped_in_bytes += dst.bytes();
             transfers.push(copy.prefetch(slot, dst, release)?);
@@ -683,7 +799,32 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
-    fn free(&mut self, item: usize) -> Result<(), PlanExecError> {
+    /// A plan's `Free`: a written gradient buffer is handed to its leaf once the step has
+    /// ended, and may be dropped before only when a current host copy exists (a plan that
+    /// would lose it is refused up front by `check_plan`; this is the executor's own guard).
+    fn free(&mut self, k: usize, item: usize) -> Result<(), PlanExecError> {
+        if matches!(self.layout.items[item].kind, ItemKind::Grad { .. })
+            && self.states[item].written
+        {
+            self.settle_incoming(item)?;
+            if self.ended {
+                self.take_gradient(item);
+            } else if self.states[item].held.is_some()
+                && self.states[item].host.is_none()
+                && self.states[item].outgoing.is_none()
+            {
+                return Err(PlanExecError::GradientLost {
+                    step: k,
+                    item: self.name(item).to_string(),
+                    action: "freeing",
+                });
+            }
+        }
+        self.release(item)
+    }
+
+    /// Drops an item's device bytes (after its copies in flight).
+    fn release(&mut self, item: usize) -> Result<(), PlanExecError> {
         self.settle_outgoing(item)?;
         self.settle_incoming(item)?;
         self.states[item].held = None;

@@ -28,27 +28,6 @@ pub(crate) fn add_in_place(acc: &Tensor, g: &Tensor, name: &str) -> Result<(), P
     Ok(())
 }
 
-/// Adds a contribution to a leaf's gradient buffer; the first contribution is copied bit
-/// for bit (adding it to zeros would turn -0.0 into +0.0).
-pub(crate) fn accumulate_into(
-    buf: &Tensor,
-    g: &Tensor,
-    first: bool,
-    name: &str,
-) -> Result<(), PlanExecError> {
-    if !first {
-        return add_in_place(buf, g, name);
-    }
-    check_same(buf, g, name)?;
-    float_dispatch!(buf.dtype(), "gradient copy", T => {
-        let src = g.read();
-        let src = src.as_slice::<T>()?;
-        buf.write().as_mut_slice::<T>()?.copy_from_slice(src);
-        Ok::<(), EngineError>(())
-    })?;
-    Ok(())
-}
-
 fn check_same(a: &Tensor, b: &Tensor, name: &str) -> Result<(), PlanExecError> {
     if a.shape() != b.shape() || a.dtype() != b.dtype() {
         return Err(EngineError::Backward {

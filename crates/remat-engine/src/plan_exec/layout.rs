@@ -3,8 +3,15 @@
 //!
 //! - `fwd:NAME` computes an op's output (its value plus the aux tensors its backward reads).
 //! - `bwd:NAME` runs the op's backward; its tensor is the bundle of gradients it produces for
-//!   its non-leaf inputs. Leaf gradients (parameters) go straight into the step's gradient
-//!   buffers, which are static memory like the parameters themselves.
+//!   its non-leaf inputs. Leaf gradients (parameters) go into their gradient buffers.
+//! - `grad:NAME` is the gradient buffer of parameter NAME. It comes right before the first
+//!   backward op that writes it, which reads it; as the engine's own backward does, that op's
+//!   contribution *becomes* the buffer (its reserved bytes are handed to the op), later
+//!   writers add to it in place, and `end:step`, the last item, reads every buffer so that
+//!   each one lives from its first write to the end of the step. A buffer holds the sum of
+//!   contributions already made, so it cannot be recomputed once written: the executor
+//!   refuses a plan that drops a written buffer without a current host copy (see
+//!   [`super::check_plan`]).
 //! - `ws:NAME` stands for the transient memory an op needs beyond its output while it runs
 //!   (scratch buffers, the gradient seed, the sum of several incoming gradients, parameter
 //!   gradient contributions before they are added to their buffer). Measured by the
@@ -25,6 +32,10 @@ pub enum ItemKind {
     Backward { node: usize },
     /// The workspace of item `of` (the item right after it).
     Workspace { of: usize },
+    /// The gradient buffer of leaf (parameter) `leaf`.
+    Grad { leaf: usize },
+    /// The end of the step: reads every gradient buffer, produces nothing.
+    End,
 }
 
 /// One planner node: an engine op's forward or backward, or a workspace.
@@ -35,8 +46,9 @@ pub struct Item {
     pub phase: IrPhase,
     /// Items whose tensors this item reads, each once.
     pub inputs: Vec<usize>,
-    /// Workspace bytes (workspace items only).
-    pub workspace_bytes: u64,
+    /// Bytes reserved for the item: its workspace (workspace items) or its gradient buffer
+    /// (gradient items); zero for the others, whose bytes are measured.
+    pub reserved_bytes: u64,
 }
 
 /// What the profiler learned about each engine node, needed to lay the step out exactly.
@@ -74,6 +86,8 @@ pub struct Layout {
     pub(crate) users: Vec<Vec<usize>>,
     /// Leaves that receive a gradient buffer.
     pub(crate) grad_leaves: Vec<usize>,
+    /// Engine node (a leaf in `grad_leaves`) -> its gradient buffer item.
+    pub(crate) grad: Vec<Option<usize>>,
 }
 
 impl Layout {
@@ -119,6 +133,21 @@ impl Layout {
             bwd: vec![None; loss + 1],
             users,
             grad_leaves: Vec::new(),
+            grad: vec![None; loss + 1],
+        };
+        layout.grad_leaves = (0..=loss)
+            .filter(|&j| {
+                nodes[j].is_leaf()
+                    && nodes[j].requires_grad
+                    && layout.users[j].iter().any(|&w| has_bwd[w])
+            })
+            .collect();
+        let is_grad_leaf = {
+            let mut v = vec![false; loss + 1];
+            for &j in &layout.grad_leaves {
+                v[j] = true;
+            }
+            v
         };
         for v in 0..=loss {
             if nodes[v].op().is_some() {
@@ -127,17 +156,49 @@ impl Layout {
         }
         for c in (0..=loss).rev() {
             if has_bwd[c] {
+                for j in &nodes[c].inputs {
+                    if is_grad_leaf[j.0] && layout.grad[j.0].is_none() {
+                        layout.push_grad(graph, j.0);
+                    }
+                }
                 layout.push_backward(graph, c, measured, &has_bwd);
             }
         }
-        layout.grad_leaves = (0..=loss)
-            .filter(|&j| {
-                nodes[j].is_leaf()
-                    && nodes[j].requires_grad
-                    && layout.users[j].iter().any(|&w| has_bwd[w])
-            })
-            .collect();
+        layout.push_end();
         Ok(layout)
+    }
+
+    /// The gradient buffer of leaf `j`, right before the first backward op writing it.
+    fn push_grad(&mut self, graph: &Graph, j: usize) {
+        let node = &graph.nodes[j];
+        self.grad[j] = Some(self.items.len());
+        self.items.push(Item {
+            kind: ItemKind::Grad { leaf: j },
+            name: format!("grad:{}", node.name),
+            phase: IrPhase::Backward,
+            inputs: Vec::new(),
+            reserved_bytes: crate::tensor::nbytes(&node.shape, node.dtype),
+        });
+    }
+
+    /// The end of the step, reading every gradient buffer (none: no end item).
+    fn push_end(&mut self) {
+        let mut inputs: Vec<usize> = self
+            .grad_leaves
+            .iter()
+            .filter_map(|&j| self.grad[j])
+            .collect();
+        inputs.sort_unstable();
+        if inputs.is_empty() {
+            return;
+        }
+        self.items.push(Item {
+            kind: ItemKind::End,
+            name: "end:step".into(),
+            phase: IrPhase::Backward,
+            inputs,
+            reserved_bytes: 0,
+        });
     }
 
     fn push_workspace(&mut self, name: &str, phase: IrPhase, bytes: u64) -> Option<usize> {
@@ -150,7 +211,7 @@ impl Layout {
             name: format!("ws:{name}"),
             phase,
             inputs: Vec::new(),
-            workspace_bytes: bytes,
+            reserved_bytes: bytes,
         });
         Some(id)
     }
@@ -176,7 +237,7 @@ impl Layout {
             name: format!("fwd:{}", node.name),
             phase,
             inputs,
-            workspace_bytes: 0,
+            reserved_bytes: 0,
         });
     }
 
@@ -203,6 +264,9 @@ impl Layout {
         if op.saves_output() || measured.has_aux[c] {
             push_once(&mut inputs, self.fwd[c]);
         }
+        for j in &node.inputs {
+            push_once(&mut inputs, self.grad[j.0]);
+        }
         push_once(&mut inputs, ws);
         self.bwd[c] = Some(self.items.len());
         self.items.push(Item {
@@ -210,7 +274,7 @@ impl Layout {
             name: format!("bwd:{}", node.name),
             phase: IrPhase::Backward,
             inputs,
-            workspace_bytes: 0,
+            reserved_bytes: 0,
         });
     }
 
@@ -236,6 +300,11 @@ impl Layout {
         self.fwd.get(node.0).copied().flatten()
     }
 
+    /// The gradient buffer item of a leaf, if it gets one.
+    pub fn grad_item(&self, leaf: NodeId) -> Option<usize> {
+        self.grad.get(leaf.0).copied().flatten()
+    }
+
     /// The backward item of an engine node, if it has one.
     pub fn backward_item(&self, node: NodeId) -> Option<usize> {
         self.bwd.get(node.0).copied().flatten()
@@ -251,7 +320,8 @@ impl Layout {
                 phase: item.phase,
                 compute_time: times.get(i).copied().unwrap_or(0.0),
                 output_bytes: match item.kind {
-                    ItemKind::Workspace { .. } => item.workspace_bytes,
+                    ItemKind::Workspace { .. } | ItemKind::Grad { .. } => item.reserved_bytes,
+                    ItemKind::End => 0,
                     _ => output_bytes.get(i).copied().unwrap_or(0),
                 },
                 inputs: item.inputs.clone(),
@@ -344,16 +414,22 @@ mod tests {
                 "bwd:mse#6",
                 "bwd:add#5",
                 "bwd:relu#4",
-                "bwd:matmul#3"
+                "grad:w",
+                "bwd:matmul#3",
+                "end:step"
             ]
         );
         // The loss counts as backward; everything before it as forward.
         assert_eq!(layout.items()[3].phase, IrPhase::Backward);
         assert_eq!(layout.items()[2].phase, IrPhase::Forward);
         // bwd:matmul reads the gradient bundles of add (node 5, later) then relu (node 4),
-        // then its own forward value (unknown aux is assumed).
-        assert_eq!(layout.items()[7].inputs[..2], [5, 6]);
+        // then its own forward value (unknown aux is assumed), then w's gradient buffer.
+        assert_eq!(layout.items()[8].inputs, [5, 6, 0, 7]);
         assert_eq!(layout.grad_leaves, vec![2]);
+        assert_eq!(layout.grad_item(NodeId(2)), Some(7));
+        // w's buffer: 3 x 3 f32, read by its writer and by the end of the step.
+        assert_eq!(layout.items()[7].reserved_bytes, 36);
+        assert_eq!(layout.items()[9].inputs, [7]);
         // Store-all computes everything once and frees every tensor.
         let steps = layout.store_all_steps();
         let computes = steps
@@ -364,7 +440,17 @@ mod tests {
             .iter()
             .filter(|s| matches!(s, Step::Free { .. }))
             .count();
-        assert_eq!((computes, frees), (8, 8));
+        assert_eq!((computes, frees), (10, 10));
+        // The buffer is freed only after the end of the step.
+        let freed_at = steps
+            .iter()
+            .position(|s| *s == Step::Free { tensor: 7 })
+            .unwrap();
+        let end_at = steps
+            .iter()
+            .position(|s| *s == Step::Compute { node: 9 })
+            .unwrap();
+        assert!(freed_at > end_at);
     }
 
     #[test]
@@ -388,7 +474,7 @@ mod tests {
             .iter()
             .position(|i| i.name == "ws:bwd:mse#6")
             .unwrap();
-        assert_eq!(layout.items()[ws].workspace_bytes, 24);
+        assert_eq!(layout.items()[ws].reserved_bytes, 24);
         assert_eq!(layout.items()[ws + 1].name, "bwd:mse#6");
         assert!(layout.items()[ws + 1].inputs.contains(&ws));
     }

@@ -10,10 +10,19 @@
 //! - [`run_steps`] / [`run_plan`]: the executor. `Compute` runs an op forward (a first
 //!   computation records its random states, a recomputation replays them, so dropout
 //!   draws the same mask) or backward (the incoming gradients summed in the engine's
-//!   order; parameter gradients added to buffers allocated when the step starts). `SwapOut`
+//!   order; a parameter's first gradient becomes its buffer, the next ones are added to
+//!   it, as in the engine's own backward). `SwapOut`
 //!   queues a copy to the host store on the copy engine's device-to-host worker; `Free`
 //!   waits for that copy, then drops the device bytes; `SwapIn` allocates the device bytes
 //!   and queues the copy back; the first use waits for it, and every wait is stall time.
+//!
+//! Gradient buffers are planner nodes (`grad:NAME`, see [`Layout`]) allocated at their first
+//! write and kept to the end of the step, so the plan's store-all peak is the engine's own
+//! (no buffer is held before its first write). The planner's graph IR cannot mark a node
+//! as not recomputable, and a written buffer holds a sum no recomputation can rebuild:
+//! [`check_plan`] refuses, before anything runs, a plan that recomputes a written buffer or
+//! frees it without a current host copy; [`plan_fits_executor`] lets a caller skip such
+//! plans when choosing one.
 //!
 //! Exactness: every item's tensor owns its storage (views and pass-through gradients are
 //! copied), so the pool's live bytes are at every step the static bytes plus the items on
@@ -21,15 +30,17 @@
 //! equals the simulator's to the byte. Gradients equal those of the engine's store-all
 //! backward bit for bit whatever the plan (same thread count).
 
+mod choose;
 mod exec;
 mod grads;
 mod layout;
 mod tensor_buf;
 
+pub use choose::{Choice, Considered, choose_plan, kept_nodes, policy_plan, same_nodes};
 pub use exec::{ItemMeasure, RunOptions, StepReport, run_steps};
 pub use layout::{Item, ItemKind, Layout, Measured};
 
-use remat_planner::Plan;
+use remat_planner::{Plan, Step};
 
 use crate::error::EngineError;
 use crate::graph::Graph;
@@ -40,7 +51,7 @@ use crate::swap::{CopyEngine, SwapError};
 pub enum PlanExecError {
     #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("host store: {0}")]
+    #[error(transparent)]
     Swap(#[from] SwapError),
     #[error(transparent)]
     Planner(#[from] remat_planner::PlanError),
@@ -74,8 +85,72 @@ pub enum PlanExecError {
     NotOnHost { step: usize, item: String },
     #[error("plan step {step} swaps {item}, but no host store was given (use a CopyEngine)")]
     NoHostStore { step: usize, item: String },
+    #[error(
+        "plan step {step}: {action} the gradient buffer {item} after a contribution was summed \
+         into it would lose that contribution (a written gradient buffer may be swapped out and \
+         back, never dropped or recomputed)"
+    )]
+    GradientLost {
+        step: usize,
+        item: String,
+        action: &'static str,
+    },
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Refuses a schedule the executor cannot run exactly: one that recomputes a gradient
+/// buffer after a backward op wrote it, or frees a written buffer before the end of the step
+/// without a host copy made since its last write. Steps naming unknown items are left to
+/// the executor, which names them.
+pub fn check_plan(layout: &Layout, steps: &[Step]) -> Result<(), PlanExecError> {
+    let n = layout.items.len();
+    let mut written = vec![false; n];
+    let mut host_current = vec![false; n];
+    let mut computed = vec![false; n];
+    let mut ended = false;
+    let lost = |step: usize, item: usize, action: &'static str| PlanExecError::GradientLost {
+        step,
+        item: layout.items[item].name.clone(),
+        action,
+    };
+    for (k, &step) in steps.iter().enumerate() {
+        match step {
+            Step::Compute { node } if node < n => {
+                match layout.items[node].kind {
+                    ItemKind::Grad { .. } if written[node] => {
+                        return Err(lost(k, node, "recomputing"));
+                    }
+                    // Only a backward op's first computation sums into the buffers.
+                    ItemKind::Backward { .. } if !computed[node] => {
+                        for &i in &layout.items[node].inputs {
+                            if matches!(layout.items[i].kind, ItemKind::Grad { .. }) {
+                                written[i] = true;
+                                host_current[i] = false;
+                            }
+                        }
+                    }
+                    ItemKind::End => ended = true,
+                    _ => {}
+                }
+                computed[node] = true;
+            }
+            Step::SwapOut { tensor } if tensor < n => host_current[tensor] = true,
+            Step::Free { tensor }
+                if tensor < n && written[tensor] && !ended && !host_current[tensor] =>
+            {
+                return Err(lost(k, tensor, "freeing"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether the executor runs this plan (see [`check_plan`]): strategies that know nothing
+/// of gradient buffers may drop them, and such plans must be skipped when choosing one.
+pub fn plan_fits_executor(layout: &Layout, plan: &Plan) -> bool {
+    check_plan(layout, &plan.steps).is_ok()
 }
 
 /// Runs one training step of `graph` by `plan`, which must have been made for `layout`'s

@@ -438,30 +438,69 @@ mod tests {
             waited.stall
         );
         assert_eq!(engine.stats().stalled_waits, 1);
-        // Enough "compute" between issue and use hides the copy entirely.
+        // A copy that is done before its use costs no stall. The worker runs its queue in
+        // order, so once a later copy is done this one is too (no sleeping on a guess).
         let t = engine.prefetch(slot, vec![0u8; 64], false).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        engine
+            .prefetch(slot, vec![0u8; 64], false)
+            .unwrap()
+            .wait()
+            .unwrap();
         assert!(t.is_done());
         let waited = t.wait().unwrap();
         assert_eq!(waited.stall, Duration::ZERO);
         assert_eq!(waited.value, vec![7u8; 64]);
     }
 
+    /// A buffer whose offload cannot finish before the test opens its gate.
+    struct Gated {
+        bytes: Vec<u8>,
+        gate: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl CopyBuf for Gated {
+        fn byte_len(&self) -> usize {
+            self.bytes.len()
+        }
+        fn read_bytes(
+            &self,
+            f: &mut dyn FnMut(&[u8]) -> Result<(), SwapError>,
+        ) -> Result<(), SwapError> {
+            // A closed gate (sender dropped) opens it too: the test cannot hang.
+            let _ = self.gate.recv();
+            f(&self.bytes)
+        }
+        fn write_bytes(
+            &mut self,
+            f: &mut dyn FnMut(&mut [u8]) -> Result<(), SwapError>,
+        ) -> Result<(), SwapError> {
+            f(&mut self.bytes)
+        }
+    }
+
     #[test]
     fn directions_run_concurrently() {
-        // 3 MB at 10 MB/s: the offload takes 300 ms; the 8-byte prefetch queued behind it
-        // on its own worker finishes long before.
-        let throttle = Throttle {
-            bytes_per_sec: Some(10e6),
-            latency: Duration::ZERO,
-        };
-        let engine = CopyEngine::new(Arc::new(HostStore::in_memory()), throttle);
+        // The offload blocks its worker until the gate opens; the prefetch, on the other
+        // worker, completes meanwhile.
+        let engine = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
         let slot = engine.store().put(&[1u8; 8], "in").unwrap();
-        let slow_out = engine.offload(vec![2u8; 3_000_000], "out").unwrap();
+        let (open, gate) = std::sync::mpsc::channel();
+        let blocked_out = engine
+            .offload(
+                Gated {
+                    bytes: vec![2u8; 64],
+                    gate,
+                },
+                "out",
+            )
+            .unwrap();
         let fast_in = engine.prefetch(slot, vec![0u8; 8], true).unwrap();
         assert_eq!(fast_in.wait().unwrap().value, vec![1u8; 8]);
-        assert!(!slow_out.is_done());
-        slow_out.wait().unwrap();
+        assert!(!blocked_out.is_done());
+        open.send(()).unwrap();
+        let (slot, back) = blocked_out.wait().unwrap().value;
+        assert_eq!(back.bytes, vec![2u8; 64]);
+        engine.store().release(slot).unwrap();
     }
 
     #[test]

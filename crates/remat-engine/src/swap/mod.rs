@@ -26,7 +26,7 @@ use std::path::PathBuf;
 /// What can go wrong in the host store or the copy engine.
 #[derive(Debug, thiserror::Error)]
 pub enum SwapError {
-    #[error("swap file {path}: {action} failed: {source}")]
+    #[error("swap file {path}: {action} failed")]
     Io {
         path: PathBuf,
         action: &'static str,
