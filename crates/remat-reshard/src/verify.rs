@@ -1,12 +1,60 @@
 //! `verify`: do two layouts hold the same global tensors? Streams through both maps
 //! comparing matching runs in place, so memory stays bounded; names the first difference.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use rayon::prelude::*;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::checkpoint::{Checkpoint, Piece, TensorInfo};
-use crate::checksum::{block_digest, combine};
+use crate::checksum::combine;
 use crate::error::Result;
+use crate::fsio::Map;
 use crate::geometry::{Region, for_each_run, intersecting_pairs, strided_copy};
+
+/// Bytes compared or hashed between two looks at how far a walk has come.
+const STEP: usize = 1 << 20;
+/// Source pages behind a walk are handed back once this many bytes have piled up.
+const RELEASE_EVERY: u64 = 4 << 20;
+const PAGE: u64 = 4096;
+
+/// A forward walk through one map that hands the pages behind it back every few MiB,
+/// so the bytes a walk keeps mapped stay bounded however long the run or chunk it
+/// reads; it counts the most it ever held (the span from the last release point to the
+/// furthest byte reached).
+struct Walk<'m> {
+    map: &'m Map,
+    from: u64,
+    peak: u64,
+}
+
+impl<'m> Walk<'m> {
+    fn new(map: &'m Map, start: u64) -> Walk<'m> {
+        Walk {
+            map,
+            from: start / PAGE * PAGE,
+            peak: 0,
+        }
+    }
+
+    /// Everything before `upto` has been read.
+    fn reached(&mut self, upto: u64) {
+        self.peak = self.peak.max(upto.saturating_sub(self.from));
+        let cut = upto / PAGE * PAGE;
+        if cut >= self.from + RELEASE_EVERY {
+            self.map.release(self.from, cut - self.from);
+            self.from = cut;
+        }
+    }
+
+    /// Hands back everything up to `end` and returns the peak held.
+    fn finish(self, end: u64) -> u64 {
+        if end > self.from {
+            self.map.release(self.from, end - self.from);
+        }
+        self.peak
+    }
+}
 
 /// The first difference found (tensors in name order, elements in row-major order).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +85,9 @@ pub struct VerifyReport {
     pub bytes_compared: u64,
     pub chunks_checksummed: usize,
     pub difference: Option<Difference>,
+    /// The most mapped bytes any one comparison or checksum kept resident at once (both
+    /// sides together): the working set, bounded whatever the tensor sizes.
+    pub peak_held_bytes: u64,
 }
 
 /// Compares `a` and `b` tensor by tensor and checks the chunk checksums either records.
@@ -54,20 +105,22 @@ pub fn verify(
         report.difference = Some(d);
         return Ok(report);
     }
+    let held = AtomicU64::new(0);
     let results: Vec<(u64, usize, Option<Difference>)> = a
         .tensors
         .par_iter()
         .zip(&b.tensors)
         .map(|(ta, tb)| {
-            let (bytes, diff) = compare_tensor(a, ta, b, tb);
+            let (bytes, diff) = compare_tensor(a, ta, b, tb, &held);
             if let Some(p) = progress {
                 p(bytes);
             }
-            let (n1, d1) = check_sums(a, ta);
-            let (n2, d2) = check_sums(b, tb);
+            let (n1, d1) = check_sums(a, ta, &held);
+            let (n2, d2) = check_sums(b, tb, &held);
             (bytes, n1 + n2, diff.or(d1).or(d2))
         })
         .collect();
+    report.peak_held_bytes = held.load(Ordering::Relaxed);
     for (bytes, sums, diff) in results {
         report.bytes_compared += bytes;
         report.chunks_checksummed += sums;
@@ -121,6 +174,7 @@ fn compare_tensor(
     ta: &TensorInfo,
     b: &Checkpoint,
     tb: &TensorInfo,
+    held: &AtomicU64,
 ) -> (u64, Option<Difference>) {
     let a_all: Vec<&Piece> = ta.pieces.iter().filter(|p| !p.region.is_empty()).collect();
     let b_distinct = tb.distinct_pieces();
@@ -136,6 +190,7 @@ fn compare_tensor(
             label: "B",
         },
         ta,
+        held,
     );
     let b_extra: Vec<&Piece> = tb
         .pieces
@@ -155,6 +210,7 @@ fn compare_tensor(
             label: "A",
         },
         ta,
+        held,
     );
     let best = match (first, second) {
         (Some(x), Some(y)) => Some(if y.0 < x.0 { y } else { x }),
@@ -178,7 +234,7 @@ type Found = (u64, Vec<u64>, String);
 
 /// Compares each `dst` piece with the `src` pieces overlapping it, run by run, straight
 /// from the two maps. Returns bytes compared and the lowest differing element.
-fn compare_sides(dst: Side, src: Side, t: &TensorInfo) -> (u64, Option<Found>) {
+fn compare_sides(dst: Side, src: Side, t: &TensorInfo, held: &AtomicU64) -> (u64, Option<Found>) {
     let dr: Vec<&Region> = dst.pieces.iter().map(|p| &p.region).collect();
     let sr: Vec<&Region> = src.pieces.iter().map(|p| &p.region).collect();
     let bits = t.dtype.bits();
@@ -210,15 +266,26 @@ fn compare_sides(dst: Side, src: Side, t: &TensorInfo) -> (u64, Option<Found>) {
         };
         let (sb, db) = (sf.map.bytes(), df.map.bytes());
         let run = copy.run as usize;
+        let mut walk_s = Walk::new(&sf.map, copy.src_start);
+        let mut walk_d = Walk::new(&df.map, copy.dst_start);
         for_each_run(&copy, |so, doff| {
-            let (x, y) = (
-                &sb[so as usize..so as usize + run],
-                &db[doff as usize..doff as usize + run],
-            );
-            if x == y {
-                return;
+            let (so, doff) = (so as usize, doff as usize);
+            let mut first = None;
+            for at in (0..run).step_by(STEP) {
+                let n = STEP.min(run - at);
+                let (x, y) = (&sb[so + at..so + at + n], &db[doff + at..doff + at + n]);
+                walk_s.reached((so + at + n) as u64);
+                walk_d.reached((doff + at + n) as u64);
+                if x != y {
+                    first = x.iter().zip(y).position(|(p, q)| p != q).map(|k| at + k);
+                    break;
+                }
             }
-            let k = x.iter().zip(y).position(|(p, q)| p != q).unwrap_or(0) as u64;
+            let Some(k) = first else {
+                return;
+            };
+            let (x, y) = (&sb[so..so + run], &db[doff..doff + run]);
+            let (doff, k) = (doff as u64, k as u64);
             let elem = (doff + k - d.start) * 8 / bits;
             let index = unravel(elem, &d.region);
             let lin = linear(&t.shape, &index);
@@ -236,8 +303,8 @@ fn compare_sides(dst: Side, src: Side, t: &TensorInfo) -> (u64, Option<Found>) {
             }
         });
         bytes += copy.bytes();
-        sf.map.release(s.start, s.len);
-        df.map.release(d.start, d.len);
+        let peak = walk_s.finish(copy.src_start + copy.src_span()) + walk_d.finish(copy.dst_end());
+        held.fetch_max(peak, Ordering::Relaxed);
     }
     (bytes, best)
 }
@@ -260,8 +327,27 @@ fn linear(shape: &[u64], index: &[u64]) -> u64 {
     })
 }
 
+/// The two-level checksum of `len` bytes at `start`, hashed block by block in steps, the
+/// pages behind handed back as it goes.
+fn streamed_checksum(map: &Map, start: u64, len: u64, block: u64, held: &AtomicU64) -> u64 {
+    let bytes = &map.bytes()[start as usize..(start + len) as usize];
+    let mut walk = Walk::new(map, start);
+    let mut digests = Vec::new();
+    for (b, block_bytes) in bytes.chunks(block.max(1) as usize).enumerate() {
+        let mut state = Xxh3::new();
+        for (i, piece) in block_bytes.chunks(STEP).enumerate() {
+            state.update(piece);
+            let done = b as u64 * block + (i * STEP + piece.len()) as u64;
+            walk.reached(start + done);
+        }
+        digests.push(state.digest());
+    }
+    held.fetch_max(walk.finish(start + len), Ordering::Relaxed);
+    combine(&digests)
+}
+
 /// Checks the recorded checksums of a tensor's chunks.
-fn check_sums(ckpt: &Checkpoint, t: &TensorInfo) -> (usize, Option<Difference>) {
+fn check_sums(ckpt: &Checkpoint, t: &TensorInfo, held: &AtomicU64) -> (usize, Option<Difference>) {
     let Some(block) = ckpt.checksum_block else {
         return (0, None);
     };
@@ -269,10 +355,7 @@ fn check_sums(ckpt: &Checkpoint, t: &TensorInfo) -> (usize, Option<Difference>) 
     for p in &t.pieces {
         let Some(expected) = p.checksum else { continue };
         let f = &ckpt.files[p.file];
-        let bytes = &f.map.bytes()[p.start as usize..(p.start + p.len) as usize];
-        let digests: Vec<u64> = bytes.chunks(block as usize).map(block_digest).collect();
-        let actual = combine(&digests);
-        f.map.release(p.start, p.len);
+        let actual = streamed_checksum(&f.map, p.start, p.len, block, held);
         checked += 1;
         if actual != expected {
             let detail = format!(
