@@ -144,3 +144,89 @@ fn bad_graph_names_the_node_and_field() {
         "{text}"
     );
 }
+
+#[test]
+fn a_bad_plot_name_writes_no_plan_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let out = dir.path().join("p.json");
+    let (ok, text) = remat(&[
+        "plan",
+        graph.to_str().expect("utf-8"),
+        "--budget",
+        "0.7",
+        "--out",
+        out.to_str().expect("utf-8"),
+        "--plot",
+        dir.path().join("x.jpg").to_str().expect("utf-8"),
+    ]);
+    assert!(
+        !ok && text.contains("x.jpg") && text.contains(".svg or .png"),
+        "{text}"
+    );
+    assert!(!out.exists(), "partial output: {text}");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("lists")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn compare_refuses_flags_it_would_ignore() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let g = graph.to_str().expect("utf-8");
+    for extra in [
+        ["--strategy", "mutwo"],
+        ["--out", "p.json"],
+        ["--plot", "t.svg"],
+    ] {
+        let mut args = vec!["plan", g, "--budget", "0.7", "--compare"];
+        args.extend(extra);
+        let (ok, text) = remat(&args);
+        assert!(!ok && text.contains(extra[0]), "{extra:?}: {text}");
+    }
+}
+
+#[test]
+fn compare_marks_strategies_without_a_plan_as_na_with_a_footnote() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    // 3 MiB is above the floor (2 MiB + the loss) but below what store-all needs.
+    let (ok, text) = remat(&[
+        "plan",
+        graph.to_str().expect("utf-8"),
+        "--budget",
+        "3MiB",
+        "--compare",
+    ]);
+    assert!(ok, "{text}");
+    let store_all = text
+        .lines()
+        .find(|l| l.contains("| store-all "))
+        .expect("a store-all row");
+    assert!(store_all.contains("n/a [1]"), "{store_all}");
+    assert!(
+        text.contains("[1] store-all: over budget: its smallest peak is"),
+        "{text}"
+    );
+}
+
+#[test]
+fn budgets_and_bandwidths_take_scientific_notation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let (ok, text) = remat(&[
+        "plan",
+        graph.to_str().expect("utf-8"),
+        "--budget",
+        "1e8",
+        "--bandwidth",
+        "1e9",
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("budget 95.37 MiB"), "{text}");
+}

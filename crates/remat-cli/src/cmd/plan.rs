@@ -80,6 +80,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         human_bytes(graph.memory_floor())
     );
     if args.compare {
+        let ignored: Vec<&str> = [
+            ("--strategy", args.strategy.is_some()),
+            ("--out", args.out.is_some()),
+            ("--plot", args.plot.is_some()),
+        ]
+        .iter()
+        .filter_map(|&(flag, given)| given.then_some(flag))
+        .collect();
+        if !ignored.is_empty() {
+            bail!(
+                "--compare runs every strategy and writes nothing: it cannot take {}",
+                ignored.join(", ")
+            );
+        }
         return compare(&graph, &budgets, bandwidth);
     }
     let [budget] = budgets[..] else {
@@ -88,6 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             budgets.len()
         );
     };
+    let plot_format = args.plot.as_deref().map(plot_format).transpose()?;
     let problem = Problem {
         graph: &graph,
         budget_bytes: budget,
@@ -99,15 +114,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     .map_err(explain_infeasible)?;
     print_summary(&graph, &planned);
+    // Everything is produced in memory first, so a failure writes no file at all.
+    let mut outputs = Vec::new();
     if let Some(path) = &args.out {
-        write_atomic(path, planned.plan.to_json().as_bytes())?;
-        println!("plan written to {}", path.display());
+        outputs.push((
+            path.clone(),
+            planned.plan.to_json().into_bytes(),
+            "plan written",
+        ));
     }
-    if let Some(path) = &args.plot {
-        plot(&problem, &planned, path)?;
-        println!("timeline drawn to {}", path.display());
+    if let (Some(path), Some(format)) = (&args.plot, plot_format) {
+        let bytes = plot(&problem, &planned, format)?;
+        outputs.push((path.clone(), bytes, "timeline drawn"));
+    }
+    write_all_atomic(&outputs)?;
+    for (path, _, what) in &outputs {
+        println!("{what} to {}", path.display());
     }
     Ok(())
+}
+
+/// Image formats of `--plot`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PlotFormat {
+    Svg,
+    Png,
+}
+
+fn plot_format(path: &Path) -> anyhow::Result<PlotFormat> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("svg") => Ok(PlotFormat::Svg),
+        Some("png") => Ok(PlotFormat::Png),
+        _ => bail!("{}: --plot needs a .svg or .png file name", path.display()),
+    }
 }
 
 fn explain_infeasible(err: PlanError) -> anyhow::Error {
@@ -153,6 +192,7 @@ fn print_summary(graph: &Graph, planned: &Planned) {
 /// One row of the comparison: the strategy's result at one budget.
 fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()> {
     let peak = graph.store_all_peak() as f64;
+
     let header = [
         "budget",
         "strategy",
@@ -167,6 +207,7 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()>
         "solve ms",
     ];
     let mut rows = Vec::new();
+    let mut notes = Vec::new();
     for &budget in budgets {
         let problem = Problem {
             graph,
@@ -184,22 +225,27 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()>
                 strategy.as_ref(),
                 result,
                 ms,
-                peak,
+                &mut notes,
             ));
         }
     }
     print_table(&header, &rows);
+    for (i, note) in notes.iter().enumerate() {
+        println!("[{}] {note}", i + 1);
+    }
     Ok(())
 }
 
+/// One row; a strategy without a plan gets "n/a [k]" and footnote k says why.
 fn compare_row(
     graph: &Graph,
     budget: String,
     strategy: &dyn Strategy,
     result: Result<Planned, PlanError>,
     ms: f64,
-    store_all: f64,
+    notes: &mut Vec<String>,
 ) -> Vec<String> {
+    let store_all = graph.store_all_peak() as f64;
     let mut row = vec![budget, strategy.name()];
     match result {
         Ok(p) => {
@@ -222,16 +268,18 @@ fn compare_row(
                 human_bytes(recomputed),
             ]);
         }
-        Err(PlanError::OverBudget { best_peak, .. }) => {
-            row.extend([
-                format!("over: {}", human_bytes(best_peak)),
-                format!("{:.3}", best_peak as f64 / store_all),
-            ]);
-            row.extend(std::iter::repeat_n("-".to_string(), 6));
-        }
-        Err(other) => {
-            row.push(format!("error: {other}"));
-            row.extend(std::iter::repeat_n(String::new(), 7));
+        Err(err) => {
+            let why = match err {
+                PlanError::OverBudget { best_peak, .. } => format!(
+                    "over budget: its smallest peak is {} ({:.3} of store-all)",
+                    human_bytes(best_peak),
+                    best_peak as f64 / store_all
+                ),
+                other => other.to_string(),
+            };
+            notes.push(format!("{}: {why}", strategy.name()));
+            row.push(format!("n/a [{}]", notes.len()));
+            row.extend(std::iter::repeat_n("-".to_string(), 7));
         }
     }
     row.push(format!("{ms:.1}"));
@@ -270,7 +318,7 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn plot(problem: &Problem, planned: &Planned, path: &Path) -> anyhow::Result<()> {
+fn plot(problem: &Problem, planned: &Planned, format: PlotFormat) -> anyhow::Result<Vec<u8>> {
     let graph = problem.graph;
     let store_all = lookup("store-all")?.plan(&Problem {
         budget_bytes: u64::MAX,
@@ -299,16 +347,36 @@ fn plot(problem: &Problem, planned: &Planned, path: &Path) -> anyhow::Result<()>
         ],
         hline: Some(("budget".into(), problem.budget_bytes as f64, [214, 39, 40])),
     };
-    let bytes = match path.extension().and_then(|e| e.to_str()) {
-        Some("svg") => chart.to_svg().into_bytes(),
-        Some("png") => chart.to_png(1200, 600)?,
-        _ => bail!("{}: --plot needs a .svg or .png file name", path.display()),
-    };
-    write_atomic(path, &bytes)
+    Ok(match format {
+        PlotFormat::Svg => chart.to_svg().into_bytes(),
+        PlotFormat::Png => chart.to_png(1200, 600)?,
+    })
 }
 
-/// Writes to a temporary name beside `path`, syncs, renames.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Writes every file to a temporary name beside it and syncs them all, then renames them
+/// all: a failure while writing leaves no output file (temporaries are removed), and the
+/// renames come only once every byte is on disk.
+fn write_all_atomic(files: &[(PathBuf, Vec<u8>, &str)]) -> anyhow::Result<()> {
+    let mut temps: Vec<PathBuf> = Vec::with_capacity(files.len());
+    let result = (|| {
+        for (path, bytes, _) in files {
+            temps.push(write_temp(path, bytes)?);
+        }
+        for ((path, _, _), tmp) in files.iter().zip(&temps) {
+            std::fs::rename(tmp, path)
+                .with_context(|| format!("{}: cannot rename into place", path.display()))?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for tmp in &temps {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+    result
+}
+
+fn write_temp(path: &Path, bytes: &[u8]) -> anyhow::Result<PathBuf> {
     use std::io::Write;
     let name = path
         .file_name()
@@ -316,20 +384,25 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
     let mut file =
         std::fs::File::create(&tmp).with_context(|| format!("{}: cannot create", tmp.display()))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("{}: cannot write", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot rename", path.display()))
+    if let Err(e) = file.write_all(bytes).and_then(|()| file.sync_all()) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("{}: cannot write", tmp.display()));
+    }
+    Ok(tmp)
 }
 
-/// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`.
+/// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`, `1e9` (bytes).
+/// A plain number with a decimal point and no exponent is a fraction.
 pub fn parse_budget(text: &str, graph: &Graph) -> anyhow::Result<u64> {
     let t = text.trim();
     if let Ok(f) = t.parse::<f64>()
         && t.contains('.')
+        && !t.contains(['e', 'E'])
     {
         if !(f > 0.0 && f <= 1.0) {
-            bail!("--budget {t}: a fraction must be in (0, 1]");
+            bail!(
+                "--budget {t}: a fraction must be in (0, 1]; give bytes with a unit (8GiB) or an integer"
+            );
         }
         return Ok((graph.store_all_peak() as f64 * f) as u64);
     }
@@ -346,10 +419,15 @@ pub fn parse_bandwidth(text: &str) -> anyhow::Result<f64> {
     Ok(bytes as f64)
 }
 
+/// A number (scientific notation allowed) followed by an optional unit: the unit is the
+/// trailing run of letters, so the `e` of `1e9` stays in the number.
 fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     let split = text
-        .find(|c: char| c.is_ascii_alphabetic())
-        .unwrap_or(text.len());
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| c.is_ascii_alphabetic())
+        .last()
+        .map_or(text.len(), |(i, _)| i);
     let (number, unit) = text.split_at(split);
     let value: f64 = number
         .trim()
@@ -370,7 +448,11 @@ fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     if !(value.is_finite() && value >= 0.0) {
         bail!("`{number}` is not a non-negative number");
     }
-    Ok((value * scale).round() as u64)
+    let bytes = value * scale;
+    if bytes >= u64::MAX as f64 {
+        bail!("`{text}` is more than 2^64 bytes");
+    }
+    Ok(bytes.round() as u64)
 }
 
 pub fn human_bytes(bytes: u64) -> String {
@@ -385,5 +467,27 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_units_and_scientific_notation() {
+        assert_eq!(parse_bytes("1e9").unwrap(), 1_000_000_000);
+        assert_eq!(parse_bytes("1.5e3MB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_bandwidth("32GB/s").unwrap(), 32e9);
+        assert_eq!(parse_bandwidth("1e9").unwrap(), 1e9);
+        assert!(parse_bytes("3 parsecs").is_err());
+        assert!(parse_bytes("1e30").is_err());
+    }
+
+    #[test]
+    fn plot_needs_a_known_extension_before_anything_runs() {
+        assert_eq!(plot_format(Path::new("x.svg")).unwrap(), PlotFormat::Svg);
+        assert!(plot_format(Path::new("x.jpg")).is_err());
     }
 }

@@ -448,6 +448,17 @@ impl Strategy for CheckmateMilp {
                 },
             },
         )?;
+        // An exact strategy that could not prove its answer optimal declines rather than
+        // pass a heuristic schedule off as the ground truth.
+        if !solution.optimal {
+            return Err(PlanError::NotApplicable {
+                strategy: NAME.into(),
+                why: format!(
+                    "HiGHS reached its {} s time limit before proving a schedule optimal",
+                    self.options.time_limit_s
+                ),
+            });
+        }
         let decisions = decisions_of(problem.graph, &solution.steps);
         plan_from_steps(problem, NAME, solution.steps, decisions)
     }

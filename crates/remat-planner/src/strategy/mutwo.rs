@@ -17,6 +17,9 @@
 //! from per-node counters, we lower the current decisions and run the real simulator: the
 //! stop test then uses the very numbers the plan is judged by.
 //!
+//! Swap-out deviation: a swap whose copy-out would still be running in the peak interval
+//! is not taken (see [`Scheduler::copy_out_clears_peak`]).
+//!
 //! Single-model deviation: Algorithm C's cases 2-3 also overlap a swap with forward nodes of
 //! *another* model fused into the same step; with one model there are none, so only backward
 //! nodes hide a prefetch.
@@ -179,7 +182,7 @@ impl<'p> Scheduler<'p> {
         let r_cand = self.argmax(TensorAttrs::recompute_ratio);
         let (s_overhead, prompt) = self.swap_overhead(s_cand);
         let r_overhead = self.attrs[r_cand].total_recomp_time;
-        let (cand, choice) = if s_overhead < r_overhead {
+        let (cand, choice) = if s_overhead < r_overhead && self.copy_out_clears_peak(s_cand) {
             (s_cand, Choice::Swap { prompt })
         } else {
             (r_cand, Choice::Recompute)
@@ -278,6 +281,35 @@ impl<'p> Scheduler<'p> {
             p -= 1;
         }
         (swap_time.max(0.0), prompt)
+    }
+
+    /// Swap-out deviation: the paper's memory simulator (its Algorithm G) frees an
+    /// offloaded tensor at its last forward access, but its bytes stay on the device until
+    /// the copy-out finishes, and copy-outs queue on one device-to-host stream. A swap whose
+    /// copy is still running at a node of the peak interval frees nothing there, so taking
+    /// it would spend the candidate without lowering the peak (and Algorithm B could run
+    /// out of candidates above the budget). Copy-outs are estimated in order of their
+    /// swap-out node, each starting when its node ends and the stream is free.
+    fn copy_out_clears_peak(&self, cand: NodeId) -> bool {
+        let mut outs: Vec<(NodeId, NodeId)> = self
+            .swaps
+            .iter()
+            .chain(std::iter::once(&cand))
+            .map(|&s| (self.window(s).0, s))
+            .collect();
+        outs.sort_unstable();
+        let mut stream_free = 0.0f64;
+        let mut done = 0.0;
+        for (after, s) in outs {
+            stream_free = stream_free.max(self.prefix[after + 1]) + self.attrs[s].swap_time;
+            if s == cand {
+                done = stream_free;
+            }
+        }
+        let start = self.window(cand).0;
+        (start + 1..self.graph.len())
+            .take_while(|&v| self.prefix[v] < done)
+            .all(|v| self.node_mem[v] <= self.problem.budget_bytes)
     }
 
     /// Copy time of the swap prefetched at `last_prompt` still running when `v` starts.
@@ -617,6 +649,24 @@ mod tests {
             Decision::Swap { prefetch_at: 6, .. }
         ));
         assert_eq!(s.last_prompt, 6);
+    }
+
+    #[test]
+    fn a_swap_still_copying_out_in_the_peak_interval_is_not_taken() {
+        // f0 (1500 bytes, 15 units of copy) is swapped out after f1 (1) ends at time 2, so
+        // its copy runs until 17: nodes 2 .. 6 (starting at 2, 6, 7, 8, 10) still hold it.
+        let g = chain([1500, 100, 100, 100], [1.0, 1.0, 4.0, 1.0]);
+        let p = problem(&g, 1000, 100.0);
+        let mut s = Scheduler::new(&p);
+        s.node_mem = vec![0; g.len()];
+        assert!(s.copy_out_clears_peak(0));
+        // Over budget at f3 (3, starting at 6): swapping f0 frees nothing there.
+        s.node_mem[3] = 2000;
+        assert!(!s.copy_out_clears_peak(0));
+        // Over budget at b1 (7, starting at 18): the copy is done by then.
+        s.node_mem[3] = 0;
+        s.node_mem[7] = 2000;
+        assert!(s.copy_out_clears_peak(0));
     }
 
     #[test]
