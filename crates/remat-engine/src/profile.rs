@@ -43,6 +43,11 @@ pub struct StepProfile {
     pub measured_store_all_peak: u64,
     /// Median wall time of a whole store-all step, seconds.
     pub measured_step_time: f64,
+    /// The measured store-all step over the sum of the ops' median times: every op time in
+    /// the planner graph is multiplied by it, so the graph's base time is the measured step
+    /// (the executor's own work between ops and the machine's load are spread over the ops
+    /// in proportion to their time, instead of being missing from every prediction).
+    pub time_scale: f64,
 }
 
 impl StepProfile {
@@ -91,7 +96,17 @@ pub fn profile_step(
     }
     let measured = measurements(graph.nodes.len(), &rough, &measures);
     let layout = Layout::build(graph, loss, &measured)?;
-    let (times, bytes) = item_costs(&rough, &layout, &measures);
+    let (mut times, bytes) = item_costs(&rough, &layout, &measures);
+    let step_time = median(step_times);
+    let op_sum: f64 = times.iter().sum();
+    let time_scale = if op_sum > 0.0 && step_time.is_finite() && step_time > 0.0 {
+        step_time / op_sum
+    } else {
+        1.0
+    };
+    for t in &mut times {
+        *t *= time_scale;
+    }
     let static_bytes = graph.ctx.pool().live();
     let ir = remat_planner::Graph::new(
         opts.name.clone(),
@@ -104,7 +119,8 @@ pub fn profile_step(
         layout,
         graph: ir,
         measured_store_all_peak: peak,
-        measured_step_time: median(step_times),
+        measured_step_time: step_time,
+        time_scale,
     })
 }
 
