@@ -123,6 +123,100 @@ fn compare_prints_every_policy_with_identical_gradients() {
         assert!(row.trim_end().ends_with("yes"), "{row}");
     }
     assert!(stdout.contains("grads bit-identical"), "{stdout}");
+    assert!(
+        stdout.contains("1 warm-up + 2 timed steps per policy (median)"),
+        "{stdout}"
+    );
+}
+
+/// The peak-activation cell of `policy`'s row, in KiB.
+fn peak_kib(stdout: &str, policy: &str) -> f64 {
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{policy} ")))
+        .unwrap_or_else(|| panic!("no row for {policy}:\n{stdout}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[2], "KiB", "{row}");
+    cells[1].parse().unwrap()
+}
+
+#[test]
+fn compare_applies_the_memory_budget_and_recompute_all_peaks_lowest() {
+    let unbounded = remat(&[&["train", "--compare", "--compare-steps", "1"], TINY].concat());
+    let (stdout, stderr) = text(&unbounded);
+    assert!(unbounded.status.success(), "{stdout}\n{stderr}");
+    // recompute-all frees what it rebuilds right after use: the lowest activation peak.
+    let all = peak_kib(&stdout, "recompute-all");
+    for policy in ["store-all", "per-block", "sqrt", "every:4", "depth:3"] {
+        assert!(all < peak_kib(&stdout, policy), "{policy}\n{stdout}");
+    }
+    let out = remat(
+        &[
+            &[
+                "train",
+                "--compare",
+                "--compare-steps",
+                "1",
+                "--memory-budget",
+                "200KiB",
+            ],
+            TINY,
+        ]
+        .concat(),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let row = |p: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{p} ")))
+            .unwrap_or_else(|| panic!("no row for {p}:\n{stdout}"))
+            .to_string()
+    };
+    assert!(row("store-all").contains("over budget"), "{stdout}");
+    assert!(row("recompute-all").trim_end().ends_with("yes"), "{stdout}");
+    assert!(
+        stdout.contains("over --memory-budget 200.0 KiB: store-all"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("store-all does not fit the budget"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn zero_steps_batch_or_seq_is_an_error_naming_the_flag() {
+    for (flag, value, want) in [
+        ("--steps", "0", "--steps must be at least 1"),
+        ("--batch", "0", "--batch must be at least 1"),
+    ] {
+        let small = [
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--digits",
+            "4",
+        ];
+        let out = remat(&[&["train", flag, value], &small[..]].concat());
+        let (stdout, stderr) = text(&out);
+        assert!(!out.status.success(), "{flag} {value}: {stdout}");
+        assert!(stderr.contains(want), "{stderr}");
+        assert!(!stdout.contains("tokens/s"), "{stdout}");
+    }
+    let data = std::env::temp_dir().join(format!("remat-seq0-{}.txt", std::process::id()));
+    std::fs::write(&data, "some text to train on, long enough").unwrap();
+    let out = remat(&["train", "--data", data.to_str().unwrap(), "--seq", "0"]);
+    std::fs::remove_file(&data).ok();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).1.contains("--seq must be at least 1"),
+        "{}",
+        text(&out).1
+    );
 }
 
 #[test]
@@ -144,6 +238,11 @@ fn too_small_a_budget_is_an_out_of_memory_error_with_a_hint() {
     assert!(stderr.contains("hint: "), "{stderr}");
     assert!(
         stderr.contains("--policy store-all needs --memory-budget"),
+        "{stderr}"
+    );
+    // Nothing fits 120 KiB: the hint names the smallest peak and the policy reaching it.
+    assert!(
+        stderr.contains("the smallest peak is") && stderr.contains("under --policy recompute-all"),
         "{stderr}"
     );
 

@@ -1,4 +1,5 @@
-//! `remat bench engine`: one GPT training step (forward + backward) at issue 2's bench size
+//! `remat bench engine`: one GPT training step (forward + backward, without the optimizer
+//! update, as stated in its output) at issue 2's bench size
 //! (L=8, d=256, 8 heads, sequence 256, batch 8, vocabulary 256, 2 threads) under store-all,
 //! per-block checkpointing and sqrt(L) block segments. Step time and peak activation memory
 //! are reported as ratios to store-all measured in the same run, and the step's achieved
@@ -183,7 +184,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let gpt = Gpt::new(&pool, cfg.clone())?;
     let b = batch(&cfg, args.batch, args.seq);
     println!(
-        "remat bench engine: GPT L={} d={} heads={} ffn={} vocab={} ({} parameters), batch {} x seq {}, {} threads, median of {} steps",
+        "remat bench engine: GPT L={} d={} heads={} ffn={} vocab={} ({} parameters), batch {} x seq {}, {} threads; a step is forward + backward (no optimizer update), median of {} steps after one warm-up",
         cfg.n_layers,
         cfg.d_model,
         cfg.n_heads,

@@ -1,12 +1,20 @@
 //! `remat train --compare`: the same few steps under every policy, from the same
 //! initialization and batches, in one table: peak activation memory, peak total, step time,
 //! and whether every step's gradients equal store-all's bit for bit.
+//!
+//! Each policy first runs one untimed warm-up step (page faults, thread start-up, gemm's
+//! packing buffers: costs the first policy would otherwise pay alone), then the timed steps;
+//! the median is reported. With `--memory-budget` every policy runs under that budget and a
+//! policy that exceeds it is reported as such (gradients are then checked against an
+//! unbounded store-all run when store-all itself does not fit).
 
 use std::time::Instant;
 
 use indicatif::ProgressBar;
 use remat_engine::models::gpt::{Checkpointing, Gpt};
-use remat_engine::{AdamW, AdamWConfig, Category, ExecContext, MemoryPool};
+use remat_engine::{
+    AdamW, AdamWConfig, Category, EngineError, ExecContext, MemoryPool, Policy, Tensor,
+};
 
 use super::Args;
 use super::budget::format_bytes;
@@ -14,7 +22,6 @@ use super::table;
 use super::task::Task;
 
 struct Row {
-    ckpt: Checkpointing,
     peak_activations: u64,
     peak_total: u64,
     step_ms: f64,
@@ -23,8 +30,58 @@ struct Row {
     losses: Vec<f64>,
 }
 
-fn run_policy(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Result<Row> {
-    let pool = MemoryPool::unbounded();
+/// A policy's run: measured, or stopped by the memory budget (with the error's text).
+type Outcome = Result<Row, String>;
+
+fn grad_bits(grads: &[Option<Tensor>]) -> anyhow::Result<Vec<Vec<u32>>> {
+    grads
+        .iter()
+        .map(|g| {
+            g.as_ref().map_or(Ok(Vec::new()), |t| {
+                t.to_vec::<f32>()
+                    .map(|v| v.iter().map(|x| x.to_bits()).collect())
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Into::into)
+}
+
+/// The median of `xs` (the mean of the middle two for an even count).
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => xs[n / 2],
+        _ => 0.5 * (xs[n / 2 - 1] + xs[n / 2]),
+    }
+}
+
+fn run_policy(
+    args: &Args,
+    task: &Task,
+    ckpt: Checkpointing,
+    budget: Option<u64>,
+) -> anyhow::Result<Outcome> {
+    match measure_policy(args, task, ckpt, budget) {
+        Ok(row) => Ok(Ok(row)),
+        Err(err) => match err.downcast_ref::<EngineError>() {
+            Some(oom @ EngineError::OutOfMemory { .. }) => Ok(Err(oom.to_string())),
+            _ => Err(err),
+        },
+    }
+}
+
+fn measure_policy(
+    args: &Args,
+    task: &Task,
+    ckpt: Checkpointing,
+    budget: Option<u64>,
+) -> anyhow::Result<Row> {
+    let pool = match budget {
+        Some(b) => MemoryPool::with_budget(b),
+        None => MemoryPool::unbounded(),
+    };
     let ctx = ExecContext::new(pool.clone(), args.threads())?;
     let gpt = Gpt::new(&pool, args.model_config(task.vocab()))?;
     if let Some(path) = &args.files.init {
@@ -36,6 +93,9 @@ fn run_policy(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Result<R
         ..AdamWConfig::default()
     };
     let mut opt = AdamW::new(&pool, gpt.params(), opt_config)?;
+    // Untimed warm-up on the first batch; its gradients are dropped, no optimizer step.
+    let warm_up = task.batch(args.seed, 0, args.batch);
+    drop(gpt.forward_backward(&ctx, &warm_up, ckpt, args.seed)?);
     let (mut grads, mut losses, mut times, mut recomputed) =
         (Vec::new(), Vec::new(), Vec::new(), 0);
     for step in 0..args.compare_steps {
@@ -44,35 +104,55 @@ fn run_policy(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Result<R
         let out = gpt.forward_backward(&ctx, &batch, ckpt, args.seed ^ (step << 32))?;
         times.push(start.elapsed().as_secs_f64());
         recomputed += out.recomputed;
-        let bits = out
-            .grads
-            .iter()
-            .map(|g| {
-                g.as_ref().map_or(Ok(Vec::new()), |t| {
-                    t.to_vec::<f32>()
-                        .map(|v| v.iter().map(|x| x.to_bits()).collect())
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        grads.push(bits);
+        grads.push(grad_bits(&out.grads)?);
         losses.push(out.loss);
         opt.step(&out.grads)?;
     }
-    times.sort_by(f64::total_cmp);
     let stats = pool.stats();
     Ok(Row {
-        ckpt,
         peak_activations: stats.category(Category::Activations).peak,
         peak_total: stats.peak,
-        step_ms: times.get(times.len() / 2).copied().unwrap_or(0.0) * 1e3,
+        step_ms: median(&mut times) * 1e3,
         recomputed,
         grads,
         losses,
     })
 }
 
+fn identical(a: &Row, b: &Row) -> bool {
+    a.grads == b.grads
+        && a.losses.len() == b.losses.len()
+        && a.losses
+            .iter()
+            .zip(&b.losses)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn cells(ckpt: Checkpointing, outcome: &Outcome, base: &Row) -> Vec<String> {
+    let Ok(r) = outcome else {
+        let mut row = vec![ckpt.to_string(), "over budget".to_string()];
+        row.extend(std::iter::repeat_n("-".to_string(), 6));
+        return row;
+    };
+    vec![
+        ckpt.to_string(),
+        format_bytes(r.peak_activations),
+        format!(
+            "{:.2}",
+            r.peak_activations as f64 / base.peak_activations.max(1) as f64
+        ),
+        format_bytes(r.peak_total),
+        format!("{:.2}", r.step_ms),
+        format!("{:.2}", r.step_ms / base.step_ms.max(1e-9)),
+        r.recomputed.to_string(),
+        if identical(r, base) { "yes" } else { "NO" }.to_string(),
+    ]
+}
+
 pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
     anyhow::ensure!(args.compare_steps > 0, "--compare-steps must be at least 1");
+    let budget = args.budget()?;
+    let store_all = Checkpointing::Graph(Policy::StoreAll);
     let mut policies = Checkpointing::all();
     let wanted = args.checkpointing()?;
     if !policies.contains(&wanted) {
@@ -80,7 +160,7 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
     }
     let config = args.model_config(task.vocab());
     println!(
-        "remat train --compare: {} | GPT L={} d={} heads={}/{} | batch {} x seq {} | {} steps per policy | {} threads",
+        "remat train --compare: {} | GPT L={} d={} heads={}/{} | batch {} x seq {} | 1 warm-up + {} timed steps per policy (median) | {} threads{}",
         task.describe(),
         config.n_layers,
         config.d_model,
@@ -89,39 +169,30 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         args.batch,
         task.seq(),
         args.compare_steps,
-        args.threads()
+        args.threads(),
+        budget.map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
     );
     let bar = ProgressBar::new(policies.len() as u64);
-    let mut rows = Vec::new();
-    for ckpt in policies {
+    let mut outcomes = Vec::new();
+    for &ckpt in &policies {
         bar.set_message(ckpt.to_string());
-        rows.push(run_policy(args, task, ckpt)?);
+        outcomes.push(run_policy(args, task, ckpt, budget)?);
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let base = &rows[0];
-    let cells: Vec<Vec<String>> = rows
+    // Store-all is first in `Checkpointing::all()`.
+    let reference = match outcomes.first() {
+        Some(Ok(_)) => None,
+        _ => Some(measure_policy(args, task, store_all, None)?),
+    };
+    let base = match (&reference, outcomes.first()) {
+        (Some(r), _) | (None, Some(Ok(r))) => r,
+        (None, _) => anyhow::bail!("no store-all run to compare with"),
+    };
+    let rows: Vec<Vec<String>> = policies
         .iter()
-        .map(|r| {
-            let identical = r.grads == base.grads
-                && r.losses
-                    .iter()
-                    .zip(&base.losses)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-            vec![
-                r.ckpt.to_string(),
-                format_bytes(r.peak_activations),
-                format!(
-                    "{:.2}",
-                    r.peak_activations as f64 / base.peak_activations.max(1) as f64
-                ),
-                format_bytes(r.peak_total),
-                format!("{:.2}", r.step_ms),
-                format!("{:.2}", r.step_ms / base.step_ms.max(1e-9)),
-                r.recomputed.to_string(),
-                if identical { "yes" } else { "NO" }.to_string(),
-            ]
-        })
+        .zip(&outcomes)
+        .map(|(&ckpt, outcome)| cells(ckpt, outcome, base))
         .collect();
     let header = [
         "policy",
@@ -133,8 +204,28 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         "recomputes",
         "grads bit-identical",
     ];
-    print!("{}", table::render(&header, &cells));
-    if rows.iter().any(|r| r.grads != base.grads) {
+    print!("{}", table::render(&header, &rows));
+    if let Some(b) = budget {
+        let over: Vec<String> = policies
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, o)| o.is_err())
+            .map(|(c, _)| c.to_string())
+            .collect();
+        if !over.is_empty() {
+            println!(
+                "over --memory-budget {}: {}",
+                format_bytes(b),
+                over.join(", ")
+            );
+        }
+        if reference.is_some() {
+            println!(
+                "store-all does not fit the budget: ratios and gradients are against a store-all run without one"
+            );
+        }
+    }
+    if outcomes.iter().flatten().any(|r| !identical(r, base)) {
         anyhow::bail!("some policy's gradients differ from store-all's");
     }
     Ok(())

@@ -25,28 +25,35 @@ pub fn measure_peak(args: &Args, task: &Task, ckpt: Checkpointing) -> anyhow::Re
     Ok(pool.stats().peak)
 }
 
-/// A sentence naming a policy that fits `budget`, or the budget the requested one needs.
+/// A sentence naming a policy that fits `budget`, or the budget the requested one needs;
+/// when none fits, also the smallest peak any built-in policy reaches, and under which.
 pub fn for_budget(args: &Args, task: &Task, budget: u64) -> anyhow::Result<String> {
     let wanted = args.checkpointing()?;
     let need = measure_peak(args, task, wanted)?;
-    let mut fits = Vec::new();
+    let mut peaks = Vec::new();
     for ckpt in Checkpointing::all() {
-        let peak = measure_peak(args, task, ckpt)?;
-        if peak <= budget {
-            fits.push((ckpt, peak));
-        }
+        peaks.push((ckpt, measure_peak(args, task, ckpt)?));
     }
     // Prefer the fitting policy that keeps the most (recomputes the least).
-    fits.sort_by_key(|&(_, peak)| std::cmp::Reverse(peak));
+    let best_fit = peaks
+        .iter()
+        .filter(|&&(_, peak)| peak <= budget)
+        .max_by_key(|&&(_, peak)| peak);
+    let smallest = peaks.iter().min_by_key(|&&(_, peak)| peak);
     let raise = format!(
         "--policy {wanted} needs --memory-budget {} ({need} bytes)",
         format_bytes(need)
     );
-    Ok(match fits.first() {
-        Some((ckpt, peak)) => format!(
+    Ok(match (best_fit, smallest) {
+        (Some((ckpt, peak)), _) => format!(
             "--policy {ckpt} fits (peak {}); or {raise}",
             format_bytes(*peak)
         ),
-        None => format!("no built-in policy fits {}; {raise}", format_bytes(budget)),
+        (None, Some((ckpt, peak))) => format!(
+            "no built-in policy fits {}: the smallest peak is {} ({peak} bytes), under --policy {ckpt}; {raise}",
+            format_bytes(budget),
+            format_bytes(*peak)
+        ),
+        (None, None) => format!("no built-in policy fits {}; {raise}", format_bytes(budget)),
     })
 }

@@ -19,6 +19,10 @@ pub struct Trained {
 }
 
 pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.steps > 0,
+        "--steps must be at least 1 (got 0): there is nothing to train or time"
+    );
     let config = args.model_config(task.vocab());
     let ckpt = args.checkpointing()?;
     let budget = args.budget()?;
@@ -164,13 +168,15 @@ fn print_summary(args: &Args, task: &Task, t: &Trained) {
     } else {
         &t.step_times[..]
     };
-    let step = timed.iter().sum::<Duration>().as_secs_f64() / timed.len().max(1) as f64;
-    let tokens = (args.batch * task.seq()) as f64;
-    println!(
-        "step time {:.2} ms, {:.0} tokens/s",
-        step * 1e3,
-        tokens / step.max(1e-12)
-    );
+    if !timed.is_empty() {
+        let step = timed.iter().sum::<Duration>().as_secs_f64() / timed.len() as f64;
+        let tokens = (args.batch * task.seq()) as f64;
+        println!(
+            "step time {:.2} ms, {:.0} tokens/s",
+            step * 1e3,
+            tokens / step.max(1e-12)
+        );
+    }
     let rows: Vec<Vec<String>> = Category::ALL
         .iter()
         .map(|&c| vec![c.to_string(), format_bytes(t.pool.category(c).peak)])

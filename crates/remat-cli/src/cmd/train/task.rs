@@ -34,6 +34,7 @@ impl Task {
 
     /// Character-level text: the vocabulary is the file's distinct characters.
     pub fn chars(path: &Path, seq: usize) -> anyhow::Result<Task> {
+        anyhow::ensure!(seq >= 1, "--seq must be at least 1 (got 0)");
         let raw = std::fs::read_to_string(path)
             .with_context(|| format!("reading --data {}", path.display()))?;
         let mut alphabet: Vec<char> = raw.chars().collect();
