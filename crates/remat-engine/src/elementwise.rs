@@ -1,7 +1,11 @@
 //! Elementwise loops shared by the basic ops: split over rayon chunks when large enough to
-//! pay for it. Every element is computed independently, so the chunking never changes a bit.
+//! pay for it, each chunk run through [`vectorized`] (AVX2 where the CPU has it). Every
+//! element is computed independently, so neither the chunking nor the vector width ever
+//! changes a bit.
 
 use rayon::prelude::*;
+
+use crate::kernels::vectorized;
 
 /// Below this many elements a loop runs on the calling thread.
 pub const PAR_MIN: usize = 1 << 15;
@@ -12,9 +16,9 @@ pub fn map<T: Copy + Send + Sync>(dst: &mut [T], a: &[T], f: impl Fn(T) -> T + S
     if dst.len() >= PAR_MIN {
         dst.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK))
-            .for_each(|(d, a)| d.iter_mut().zip(a).for_each(|(d, &a)| *d = f(a)));
+            .for_each(|(d, a)| vectorized(|| d.iter_mut().zip(a).for_each(|(d, &a)| *d = f(a))));
     } else {
-        dst.iter_mut().zip(a).for_each(|(d, &a)| *d = f(a));
+        vectorized(|| dst.iter_mut().zip(a).for_each(|(d, &a)| *d = f(a)));
     }
 }
 
@@ -30,16 +34,20 @@ pub fn zip_map<T: Copy + Send + Sync>(
             .zip(a.par_chunks(CHUNK))
             .zip(b.par_chunks(CHUNK))
             .for_each(|((d, a), b)| {
-                d.iter_mut()
-                    .zip(a)
-                    .zip(b)
-                    .for_each(|((d, &a), &b)| *d = f(a, b))
+                vectorized(|| {
+                    d.iter_mut()
+                        .zip(a)
+                        .zip(b)
+                        .for_each(|((d, &a), &b)| *d = f(a, b))
+                })
             });
     } else {
-        dst.iter_mut()
-            .zip(a)
-            .zip(b)
-            .for_each(|((d, &a), &b)| *d = f(a, b));
+        vectorized(|| {
+            dst.iter_mut()
+                .zip(a)
+                .zip(b)
+                .for_each(|((d, &a), &b)| *d = f(a, b))
+        });
     }
 }
 
@@ -48,9 +56,11 @@ pub fn update<T: Copy + Send + Sync>(dst: &mut [T], a: &[T], f: impl Fn(T, T) ->
     if dst.len() >= PAR_MIN {
         dst.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK))
-            .for_each(|(d, a)| d.iter_mut().zip(a).for_each(|(d, &a)| *d = f(*d, a)));
+            .for_each(|(d, a)| {
+                vectorized(|| d.iter_mut().zip(a).for_each(|(d, &a)| *d = f(*d, a)))
+            });
     } else {
-        dst.iter_mut().zip(a).for_each(|(d, &a)| *d = f(*d, a));
+        vectorized(|| dst.iter_mut().zip(a).for_each(|(d, &a)| *d = f(*d, a)));
     }
 }
 

@@ -37,7 +37,10 @@
 //!   a node as a checkpoint: its output is freed after its last forward use and rebuilt
 //!   when backward reads it, by re-running its op (and, when they were dropped too, its
 //!   ancestors, checkpointed or plain, collected with an explicit stack and run in index
-//!   order). Rebuilt values are held until their last backward read, then freed.
+//!   order). Rebuilt values are held until their last backward read, then freed; under
+//!   [`checkpoint::RebuildMode::FreeAfterUse`] (what recompute-all sets) they are freed
+//!   right after the node that read them and rebuilt again when needed (least memory,
+//!   O(n^2) recomputes on a chain).
 //! - [`CheckpointOptions`]: `save_inputs` pins the node's inputs until its backward (a
 //!   one-step rebuild); `force` drops the node even when a consumer pins it; `verbose` logs
 //!   each recompute (`tracing`, target `remat::recompute`); `save_rng` lets a random op be
@@ -76,7 +79,8 @@
 //! - backward, per node in reverse order: dropped values it reads are rebuilt (activations),
 //!   then its input gradients are allocated (temporaries, or gradients for leaves), then its
 //!   output gradient is freed, then values with no backward reads left are freed.
-//!   Rebuilt values are held until their last backward use (a segment is recomputed once).
+//!   Rebuilt values are held until their last backward use (a segment is recomputed once),
+//!   or, under [`checkpoint::RebuildMode::FreeAfterUse`], until the node that read them ran.
 //! - the optimizer's state is [`Category::OptimizerState`]. [`MemoryPool::enable_event_log`]
 //!   records the timeline with the node of every allocation.
 //! - not in the pool: graph metadata, and gemm's packing workspace (a per-thread slab the

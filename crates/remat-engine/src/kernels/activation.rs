@@ -2,14 +2,16 @@
 
 use rayon::prelude::*;
 
-use super::{ELEMWISE_CHUNK, Float, KernelError, PARALLEL_MIN_ELEMS, check_len};
+use super::{ELEMWISE_CHUNK, Float, KernelError, PARALLEL_MIN_ELEMS, check_len, vectorized};
 
 /// Applies `f(a[i], b[i]) -> out[i]`, in parallel chunks when the buffer is large.
 fn zip_map<T: Float>(a: &[T], b: &[T], out: &mut [T], f: impl Fn(T, T) -> T + Sync) {
     let run = |a: &[T], b: &[T], out: &mut [T]| {
-        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-            *o = f(x, y);
-        }
+        vectorized(|| {
+            for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                *o = f(x, y);
+            }
+        })
     };
     if out.len() >= PARALLEL_MIN_ELEMS {
         out.par_chunks_mut(ELEMWISE_CHUNK)
@@ -69,12 +71,14 @@ pub fn swiglu_backward<T: Float>(
     check_len("swiglu_backward", "dgate", dgate.len(), n)?;
     check_len("swiglu_backward", "dup", dup.len(), n)?;
     let run = |gate: &[T], up: &[T], dy: &[T], dgate: &mut [T], dup: &mut [T]| {
-        for i in 0..gate.len() {
-            let (g, u, d) = (gate[i], up[i], dy[i]);
-            let s = g.sigmoid();
-            dup[i] = d * g * s;
-            dgate[i] = d * u * (s + g * s * (T::ONE - s));
-        }
+        vectorized(|| {
+            let outs = dgate.iter_mut().zip(dup.iter_mut());
+            for ((dg, du), ((&g, &u), &d)) in outs.zip(gate.iter().zip(up).zip(dy)) {
+                let s = g.sigmoid();
+                *du = d * g * s;
+                *dg = d * u * (s + g * s * (T::ONE - s));
+            }
+        })
     };
     if n >= PARALLEL_MIN_ELEMS {
         let c = ELEMWISE_CHUNK;

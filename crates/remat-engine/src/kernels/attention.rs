@@ -309,7 +309,8 @@ fn forward_one<T: Float>(
             );
             for i in 0..mb {
                 let r = r0 + i;
-                lse[h * s + r] = causal_softmax_row(&mut p[i * nc..(i + 1) * nc], r + 1);
+                let row = &mut p[i * nc..(i + 1) * nc];
+                lse[h * s + r] = super::vectorized(|| causal_softmax_row(row, r + 1));
             }
             gemm_into(
                 mb,
@@ -521,9 +522,11 @@ fn backward_head<T: Float>(shape: &AttentionShape, lse: &[T], w: &mut HeadScratc
             let r = r0 + i;
             let row = &mut p[i * nc..(i + 1) * nc];
             let l = lse[r];
-            for x in row[..=r].iter_mut() {
-                *x = (*x - l).exp();
-            }
+            super::vectorized(|| {
+                for x in row[..=r].iter_mut() {
+                    *x = (*x - l).exp();
+                }
+            });
             row[r + 1..].fill(T::ZERO);
         }
         let dout_blk = View::rows(&w.dout[r0 * dh..], dh);
@@ -552,10 +555,12 @@ fn backward_head<T: Float>(shape: &AttentionShape, lse: &[T], w: &mut HeadScratc
         for i in 0..mb {
             let live = r0 + i + 1;
             let (pr, dr) = (&p[i * nc..i * nc + live], &mut dp[i * nc..i * nc + nc]);
-            let dot = lane_dot(pr, dr);
-            for (d, &a) in dr.iter_mut().zip(pr) {
-                *d = a * (*d - dot) * scale;
-            }
+            super::vectorized(|| {
+                let dot = lane_dot(pr, dr);
+                for (d, &a) in dr.iter_mut().zip(pr) {
+                    *d = a * (*d - dot) * scale;
+                }
+            });
             dr[live..].fill(T::ZERO);
         }
         gemm_into(

@@ -106,14 +106,22 @@ fn exp_f32(x: f32) -> f32 {
     // Round to nearest by adding and subtracting 1.5 * 2^23 (exact for |v| < 2^22): unlike
     // `f32::round`, which is a libm call without SSE4.1, this vectorizes on baseline x86-64.
     const SHIFTER: f32 = 12_582_912.0;
-    let n = (x * LOG2E + SHIFTER) - SHIFTER;
+    let shifted = x * LOG2E + SHIFTER;
+    let n = shifted - SHIFTER;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from the integer already in the low mantissa bits of `shifted` (its bits are
+    // SHIFTER's plus n): the same value as `(n as i32 + 127) << 23`, but integer-only, so
+    // the loop vectorizes (a saturating float-to-int cast does not, below AVX-512).
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(SHIFTER.to_bits())
+        .wrapping_add(127);
+    let scale = f32::from_bits(biased << 23);
     p * scale
 }
 
@@ -133,6 +141,40 @@ mod tests {
         }
         assert!(<f32 as Float>::exp(f32::NEG_INFINITY) < 1e-37);
         assert_eq!(<f32 as Float>::exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn integer_scaling_equals_the_cast_form_bit_for_bit() {
+        // The form before the integer-only scaling, kept as the reference.
+        fn cast_form(x: f32) -> f32 {
+            let x = x.clamp(-87.0, 88.0);
+            const SHIFTER: f32 = 12_582_912.0;
+            let n = (x * std::f32::consts::LOG2_E + SHIFTER) - SHIFTER;
+            let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+            let p = 1.0
+                + r * (1.0
+                    + r * (0.5
+                        + r * (1.0 / 6.0
+                            + r * (1.0 / 24.0
+                                + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
+            p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+        }
+        let mut x = -100.0f32;
+        while x < 100.0 {
+            assert_eq!(exp_f32(x).to_bits(), cast_form(x).to_bits(), "exp({x})");
+            x += 0.000_913;
+        }
+        for x in [
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            -87.0,
+            88.0,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+        ] {
+            assert_eq!(exp_f32(x).to_bits(), cast_form(x).to_bits(), "exp({x})");
+        }
     }
 
     #[test]

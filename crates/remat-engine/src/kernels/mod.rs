@@ -21,6 +21,7 @@ mod float;
 mod matmul;
 mod rmsnorm;
 mod rope;
+mod simd;
 mod softmax;
 
 #[cfg(test)]
@@ -40,6 +41,8 @@ pub use float::{Float, lane_dot, lane_max, lane_sum};
 pub use rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 pub use rope::{RopeTable, rope_backward_rows, rope_forward_rows};
 pub use softmax::{softmax_backward, softmax_forward};
+
+pub(crate) use simd::vectorized;
 
 /// Errors a kernel reports on bad input; each names the kernel and what is wrong.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
