@@ -106,7 +106,9 @@ fn measure_policy(
         recomputed += out.recomputed;
         grads.push(grad_bits(&out.grads)?);
         losses.push(out.loss);
-        opt.step(&out.grads)?;
+        // On the step's own threads: the global rayon pool would start more threads that
+        // compete with the next timed step.
+        ctx.install(|| opt.step(&out.grads))?;
     }
     let stats = pool.stats();
     Ok(Row {

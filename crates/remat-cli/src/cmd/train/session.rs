@@ -108,7 +108,8 @@ pub fn train(
         if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
             dump_grads(&gpt, &out.grads, path)?;
         }
-        opt.step(&out.grads)?;
+        // On the step's own --threads pool (AdamW splits large tensors over it).
+        ctx.install(|| opt.step(&out.grads))?;
         drop(out.grads);
         step_times.push(start.elapsed());
         losses.push(out.loss);
