@@ -141,6 +141,43 @@ pub fn solve_chain_least<M: ChainModel>(
     Ok((least, solution_at(model, &tables, least)?))
 }
 
+/// A filled table, for planners that combine the DP's subproblems (the offloading DP uses
+/// `R(s, t, m)` for every segment of the chain).
+pub struct ChainTable<'m, M> {
+    model: &'m M,
+    tables: Tables,
+}
+
+impl<M: ChainModel> ChainTable<'_, M> {
+    /// Time of `R(s, t, m)`, or of `K(s, t, m)` (`x_t` resident at the start) when
+    /// `keep_t` (infinite when it does not fit; `m` above the table's size is clamped).
+    pub fn time(&self, keep_t: bool, s: usize, t: usize, m: usize) -> f64 {
+        let i = self.tables.idx(s, t, m.min(self.tables.m));
+        if keep_t {
+            self.tables.k[i]
+        } else {
+            self.tables.r[i]
+        }
+    }
+    /// The schedule of a finite `R` or `K(s, t, m)`: `x_s` resident throughout and never
+    /// freed; with `keep_t`, `x_t` is freed after `G_t`.
+    pub fn schedule(&self, keep_t: bool, s: usize, t: usize, m: usize) -> Vec<ChainStep> {
+        let m = m.min(self.tables.m);
+        reconstruct_interval(self.model, &self.tables, keep_t, (s, t, m))
+    }
+}
+
+/// Fills the table for every interval and every budget up to `budget_units`.
+pub fn fill_chain<M: ChainModel>(
+    model: &M,
+    budget_units: usize,
+) -> Result<ChainTable<'_, M>, ChainError> {
+    Ok(ChainTable {
+        model,
+        tables: checked_tables(model, budget_units)?,
+    })
+}
+
 /// Inner-loop iterations of one table fill: every interval `(s, t]` tries every split `j`
 /// at every budget, about n^3/3 x (M+1) (twice: `R` and `K`).
 pub fn fill_work(stages: usize, budget_units: usize) -> f64 {
@@ -342,13 +379,18 @@ enum Task {
 
 /// Walk the choice tables with an explicit stack and emit the schedule.
 fn reconstruct<M: ChainModel>(model: &M, tab: &Tables, m: usize) -> Vec<ChainStep> {
+    reconstruct_interval(model, tab, false, (0, tab.n, m))
+}
+
+/// The schedule of `R(s, t, m)`, or of `K(s, t, m)` when `keep_t`.
+fn reconstruct_interval<M: ChainModel>(
+    model: &M,
+    tab: &Tables,
+    keep_t: bool,
+    (s, t, m): (usize, usize, usize),
+) -> Vec<ChainStep> {
     let mut steps = Vec::new();
-    let mut stack = vec![Task::Solve {
-        keep_t: false,
-        s: 0,
-        t: tab.n,
-        m,
-    }];
+    let mut stack = vec![Task::Solve { keep_t, s, t, m }];
     while let Some(task) = stack.pop() {
         match task {
             Task::Emit(step) => steps.push(step),
