@@ -31,6 +31,9 @@ pub struct Args {
     /// Also verify every output against the source (streams everything once more).
     #[arg(long)]
     verify: bool,
+    /// Number of small tensors in the many-tensors run.
+    #[arg(long, default_value_t = 60_000)]
+    small_tensors: usize,
 }
 
 /// One generated tensor: name, dtype, shape, placement on the 8 source ranks.
@@ -168,6 +171,67 @@ fn memcpy_rate(bytes: u64) -> (f64, f64) {
     )
 }
 
+/// Single-threaded rates of copying a warm buffer into fresh pages, in GB per wall
+/// second: into new anonymous memory (page faults and zeroing included), into a new file
+/// of the output's file system with `write` (one kernel copy: the executor's own path),
+/// and into a new file through a shared mapping (fallocate + mmap + one memcpy).
+/// Writing a checkpoint creates new pages, so these, not the warm memcpy, are the
+/// ceilings of any writer.
+fn fresh_page_rates(bytes: u64, scratch: &Path) -> anyhow::Result<(f64, f64, f64)> {
+    let len = (64usize << 20).min(bytes.max(1) as usize);
+    let src = vec![1u8; len];
+    let started = Instant::now();
+    let mut done = 0u64;
+    while done < bytes {
+        let n = (bytes - done).min(len as u64) as usize;
+        let mut fresh: Vec<u8> = Vec::with_capacity(n);
+        fresh.extend_from_slice(&src[..n]);
+        std::hint::black_box(&fresh);
+        done += n as u64;
+    }
+    let anon = bytes as f64 / started.elapsed().as_secs_f64() / 1e9;
+    std::fs::create_dir_all(scratch)?;
+    let started = Instant::now();
+    let mut done = 0u64;
+    let mut i = 0;
+    while done < bytes {
+        let n = (bytes - done).min(len as u64) as usize;
+        remat_reshard::fsio::copy_into_fresh_file(&scratch.join(format!("f{i}")), &src[..n])?;
+        done += n as u64;
+        i += 1;
+    }
+    let mapped = bytes as f64 / started.elapsed().as_secs_f64() / 1e9;
+    std::fs::remove_dir_all(scratch)?;
+    std::fs::create_dir_all(scratch)?;
+    let started = Instant::now();
+    let mut done = 0u64;
+    let mut i = 0;
+    while done < bytes {
+        let n = (bytes - done).min(len as u64) as usize;
+        std::fs::write(scratch.join(format!("w{i}")), &src[..n])?;
+        done += n as u64;
+        i += 1;
+    }
+    let written = bytes as f64 / started.elapsed().as_secs_f64() / 1e9;
+    std::fs::remove_dir_all(scratch)?;
+    Ok((anon, written, mapped))
+}
+
+/// The file system type under `path`, from /proc/mounts (longest matching mount point).
+fn fs_type(path: &Path) -> String {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((*f.get(1)?, *f.get(2)?))
+        })
+        .filter(|(m, _)| path.starts_with(m))
+        .max_by_key(|(m, _)| m.len())
+        .map_or_else(|| "unknown".into(), |(m, t)| format!("{t} at {m}"))
+}
+
 /// Rate of copying the source files with the file system's own copy (what `cp` does), in
 /// GB per wall second: the ceiling the destination file system allows.
 fn file_copy_rate(src: &Path, scratch: &Path) -> anyhow::Result<f64> {
@@ -204,6 +268,7 @@ struct Row {
     seconds: f64,
     cpu: f64,
     memcpy: (f64, f64),
+    fresh: (f64, f64, f64),
     file_copy: f64,
     peak_rss: u64,
     bound: u64,
@@ -241,6 +306,7 @@ fn bench_dir(arg: Option<PathBuf>) -> anyhow::Result<Scratch> {
 }
 
 fn reshard_once(
+    label: &str,
     src: &Path,
     dst: &Path,
     world: usize,
@@ -257,6 +323,7 @@ fn reshard_once(
         .unwrap_or(0);
     let total: u64 = p.files.iter().map(|f| f.file_len()).sum();
     let memcpy = memcpy_rate(total);
+    let fresh = fresh_page_rates(total, &dst.with_extension("fresh"))?;
     let file_copy = file_copy_rate(src, &dst.with_extension("copy"))?;
     let bar = ProgressBar::new(total);
     let tick = |n: u64| bar.inc(n);
@@ -281,31 +348,56 @@ fn reshard_once(
         }
     }
     Ok(Row {
-        run: format!("8 -> {world}"),
+        run: format!("{label}8 -> {world}"),
         bytes: report.bytes_written,
         seconds: report.seconds,
         cpu,
         memcpy,
+        fresh,
         file_copy,
         peak_rss: peak,
         bound: max_buffer + largest + base_rss,
     })
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let dir = bench_dir(args.dir)?;
-    let specs = model((args.gib * (1u64 << 30) as f64) as u64);
-    let global = dir.0.join("global.safetensors");
-    let started = Instant::now();
-    write_global(&global, &specs)?;
-    let rules: Vec<NameRule> = specs
-        .iter()
-        .map(|s| NameRule {
-            pattern: s.name.clone(),
-            rule: Rule::Place(s.placement),
+/// Many small tensors (`count` of [16, 64] f32, 4 KiB each) sharded on dim 0: the cost
+/// that grows with the number of tensors rather than their bytes.
+fn small_model(count: usize) -> Vec<Spec> {
+    (0..count)
+        .map(|i| Spec {
+            name: format!("small.{i:06}.weight"),
+            dtype: Dtype::F32,
+            shape: vec![16, 64],
+            placement: Placement::Shard(0),
         })
-        .collect();
-    let eight = dir.0.join("ckpt-8");
+        .collect()
+}
+
+/// Generates `specs` on 8 ranks under `dir/name`, returning the directory.
+fn generate(dir: &Path, name: &str, specs: &[Spec]) -> anyhow::Result<PathBuf> {
+    let global = dir.join(format!("{name}.safetensors"));
+    write_global(&global, specs)?;
+    // One rule per tensor, or a single catch-all when every tensor is placed alike.
+    let uniform = specs.windows(2).all(|w| w[0].placement == w[1].placement);
+    let rules: Vec<NameRule> = if uniform {
+        specs
+            .first()
+            .map(|s| NameRule {
+                pattern: "*".into(),
+                rule: Rule::Place(s.placement),
+            })
+            .into_iter()
+            .collect()
+    } else {
+        specs
+            .iter()
+            .map(|s| NameRule {
+                pattern: s.name.clone(),
+                rule: Rule::Place(s.placement),
+            })
+            .collect()
+    };
+    let eight = dir.join(name);
     {
         let ckpt = Checkpoint::open(&global, None)?;
         let spec = TargetSpec {
@@ -317,6 +409,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         execute(&ckpt, &plan(&ckpt, &spec)?, &eight, &ExecOptions::default())?;
     }
     std::fs::remove_file(&global)?;
+    Ok(eight)
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let dir = bench_dir(args.dir)?;
+    let specs = model((args.gib * (1u64 << 30) as f64) as u64);
+    let started = Instant::now();
+    let eight = generate(&dir.0, "ckpt-8", &specs)?;
     let src_bytes: u64 = specs.iter().map(nbytes).sum();
     eprintln!(
         "generated {} in {} tensors on 8 ranks under {} in {:.1} s",
@@ -325,10 +425,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         dir.0.display(),
         started.elapsed().as_secs_f64()
     );
+    eprintln!("writing under {}", fs_type(&dir.0));
     let mut rows = Vec::new();
     for world in [3usize, 1] {
         let out = dir.0.join(format!("ckpt-{world}"));
         rows.push(reshard_once(
+            "",
             &eight,
             &out,
             world,
@@ -337,28 +439,53 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?);
         std::fs::remove_dir_all(&out)?;
     }
+    std::fs::remove_dir_all(&eight)?;
+    let small = small_model(args.small_tensors);
+    let started = Instant::now();
+    let eight = generate(&dir.0, "small-8", &small)?;
+    eprintln!(
+        "generated {} small tensors on 8 ranks in {:.1} s",
+        small.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for world in [3usize, 1] {
+        let out = dir.0.join(format!("small-{world}"));
+        let label = format!("{}k small: ", small.len() / 1000);
+        let started = Instant::now();
+        let mut row = reshard_once(&label, &eight, &out, world, args.max_buffer, args.verify)?;
+        row.run = format!(
+            "{} (open+plan+write {:.2} s)",
+            row.run,
+            started.elapsed().as_secs_f64()
+        );
+        rows.push(row);
+        std::fs::remove_dir_all(&out)?;
+    }
     println!(
-        "| run | written | time | GB/s | memcpy GB/s | ratio | file copy GB/s | ratio | CPU s | GB per CPU s | memcpy GB per CPU s | CPU ratio | peak RSS | RSS goal (idle + bound + largest chunk) |"
+        "| run | written | time | GB/s | warm memcpy GB/s | ratio | fresh anon memcpy GB/s | fresh file write GB/s | ratio | fresh file mmap memcpy GB/s | file copy GB/s | ratio | CPU s | GB per CPU s | CPU ratio to warm memcpy | peak RSS | RSS goal (idle + bound + largest chunk) |"
     );
     println!(
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in &rows {
         let rate = r.bytes as f64 / r.seconds / 1e9;
         let cpu_rate = r.bytes as f64 / r.cpu / 1e9;
         println!(
-            "| {} | {} | {:.2} s | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {:.2} s | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
             r.run,
             gib(r.bytes),
             r.seconds,
             rate,
             r.memcpy.0,
             rate / r.memcpy.0,
+            r.fresh.0,
+            r.fresh.1,
+            rate / r.fresh.1,
+            r.fresh.2,
             r.file_copy,
             rate / r.file_copy,
             r.cpu,
             cpu_rate,
-            r.memcpy.1,
             cpu_rate / r.memcpy.1,
             mib(r.peak_rss),
             mib(r.bound)
