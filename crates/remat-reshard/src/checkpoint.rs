@@ -104,6 +104,16 @@ pub struct Checkpoint {
     pub tensors: Vec<TensorInfo>,
     /// Checksum block size of the index, when there is one.
     pub checksum_block: Option<u64>,
+    /// Files in the directory that the layout's reader left out, with why (a consolidated
+    /// copy beside DCP shards, say). Callers should show them: nothing is dropped silently.
+    pub skipped: Vec<SkippedFile>,
+}
+
+/// A file that a reader left out of the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedFile {
+    pub path: PathBuf,
+    pub reason: String,
 }
 
 impl Checkpoint {

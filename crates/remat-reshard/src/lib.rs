@@ -32,7 +32,7 @@ mod stream;
 pub mod target;
 pub mod verify;
 
-pub use checkpoint::{Checkpoint, Format, Piece, TensorInfo};
+pub use checkpoint::{Checkpoint, Format, Piece, SkippedFile, TensorInfo};
 pub use dtype::Dtype;
 pub use error::{ReshardError, Result};
 pub use exec::{DEFAULT_MAX_BUFFER, ExecOptions, ExecReport, execute, finalize, peak_buffer};

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{
-    Checkpoint, DCP_SHARDING_INFO, Format, HF_INDEX_NAME, HF_SINGLE_NAME, Piece, TensorInfo,
-    unknown,
+    Checkpoint, DCP_SHARDING_INFO, Format, HF_INDEX_NAME, HF_SINGLE_NAME, Piece, SkippedFile,
+    TensorInfo, unknown,
 };
 use crate::dtype::Dtype;
 use crate::error::{ReshardError, Result, io_err};
@@ -143,6 +143,7 @@ impl Builder {
             file_ranks: self.ranks,
             tensors: self.tensors.into_values().collect(),
             checksum_block,
+            skipped: Vec::new(),
         }
     }
 }
@@ -319,12 +320,21 @@ pub(crate) fn read_dcp(root: &Path) -> Result<Checkpoint> {
     if files.is_empty() {
         return Err(unknown(root, "no *.safetensors files"));
     }
+    let mut opened = Vec::with_capacity(files.len());
+    for (rank, path) in files {
+        let file = MappedFile::open(&path)?;
+        let offsets = dcp_offsets(&file)?;
+        opened.push((rank, file, offsets));
+    }
+    let (opened, skipped) = drop_foreign_files(opened);
     let mut b = Builder::new();
     let mut world = 0;
-    for (rank, path) in &files {
+    for (rank, file, offsets) in opened {
         world = world.max(rank + 1);
-        let id = b.open_file(path, *rank)?;
-        let offsets = dcp_offsets(&b.files[id])?;
+        let path = file.path.clone();
+        b.files.push(file);
+        b.ranks.push(rank);
+        let id = b.files.len() - 1;
         let entries = b.files[id].header.entries.clone();
         for e in &entries {
             // Like PyTorch's reader: a file without sharding info holds whole tensors at
@@ -349,7 +359,61 @@ pub(crate) fn read_dcp(root: &Path) -> Result<Checkpoint> {
         // DCP writes a replicated tensor once, from one rank.
         t.placement = Some(infer_placement(t, Placement::Replicate));
     }
-    Ok(b.finish(root, Format::Dcp, world, None))
+    let mut ckpt = b.finish(root, Format::Dcp, world, None);
+    ckpt.skipped = skipped;
+    Ok(ckpt)
+}
+
+/// A DCP file opened for reading: its rank, the mapped file and its sharding info.
+type OpenedDcpFile = (usize, MappedFile, Option<HashMap<String, ShardingInfo>>);
+
+/// Splits off redundant copies kept beside DCP shards: a file with a name other than
+/// `shard-*`, no `DCP_SHARDING_INFO`, and only tensors that the `shard-*` files hold (a
+/// consolidated original such as `full.safetensors`, say). Read as whole tensors at the
+/// origin, as PyTorch's reader would, it could only collide with the real pieces. It is
+/// left out and reported, never dropped silently. Any other file is read: one holding a
+/// tensor the shards lack is a piece of the checkpoint, and one that partly collides is an
+/// overlap error naming both files.
+fn drop_foreign_files(opened: Vec<OpenedDcpFile>) -> (Vec<OpenedDcpFile>, Vec<SkippedFile>) {
+    let is_shard_name = |f: &MappedFile| {
+        f.path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(parse_dcp_name)
+            .is_some()
+    };
+    let in_shards: std::collections::HashSet<&str> = opened
+        .iter()
+        .filter(|(_, f, _)| is_shard_name(f))
+        .flat_map(|(_, f, _)| f.header.entries.iter().map(|e| e.name.as_str()))
+        .collect();
+    let redundant: Vec<bool> = opened
+        .iter()
+        .map(|(_, f, info)| {
+            info.is_none()
+                && !is_shard_name(f)
+                && !f.header.entries.is_empty()
+                && f.header
+                    .entries
+                    .iter()
+                    .all(|e| in_shards.contains(e.name.as_str()))
+        })
+        .collect();
+    let mut kept = Vec::new();
+    let mut skipped = Vec::new();
+    for (item, redundant) in opened.into_iter().zip(redundant) {
+        if redundant {
+            skipped.push(SkippedFile {
+                path: item.1.path.clone(),
+                reason: format!(
+                    "not a DCP shard (no {DCP_SHARDING_INFO}, not named shard-N-model-i-of-n) and every tensor it holds is in the shard files: a copy kept beside them"
+                ),
+            });
+        } else {
+            kept.push(item);
+        }
+    }
+    (kept, skipped)
 }
 
 pub(crate) fn read_hf(path: &Path) -> Result<Checkpoint> {

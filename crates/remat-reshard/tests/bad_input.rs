@@ -487,16 +487,42 @@ fn every_safetensors_file_of_a_dcp_directory_is_read() {
 fn a_dcp_file_that_cannot_be_placed_is_an_error_not_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let src = good(dir.path());
-    // A stray copy of a piece without sharding info lands at the origin and collides.
+    // A stray file without sharding info lands at the origin; its `w` collides with the
+    // shards' pieces, and its `extra` keeps it from being a mere copy of them.
     dcp_file_named(
         &src,
         "stray.safetensors",
-        &[("w", Dtype::F32, vec![3, 4], vec![])],
+        &[
+            ("w", Dtype::F32, vec![3, 4], vec![]),
+            ("extra", Dtype::U8, vec![2], vec![]),
+        ],
         None,
     );
     let e = fails(&src);
     assert!(
         e.contains("tensor `w`") && e.contains("overlap") && e.contains("stray.safetensors"),
         "{e}"
+    );
+}
+
+/// A file that only repeats tensors the shards hold (a consolidated copy kept beside them)
+/// is left out and reported in `skipped`, not read as colliding pieces.
+#[test]
+fn a_copy_beside_dcp_shards_is_skipped_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    dcp_file_named(
+        &src,
+        "full.safetensors",
+        &[("w", Dtype::F32, vec![4, 4], vec![])],
+        None,
+    );
+    let ck = Checkpoint::open(&src, None).unwrap();
+    assert_eq!(ck.skipped.len(), 1);
+    assert!(ck.skipped[0].path.ends_with("full.safetensors"));
+    assert!(
+        ck.files
+            .iter()
+            .all(|f| !f.path.ends_with("full.safetensors"))
     );
 }

@@ -37,16 +37,45 @@ fn fixture(tmp: &Path) -> Option<(PathBuf, PathBuf)> {
     Some((shards, dir))
 }
 
+/// The fixture directory as it is, `full.safetensors` beside the shards: that file has no
+/// DCP sharding info, is not named like a shard and holds only tensors the shards hold, so
+/// it is left out and reported, and the four shards alone reproduce it byte for byte.
 #[test]
-fn the_fixture_directory_with_full_safetensors_beside_the_shards_is_refused() {
+fn the_fixture_directory_skips_full_safetensors_and_says_so() {
     let Some(dir) = fixture_dir() else { return };
-    let e = Checkpoint::open(&dir, None)
-        .err()
-        .expect("overlap")
-        .to_string();
+    let ck = Checkpoint::open(&dir, None).unwrap();
+    assert_eq!((ck.format, ck.world_size), (Format::Dcp, 4));
+    assert_eq!(ck.skipped.len(), 1, "{:?}", ck.skipped);
+    assert!(ck.skipped[0].path.ends_with("full.safetensors"));
     assert!(
-        e.contains("overlap") && e.contains("full.safetensors") && e.contains("shard-0000"),
-        "{e}"
+        ck.skipped[0].reason.contains("not a DCP shard"),
+        "{}",
+        ck.skipped[0].reason
+    );
+    let full = Checkpoint::open(&dir.join("full.safetensors"), None).unwrap();
+    let report = verify(&ck, &full, None).unwrap();
+    assert!(report.difference.is_none(), "{:?}", report.difference);
+}
+
+/// A file that is not named like a shard but carries sharding info is a piece: it is read,
+/// never skipped (a byte-identical copy of another rank's pieces reads as a replica).
+#[test]
+fn a_stray_file_with_sharding_info_is_read_as_a_piece() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((dir, _)) = fixture(tmp.path()) else {
+        return;
+    };
+    std::fs::copy(
+        dir.join("shard-00001-model-00001-of-00001.safetensors"),
+        dir.join("extra.safetensors"),
+    )
+    .unwrap();
+    let ck = Checkpoint::open(&dir, None).unwrap();
+    assert!(ck.skipped.is_empty(), "{:?}", ck.skipped);
+    assert!(
+        ck.files
+            .iter()
+            .any(|f| f.path.ends_with("extra.safetensors"))
     );
 }
 

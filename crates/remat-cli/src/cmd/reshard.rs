@@ -125,6 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let ckpt =
         Checkpoint::open(src, args.from).with_context(|| format!("reading {}", src.display()))?;
+    report_skipped(&ckpt);
     let spec = TargetSpec {
         world_size,
         format: args.format,
@@ -245,6 +246,13 @@ fn rayon_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// Files the reader left out are said, never dropped silently.
+fn report_skipped(ckpt: &Checkpoint) {
+    for f in &ckpt.skipped {
+        eprintln!("note: skipping {}: {}", f.path.display(), f.reason);
+    }
+}
+
 fn run_verify(
     a: &Path,
     b: &Path,
@@ -253,6 +261,8 @@ fn run_verify(
 ) -> anyhow::Result<()> {
     let ca = Checkpoint::open(a, from_a).with_context(|| format!("reading {}", a.display()))?;
     let cb = Checkpoint::open(b, from_b).with_context(|| format!("reading {}", b.display()))?;
+    report_skipped(&ca);
+    report_skipped(&cb);
     let bar = progress_bar(ca.total_bytes());
     let tick = |n: u64| bar.inc(n);
     let report = verify(&ca, &cb, Some(&tick))?;
