@@ -108,12 +108,15 @@ pub fn profile_step(
         *t *= time_scale;
     }
     let static_bytes = graph.ctx.pool().live();
+    // Gradient buffers are pinned so no strategy plans to recompute one (check_plan would
+    // refuse such a plan at run time; the pin keeps strategies from producing it).
     let ir = remat_planner::Graph::new(
         opts.name.clone(),
         layout.ir_nodes(&times, &bytes),
         static_bytes,
         1.0,
     )
+    .and_then(|graph| graph.with_pinned(layout.pinned_items()))
     .map_err(|e| PlanExecError::Invalid(format!("profiled graph {} is invalid: {e}", opts.name)))?;
     Ok(StepProfile {
         layout,

@@ -263,19 +263,14 @@ impl Setup {
             for strategy in remat_planner::registry() {
                 match strategy.plan(&problem) {
                     Ok(planned) => {
-                        // A plan that would drop a written gradient buffer is refused by
-                        // the executor before it runs (and left out by the auto choice).
-                        match check_plan(&self.profile.layout, &planned.plan.steps) {
-                            Ok(()) => {
-                                names.push(strategy.name());
-                                plans.push((format!("{}@{budget}", strategy.name()), planned));
-                            }
-                            Err(e) => assert!(
-                                matches!(e, PlanExecError::GradientLost { .. }),
-                                "{}@{budget}: {e}",
-                                strategy.name()
-                            ),
+                        // The profiled graph pins the gradient buffers, so no strategy may
+                        // plan to recompute one: the executor's own check (the second guard,
+                        // which refuses such a plan) must pass every plan.
+                        if let Err(e) = check_plan(&self.profile.layout, &planned.plan.steps) {
+                            panic!("{}@{budget}: {e}", strategy.name());
                         }
+                        names.push(strategy.name());
+                        plans.push((format!("{}@{budget}", strategy.name()), planned));
                     }
                     // Over budget at the tighter budgets; chain-dp only plans chains.
                     Err(PlanError::OverBudget { .. } | PlanError::NotApplicable { .. }) => {}
@@ -349,6 +344,16 @@ fn assert_ran(ran: &[Vec<String>], at_store_all: &[&str]) {
     }
 }
 
+/// `name` ran at each of the first `budgets` budgets (store-all, middle, recompute-all).
+fn assert_ran_through(ran: &[Vec<String>], budgets: usize, name: &str) {
+    for (k, names) in ran.iter().take(budgets).enumerate() {
+        assert!(
+            names.iter().any(|n| n == name),
+            "{name} did not run at budget {k}: {ran:?}"
+        );
+    }
+}
+
 #[test]
 fn every_plan_meets_its_predicted_peak_and_store_all_gradients() {
     let ran = setup(3).check_all();
@@ -356,6 +361,9 @@ fn every_plan_meets_its_predicted_peak_and_store_all_gradients() {
         &ran,
         &["store-all", "every:2", "every:4", "sqrt", "mutwo", "evict"],
     );
+    // With the gradient buffers pinned, evict no longer plans to recompute them and
+    // reaches every budget here (it used to stop at the middle one).
+    assert_ran_through(&ran, 3, "evict");
 }
 
 #[test]
@@ -404,6 +412,8 @@ fn mlp_chain_with_dropout_under_every_plan() {
             "chain-dp",
         ],
     );
+    // Pinned gradient buffers: evict reaches every budget (it used to stop at store-all).
+    assert_ran_through(&ran, 3, "evict");
 }
 
 #[test]
@@ -442,6 +452,9 @@ fn gpt_with_dropout_under_every_plan() {
         &ran,
         &["store-all", "every:2", "every:4", "sqrt", "mutwo", "evict"],
     );
+    // Pinned gradient buffers: evict reaches the middle budget too (it used to stop at
+    // store-all); at recompute-all's peak its greedy is over budget.
+    assert_ran_through(&ran, 2, "evict");
 }
 
 #[test]
@@ -530,6 +543,27 @@ fn gradient_buffers_are_planner_nodes_that_swap_exactly() {
                 .any(|i| i.inputs.contains(&g))
         );
     }
+    // Exactly the buffers are pinned in the planner's graph, and the mark survives the
+    // JSON that `remat profile` writes and `remat plan` reads.
+    let graph = &s.profile.graph;
+    assert_eq!(graph.pinned().collect::<Vec<_>>(), grads);
+    let json = remat_planner::import::remat_json::to_json(graph);
+    let again = remat_planner::import::parse(
+        "profile.json",
+        &json,
+        remat_planner::import::ImportOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(again.pinned().collect::<Vec<_>>(), grads);
+    // (Times may differ in the last bit: serde_json parses floats fast, not exactly.)
+    assert_eq!(again.len(), graph.len());
+    for (a, b) in again.nodes().iter().zip(graph.nodes()) {
+        assert_eq!(
+            (&a.name, &a.inputs, a.output_bytes),
+            (&b.name, &b.inputs, b.output_bytes)
+        );
+        assert!((a.compute_time - b.compute_time).abs() <= 1e-12 * b.compute_time.abs());
+    }
     // Static memory no longer holds gradient buffers: the store-all plan's first allocation
     // of a gradient comes in backward.
     let decisions = grad_swap_decisions(&s.profile);
@@ -575,6 +609,26 @@ fn a_plan_dropping_a_written_gradient_buffer_is_refused_before_it_runs() {
             other => steps.push(other),
         }
     }
+    // The planner's simulator refuses it too, and refuses bringing the buffer back by
+    // recomputing it (a zero-cost node, but pinned) right before the end of the step.
+    let sim = remat_planner::simulate_steps(&s.profile.graph, &steps, BANDWIDTH).unwrap_err();
+    assert!(
+        sim.to_string().contains(&layout.items()[grad].name),
+        "{sim}"
+    );
+    let end = layout.len() - 1;
+    let mut recompute = steps.clone();
+    let at = recompute
+        .iter()
+        .position(|s| *s == remat_planner::Step::Compute { node: end })
+        .unwrap();
+    recompute.insert(at, remat_planner::Step::Compute { node: grad });
+    let sim = remat_planner::simulate_steps(&s.profile.graph, &recompute, BANDWIDTH).unwrap_err();
+    assert!(
+        matches!(sim, remat_planner::SimError::PinnedRecomputed { ref node, .. }
+            if *node == layout.items()[grad].name),
+        "{sim}"
+    );
     let err = check_plan(&layout, &steps).unwrap_err();
     let text = err.to_string();
     assert!(

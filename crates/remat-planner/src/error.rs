@@ -36,6 +36,8 @@ pub enum GraphError {
         "node `{node}`: the total compute time reaches {total}, too large to simulate (with recomputations it would not stay a finite number)"
     )]
     TimeOverflow { node: String, total: f64 },
+    #[error("pinned node {id} does not exist: the graph has {count} nodes")]
+    PinnedMissing { id: NodeId, count: usize },
 }
 
 /// A graph file that cannot be imported.
@@ -95,6 +97,10 @@ pub enum SimError {
     SwapInWithoutSwapOut { step: usize, tensor: String },
     #[error("step {step}: swapping in `{tensor}`, which is already on the device")]
     SwapInResident { step: usize, tensor: String },
+    #[error(
+        "step {step}: computing `{node}` a second time, but it is pinned (computed exactly once: kept or swapped, never recomputed)"
+    )]
+    PinnedRecomputed { step: usize, node: String },
     #[error("node `{node}` is never computed by the schedule")]
     NeverComputed { node: String },
     #[error("plan is for a graph of {plan_nodes} nodes, this graph has {graph_nodes}")]

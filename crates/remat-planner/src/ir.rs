@@ -5,6 +5,14 @@
 //! order is a topological order and is the schedule when nothing is recomputed or swapped.
 //! Graphs are only built through [`Graph::new`], which checks every invariant the simulator
 //! and the strategies rely on.
+//!
+//! **Pinned nodes.** [`Graph::with_pinned`] marks nodes whose tensor must be computed exactly
+//! once: a pinned tensor may be kept or swapped out and back, never dropped and recomputed.
+//! The engine's gradient buffers are the case in point: later backward ops accumulate into
+//! them in place, so running the zero-cost node that creates one a second time would
+//! silently restart the sum. The mark lives on the graph rather than on [`Node`] so every
+//! existing node literal stays valid; the simulator rejects a plan that computes a pinned
+//! node twice, and [`Graph::may_drop`] tells strategies which tensors they may recompute.
 
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +55,10 @@ pub struct Graph {
     time_unit_s: f64,
     /// `users[v]`: the nodes reading `v`'s output, ascending.
     users: Vec<Vec<NodeId>>,
+    /// `pinned[v]`: `v` must be computed exactly once (see the module docs).
+    pinned: Vec<bool>,
+    /// `may_drop[v]`: see [`Graph::may_drop`]; derived from `pinned`.
+    may_drop: Vec<bool>,
 }
 
 impl Graph {
@@ -75,13 +87,60 @@ impl Graph {
                 users[input].push(id);
             }
         }
+        let count = nodes.len();
         Ok(Graph {
             name: name.into(),
             nodes,
             static_bytes,
             time_unit_s,
             users,
+            pinned: vec![false; count],
+            may_drop: vec![true; count],
         })
+    }
+
+    /// The same graph with the nodes `ids` pinned (computed exactly once: kept or swapped,
+    /// never dropped and recomputed), in addition to any already pinned. An id that names
+    /// no node is an error.
+    pub fn with_pinned(
+        mut self,
+        ids: impl IntoIterator<Item = NodeId>,
+    ) -> Result<Graph, GraphError> {
+        for id in ids {
+            let Some(mark) = self.pinned.get_mut(id) else {
+                return Err(GraphError::PinnedMissing {
+                    id,
+                    count: self.nodes.len(),
+                });
+            };
+            *mark = true;
+        }
+        self.may_drop = droppable(&self.nodes, &self.pinned, &self.users);
+        Ok(self)
+    }
+
+    /// Whether `id` must be computed exactly once (kept or swapped, never recomputed).
+    pub fn is_pinned(&self, id: NodeId) -> bool {
+        self.pinned.get(id).copied().unwrap_or(false)
+    }
+
+    /// The pinned nodes, ascending.
+    pub fn pinned(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.pinned
+            .iter()
+            .enumerate()
+            .filter_map(|(id, &p)| p.then_some(id))
+    }
+
+    /// Whether a strategy may drop `id` while it still has readers and recompute it for
+    /// them. False for a pinned tensor, and for a tensor whose recomputation for its last
+    /// reader could need a pinned tensor that is already dead by then: recomputing it
+    /// reads its inputs, rebuilding any that were dropped from their own inputs, and the
+    /// first pinned tensor met on such a path must still be on the device (its last reader
+    /// not yet run) since it cannot be rebuilt. Conservative: it assumes every unpinned
+    /// ancestor may have been dropped.
+    pub fn may_drop(&self, id: NodeId) -> bool {
+        self.may_drop.get(id).copied().unwrap_or(false)
     }
 
     pub fn name(&self) -> &str {
@@ -152,6 +211,27 @@ impl Graph {
         });
         self.static_bytes + largest.max().unwrap_or(0)
     }
+}
+
+/// [`Graph::may_drop`] for every node: `horizon[v]` is the earliest last use among the
+/// pinned tensors that a recomputation of `v` may have to read (directly, or through unpinned
+/// ancestors that may have been dropped too); `v` may be dropped when its own last use comes
+/// no later than that. One pass in node order, since inputs come first.
+fn droppable(nodes: &[Node], pinned: &[bool], users: &[Vec<NodeId>]) -> Vec<bool> {
+    let last_use = |id: NodeId| users[id].last().copied().unwrap_or(id);
+    let mut horizon = vec![NodeId::MAX; nodes.len()];
+    for (id, node) in nodes.iter().enumerate() {
+        horizon[id] = node
+            .inputs
+            .iter()
+            .map(|&i| if pinned[i] { last_use(i) } else { horizon[i] })
+            .min()
+            .unwrap_or(NodeId::MAX);
+    }
+    // A tensor nobody reads is never needed again, so dropping it costs no recomputation.
+    (0..nodes.len())
+        .map(|id| !pinned[id] && (users[id].is_empty() || last_use(id) <= horizon[id]))
+        .collect()
 }
 
 fn check_node(id: NodeId, node: &Node, count: usize) -> Result<(), GraphError> {
@@ -270,6 +350,35 @@ mod tests {
             matches!(err, GraphError::TimeOverflow { ref node, .. } if node == "slow"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn pins_are_validated_and_limit_what_may_be_dropped() {
+        // p (pinned) is last read by b. Recomputing a for b finds p alive, but recomputing b
+        // for c needs p (directly and through a), which is dead by then. c and q have no
+        // readers: dropping them never calls for a recomputation.
+        let g = Graph::new(
+            "t",
+            vec![
+                node("p", 1, vec![]),
+                node("a", 1, vec![0]),
+                node("b", 1, vec![1, 0]),
+                node("c", 1, vec![2]),
+                node("q", 1, vec![]),
+            ],
+            0,
+            1.0,
+        )
+        .unwrap();
+        assert!((0..5).all(|id| g.may_drop(id) && !g.is_pinned(id)));
+        let err = g.clone().with_pinned([0, 5]).unwrap_err();
+        assert_eq!(err, GraphError::PinnedMissing { id: 5, count: 5 });
+        assert!(err.to_string().contains("node 5"), "{err}");
+        let pinned = g.with_pinned([0]).unwrap();
+        assert!(pinned.is_pinned(0) && !pinned.is_pinned(1) && !pinned.is_pinned(9));
+        assert_eq!(pinned.pinned().collect::<Vec<_>>(), vec![0]);
+        let may: Vec<bool> = (0..5).map(|id| pinned.may_drop(id)).collect();
+        assert_eq!(may, vec![false, true, false, true, true]);
     }
 
     #[test]

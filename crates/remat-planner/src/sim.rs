@@ -249,6 +249,12 @@ impl<'g> Machine<'g> {
                 node: self.name(node),
             });
         }
+        if self.graph.is_pinned(node) && self.tensors[node].computed > 0 {
+            return Err(SimError::PinnedRecomputed {
+                step,
+                node: self.name(node),
+            });
+        }
         self.stall_time += start - self.now;
         self.allocate(step, node, start);
         let state = &mut self.tensors[node];
@@ -462,6 +468,37 @@ mod tests {
         ));
         let err = simulate_steps(&g, &[Step::Compute { node: 0 }], 1.0).unwrap_err();
         assert!(matches!(err, SimError::NeverComputed { .. }));
+    }
+
+    #[test]
+    fn a_pinned_node_is_computed_once_but_may_be_swapped() {
+        let g = chain(&[10, 20]).with_pinned([0]).unwrap();
+        let recompute = [
+            Step::Compute { node: 0 },
+            Step::Free { tensor: 0 },
+            Step::Compute { node: 0 },
+            Step::Compute { node: 1 },
+        ];
+        let err = simulate_steps(&g, &recompute, 1.0).unwrap_err();
+        assert_eq!(
+            err,
+            SimError::PinnedRecomputed {
+                step: 2,
+                node: "n0".into()
+            }
+        );
+        assert!(err.to_string().contains("step 2") && err.to_string().contains("`n0`"));
+        // The same schedule is fine without the pin, and a swap keeps the pinned value.
+        assert!(simulate_steps(&chain(&[10, 20]), &recompute, 1.0).is_ok());
+        let swap = [
+            Step::Compute { node: 0 },
+            Step::SwapOut { tensor: 0 },
+            Step::Free { tensor: 0 },
+            Step::SwapIn { tensor: 0 },
+            Step::Compute { node: 1 },
+        ];
+        let r = simulate_steps(&g, &swap, 1.0).unwrap();
+        assert_eq!(r.fates, vec![Fate::Swapped, Fate::Kept]);
     }
 
     #[test]

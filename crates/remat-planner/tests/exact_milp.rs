@@ -216,6 +216,34 @@ fn milp_proves_a_budget_above_the_floor_infeasible() {
     assert_eq!(milp_time(&graph, 30), Some(4.0));
 }
 
+#[test]
+fn milp_never_recomputes_a_pinned_node() {
+    // g: a zero-cost buffer read at the end. a -> b, end reads g and b. The floor (20) is
+    // reachable only by dropping g while b runs and recomputing it for free: the MILP does
+    // so unpinned, proves 20 infeasible once g is pinned, and keeps g at 30.
+    let nodes = vec![
+        node("g".into(), Phase::Backward, 0, 10, vec![]),
+        node("a".into(), Phase::Forward, 1, 10, vec![]),
+        node("b".into(), Phase::Forward, 1, 10, vec![1]),
+        node("end".into(), Phase::Backward, 1, 0, vec![0, 2]),
+    ];
+    let free = Graph::new("buffer", nodes, 0, 1.0).unwrap();
+    let computes = |steps: &[remat_planner::Step]| {
+        steps
+            .iter()
+            .filter(|s| matches!(s, remat_planner::Step::Compute { node: 0 }))
+            .count()
+    };
+    let solution = solve_milp(&free, 20, &MilpOptions::default()).unwrap();
+    assert_eq!(computes(&solution.steps), 2);
+    let pinned = free.with_pinned([0]).unwrap();
+    let err = solve_milp(&pinned, 20, &MilpOptions::default()).unwrap_err();
+    assert!(matches!(err, MilpError::Infeasible { .. }), "{err}");
+    let solution = solve_milp(&pinned, 30, &MilpOptions::default()).unwrap();
+    assert_eq!(computes(&solution.steps), 1);
+    simulate_steps(&pinned, &solution.steps, BANDWIDTH).unwrap();
+}
+
 /// `../shared/graphs` beside the checkout, or `$REMAT_SHARED_DIR/graphs` (for worktrees).
 fn graphs_dir() -> Option<std::path::PathBuf> {
     let beside = std::path::PathBuf::from(concat!(

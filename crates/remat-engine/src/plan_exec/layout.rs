@@ -310,6 +310,16 @@ impl Layout {
         self.bwd.get(node.0).copied().flatten()
     }
 
+    /// The items the planner must compute exactly once: the gradient buffers. Later
+    /// backward ops add into a buffer in place, so creating it a second time would discard
+    /// the gradients accumulated so far; it may be kept or swapped, never recomputed.
+    pub fn pinned_items(&self) -> impl Iterator<Item = usize> + '_ {
+        self.items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| matches!(item.kind, ItemKind::Grad { .. }).then_some(i))
+    }
+
     /// The planner nodes of this layout given each item's time (seconds) and output bytes.
     pub fn ir_nodes(&self, times: &[f64], output_bytes: &[u64]) -> Vec<IrNode> {
         self.items

@@ -16,7 +16,9 @@
 //!
 //! Constraints: `R[t][t] = 1`; an input of a computed node is computed earlier in the stage or
 //! stored (`R[t][k] <= R[t][j] + S[t][j]`); only what was on the device can be kept
-//! (`S[t+1][i] <= R[t][i] + S[t][i]`). Objective: the total compute time `sum C_i R[t][i]`.
+//! (`S[t+1][i] <= R[t][i] + S[t][i]`); a pinned node ([`Graph::is_pinned`]) is computed
+//! only in its own stage (`R[t][i] = 0` for `t > i`), so it must be kept until its last use.
+//! Objective: the total compute time `sum C_i R[t][i]`.
 //!
 //! This accounting is the simulator's (outputs allocated as a node starts, inputs and output
 //! coexist, a tensor freed after its last reader), so the extracted schedule's simulated
@@ -270,6 +272,12 @@ fn add_stage_vars(b: &mut Builder) -> Vars {
         }
         // The frontier: stage t computes node t.
         b.pb.add_row(1.0..=1.0, [(r[t], 1.0)]);
+        // A pinned node is never recomputed: its value cannot be rebuilt (it accumulates).
+        for (i, &col) in r.iter().enumerate().take(t) {
+            if b.graph.is_pinned(i) {
+                b.pb.add_row(0.0..=0.0, [(col, 1.0)]);
+            }
+        }
         let (mut s, mut si) = (Vec::new(), Vec::new());
         for _ in 0..t {
             let (col, idx) = b.binary(0.0);

@@ -9,7 +9,8 @@
 //!   "static_bytes": 1048576,
 //!   "nodes": [
 //!     {"name": "fc1", "phase": "forward", "compute_time": 12.5, "output_bytes": 4096, "inputs": []},
-//!     {"name": "fc1_backward", "phase": "backward", "compute_time": 20.0, "output_bytes": 4096, "inputs": [0]}
+//!     {"name": "fc1_backward", "phase": "backward", "compute_time": 20.0, "output_bytes": 4096, "inputs": [0]},
+//!     {"name": "grad:fc1.w", "phase": "backward", "compute_time": 0.0, "output_bytes": 4096, "inputs": [], "pinned": true}
 //!   ]
 //! }
 //! ```
@@ -19,6 +20,10 @@
 //! - `phase` is `forward` or `backward` (the loss is backward).
 //! - `compute_time` is in units of `time_unit_s` seconds (default 1 when absent);
 //!   `output_bytes` and `static_bytes` (parameters, gradients, optimizer state) are bytes.
+//! - `pinned` (optional, default `false`): the node must be computed exactly once; its
+//!   tensor may be kept or swapped, never dropped and recomputed (the engine's gradient
+//!   buffers, which later ops accumulate into in place). See [`Graph::with_pinned`].
+//!   Written only when `true`.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -62,18 +67,31 @@ pub(crate) fn from_value(file: &str, object: &Map<String, Value>) -> Result<Grap
         .get("nodes")?
         .as_array()
         .ok_or_else(|| schema("field `nodes` is not an array".into()))?;
-    let nodes = raw
-        .iter()
-        .enumerate()
-        .map(|(index, value)| node(file, index, value, raw.len()))
-        .collect::<Result<Vec<_>, _>>()?;
-    Graph::new(name, nodes, static_bytes, time_unit_s).map_err(|error| ImportError::Graph {
+    let mut nodes = Vec::with_capacity(raw.len());
+    let mut pinned = Vec::new();
+    for (index, value) in raw.iter().enumerate() {
+        let (node, is_pinned) = node(file, index, value, raw.len())?;
+        nodes.push(node);
+        if is_pinned {
+            pinned.push(index);
+        }
+    }
+    let as_import = |error| ImportError::Graph {
         file: file.to_string(),
         error,
-    })
+    };
+    Graph::new(name, nodes, static_bytes, time_unit_s)
+        .and_then(|graph| graph.with_pinned(pinned))
+        .map_err(as_import)
 }
 
-fn node(file: &str, index: usize, value: &Value, count: usize) -> Result<Node, ImportError> {
+/// One node and its `pinned` mark.
+fn node(
+    file: &str,
+    index: usize,
+    value: &Value,
+    count: usize,
+) -> Result<(Node, bool), ImportError> {
     let object = value.as_object().ok_or_else(|| ImportError::Schema {
         file: file.to_string(),
         what: format!("nodes[{index}] is not an object"),
@@ -115,13 +133,18 @@ fn node(file: &str, index: usize, value: &Value, count: usize) -> Result<Node, I
         }
         inputs.push(i);
     }
-    Ok(Node {
+    let pinned = match object.get("pinned") {
+        Some(_) => fields.boolean("pinned")?,
+        None => false,
+    };
+    let node = Node {
         compute_time: fields.cost("compute_time")?,
         output_bytes: fields.bytes("output_bytes")?,
         name,
         phase,
         inputs,
-    })
+    };
+    Ok((node, pinned))
 }
 
 #[derive(Serialize)]
@@ -131,7 +154,17 @@ struct FileOut<'a> {
     name: &'a str,
     time_unit_s: f64,
     static_bytes: u64,
-    nodes: &'a [Node],
+    nodes: Vec<NodeOut<'a>>,
+}
+
+/// A node as written: its fields, plus `pinned` when set (files without pins stay as they
+/// were).
+#[derive(Serialize)]
+struct NodeOut<'a> {
+    #[serde(flatten)]
+    node: &'a Node,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pinned: bool,
 }
 
 /// Writes a graph in remat's schema.
@@ -142,7 +175,15 @@ pub fn to_json(graph: &Graph) -> String {
         name: graph.name(),
         time_unit_s: graph.time_unit_s(),
         static_bytes: graph.static_bytes(),
-        nodes: graph.nodes(),
+        nodes: graph
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(id, node)| NodeOut {
+                node,
+                pinned: graph.is_pinned(id),
+            })
+            .collect(),
     };
     serde_json::to_string_pretty(&out).unwrap_or_default()
 }
@@ -165,6 +206,28 @@ mod tests {
         assert_eq!(g.node(1).phase, Phase::Backward);
         let again = parse("again.json", &to_json(&g), ImportOptions::default()).unwrap();
         assert_eq!(again, g);
+    }
+
+    #[test]
+    fn pinned_marks_round_trip_and_default_to_false() {
+        let text = GOOD.replace("\"inputs\": []}", "\"inputs\": [], \"pinned\": true}");
+        let g = parse("p.json", &text, ImportOptions::default()).unwrap();
+        assert!(g.is_pinned(0) && !g.is_pinned(1));
+        let written = to_json(&g);
+        assert_eq!(written.matches("\"pinned\"").count(), 1, "{written}");
+        let again = parse("again.json", &written, ImportOptions::default()).unwrap();
+        assert_eq!(again, g);
+        // A graph without pins writes no `pinned` field at all.
+        let plain = parse("g.json", GOOD, ImportOptions::default()).unwrap();
+        assert!(!to_json(&plain).contains("pinned"));
+        let bad = GOOD.replace("\"inputs\": [0]}", "\"inputs\": [0], \"pinned\": 1}");
+        let err = parse("bad.json", &bad, ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad.json") && err.contains("`b`") && err.contains("pinned"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -20,12 +20,13 @@ use crate::lower::Helpers;
 use crate::plan::Decision;
 
 /// The tensors a baseline may drop: forward activations with an idle interval, in order,
-/// with their (drop_after, use_at) window.
+/// with their (drop_after, use_at) window. Pinned tensors, and tensors whose rebuild could
+/// need a pinned tensor already dead ([`Graph::may_drop`]), are always kept.
 fn activations(graph: &Graph) -> Vec<(NodeId, (NodeId, NodeId))> {
     tensor_attrs(graph, 1.0)
         .iter()
         .enumerate()
-        .filter(|(id, _)| graph.node(*id).phase == Phase::Forward)
+        .filter(|(id, _)| graph.node(*id).phase == Phase::Forward && graph.may_drop(*id))
         .filter_map(|(id, a)| a.idle.map(|w| (id, w)))
         .collect()
 }
@@ -420,6 +421,33 @@ mod tests {
             assert!(planned.report.peak_bytes <= budget, "{}", s.name());
             assert!(planned.report.recompute_time > 0.0, "{}", s.name());
         }
+    }
+
+    #[test]
+    fn pinned_activations_are_always_kept() {
+        // f0 and f3 pinned: recompute-all drops every other activation but those two, and
+        // no baseline recomputes them at any budget it can meet.
+        let g = training_chain(8).with_pinned([0, 3]).unwrap();
+        let planned = RecomputeAll.plan(&problem(&g, u64::MAX)).unwrap();
+        let fates = &planned.report.fates;
+        assert_eq!(fates[0], crate::sim::Fate::Kept);
+        assert_eq!(fates[3], crate::sim::Fate::Kept);
+        assert_eq!(fates[1], crate::sim::Fate::Recomputed);
+        let (full, floor) = (g.store_all_peak(), g.memory_floor());
+        let mut planned_count = 0;
+        for strategy in all() {
+            for budget in [full, floor + (full - floor) / 2, floor] {
+                match strategy.plan(&problem(&g, budget)) {
+                    Ok(p) => {
+                        assert_eq!(p.report.fates[0], crate::sim::Fate::Kept);
+                        assert_eq!(p.report.fates[3], crate::sim::Fate::Kept);
+                        planned_count += 1;
+                    }
+                    Err(e) => assert!(matches!(e, PlanError::OverBudget { .. }), "{e}"),
+                }
+            }
+        }
+        assert!(planned_count >= all().len(), "only {planned_count} plans");
     }
 
     #[test]

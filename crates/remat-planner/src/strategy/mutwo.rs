@@ -179,15 +179,21 @@ impl<'p> Scheduler<'p> {
     /// One iteration of Algorithm B's loop, without the stop test.
     pub(crate) fn step(&mut self) {
         let s_cand = self.argmax(|a| a.inactive_time);
-        let r_cand = self.argmax(TensorAttrs::recompute_ratio);
         let (s_overhead, prompt) = self.swap_overhead(s_cand);
-        let r_overhead = self.attrs[r_cand].total_recomp_time;
-        let (cand, choice) = if s_overhead < r_overhead && self.copy_out_clears_peak(s_cand) {
-            (s_cand, Choice::Swap { prompt })
-        } else {
-            (r_cand, Choice::Recompute)
+        // A pinned tensor (or one whose rebuild needs a pinned tensor already dead) can
+        // only be swapped: it is never the recompute candidate, and when no candidate may
+        // be recomputed the swap candidate is taken.
+        let r_cand = self.argmax_where(TensorAttrs::recompute_ratio, |t| self.graph.may_drop(t));
+        let choice = match r_cand {
+            Some(r_cand)
+                if !(s_overhead < self.attrs[r_cand].total_recomp_time
+                    && self.copy_out_clears_peak(s_cand)) =>
+            {
+                (r_cand, Choice::Recompute)
+            }
+            _ => (s_cand, Choice::Swap { prompt }),
         };
-        self.apply(cand, choice);
+        self.apply(choice.0, choice.1);
     }
 
     /// Algorithm B lines 11-22: records the choice for `cand` and updates recompute
@@ -224,10 +230,20 @@ impl<'p> Scheduler<'p> {
 
     /// The candidate maximizing `key`, the earliest on ties (deterministic plans).
     fn argmax(&self, key: impl Fn(&TensorAttrs) -> f64) -> NodeId {
-        let mut best = self.candidates[0];
-        for &c in &self.candidates[1..] {
-            if key(&self.attrs[c]) > key(&self.attrs[best]) {
-                best = c;
+        self.argmax_where(key, |_| true)
+            .unwrap_or(self.candidates[0])
+    }
+
+    /// The candidate passing `allowed` that maximizes `key`, the earliest on ties.
+    fn argmax_where(
+        &self,
+        key: impl Fn(&TensorAttrs) -> f64,
+        allowed: impl Fn(NodeId) -> bool,
+    ) -> Option<NodeId> {
+        let mut best: Option<NodeId> = None;
+        for &c in self.candidates.iter().filter(|&&c| allowed(c)) {
+            if best.is_none_or(|b| key(&self.attrs[c]) > key(&self.attrs[b])) {
+                best = Some(c);
             }
         }
         best
@@ -527,6 +543,43 @@ mod tests {
         s.measure().unwrap();
         s.step();
         assert_eq!(s.trace[1], (2, Choice::Recompute));
+    }
+
+    #[test]
+    fn a_pinned_candidate_is_swapped_never_recomputed() {
+        // As above, f0 has the best recompute ratio; pinned, it is passed over for f2 and
+        // f1, and once it is the only candidate left it is swapped however dear the copy.
+        let g = chain([100, 100, 100, 100], [1.0, 4.0, 2.0, 1.0])
+            .with_pinned([0])
+            .unwrap();
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: 0,
+            bandwidth: 1.0,
+        };
+        let mut s = Scheduler::new(&problem);
+        while !s.candidates.is_empty() {
+            s.measure().unwrap();
+            s.step();
+        }
+        assert_eq!(s.trace[0], (2, Choice::Recompute));
+        assert_eq!(s.trace[1], (1, Choice::Recompute));
+        assert!(
+            matches!(s.trace[2], (0, Choice::Swap { .. })),
+            "{:?}",
+            s.trace
+        );
+        // Both strategies' plans at a reachable budget keep f0 computed once.
+        let budget = g.store_all_peak() - 1;
+        for strategy in [&MuTwo as &dyn Strategy, &MuTwoRefined] {
+            let planned = strategy
+                .plan(&Problem {
+                    budget_bytes: budget,
+                    ..problem
+                })
+                .unwrap();
+            assert_ne!(planned.report.fates[0], crate::sim::Fate::Recomputed);
+        }
     }
 
     #[test]
