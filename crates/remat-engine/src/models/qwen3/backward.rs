@@ -97,6 +97,17 @@ const fn linear<'s>(x: &'s str, w: &'s str, target: Option<&'s str>) -> LinearUs
     }
 }
 
+/// Slot, parameter and scratch names of one SwiGLU MLP (the dense one or the shared expert).
+#[derive(Clone, Copy)]
+struct SwigluNames {
+    act: &'static str,
+    gate: &'static str,
+    up: &'static str,
+    down_proj: &'static str,
+    /// Scratch names of the activation, gate and up gradients.
+    scratch: [&'static str; 3],
+}
+
 /// Slots the dense MLP backward reads.
 const DENSE_MLP_READS: [&str; 6] = ["act", "gate", "up", "ln2", "h", "ln2_rstd"];
 /// Slots the MoE backward reads (plus [`SHARED_EXPERT_READS`] with a shared expert).
@@ -240,20 +251,14 @@ impl Qwen3 {
         let d = &self.dims;
         b.ensure(&DENSE_MLP_READS)?;
         let n = d.rows();
-        let mut dact = b.scratch(n * d.intermediate, "dact")?;
-        let down = linear("act", "down_proj", Some("down"));
-        self.linear_backward(b, g, down, dout, &mut dact, false)?;
-        let mut dgate = b.scratch(dact.len(), "dgate")?;
-        let mut dup = b.scratch(dact.len(), "dup")?;
-        kernels::swiglu_backward(
-            &b.get("gate")?.data,
-            &b.get("up")?.data,
-            &dact,
-            &mut dgate,
-            &mut dup,
-        )
-        .map_err(kernel_err("swiglu"))?;
-        drop(dact);
+        let names = SwigluNames {
+            act: "act",
+            gate: "gate",
+            up: "up",
+            down_proj: "down_proj",
+            scratch: ["dact", "dgate", "dup"],
+        };
+        let (dgate, dup) = self.swiglu_grads(b, g, names, dout, n * d.intermediate)?;
         let mut dln2 = b.scratch(n * d.hidden, "dln2")?;
         let gate = linear("ln2", "gate_proj", Some("gate"));
         self.linear_backward(b, g, gate, &dgate, &mut dln2, false)?;
@@ -353,6 +358,35 @@ impl Qwen3 {
         Ok(dln2)
     }
 
+    /// The SwiGLU half of an MLP's backward, shared by the dense MLP and the shared expert:
+    /// the down projection's input gradient, then the gradients of the gate and up
+    /// projections' outputs. The activation gradient is released before returning, so the
+    /// caller's next buffer does not coexist with it (the pool's peak depends on that).
+    fn swiglu_grads(
+        &self,
+        b: &Backward,
+        g: &mut LayerGrads,
+        names: SwigluNames,
+        dout: &[f32],
+        width: usize,
+    ) -> RunResult<(Scratch, Scratch)> {
+        let [dact_name, dgate_name, dup_name] = names.scratch;
+        let mut dact = b.scratch(width, dact_name)?;
+        let down = linear(names.act, names.down_proj, Some("down"));
+        self.linear_backward(b, g, down, dout, &mut dact, false)?;
+        let mut dgate = b.scratch(width, dgate_name)?;
+        let mut dup = b.scratch(width, dup_name)?;
+        kernels::swiglu_backward(
+            &b.get(names.gate)?.data,
+            &b.get(names.up)?.data,
+            &dact,
+            &mut dgate,
+            &mut dup,
+        )
+        .map_err(kernel_err("swiglu"))?;
+        Ok((dgate, dup))
+    }
+
     fn shared_expert_backward(
         &self,
         b: &Backward,
@@ -361,19 +395,15 @@ impl Qwen3 {
         dln2: &mut [f32],
     ) -> RunResult<()> {
         let d = &self.dims;
-        let mut dsa = b.scratch(d.rows() * d.shared_intermediate, "dshared_act")?;
-        let down = linear("shared_act", "shared_down_proj", Some("down"));
-        self.linear_backward(b, g, down, dout, &mut dsa, false)?;
-        let mut dsg = b.scratch(dsa.len(), "dshared_gate")?;
-        let mut dsu = b.scratch(dsa.len(), "dshared_up")?;
-        kernels::swiglu_backward(
-            &b.get("shared_gate")?.data,
-            &b.get("shared_up")?.data,
-            &dsa,
-            &mut dsg,
-            &mut dsu,
-        )
-        .map_err(kernel_err("swiglu"))?;
+        let names = SwigluNames {
+            act: "shared_act",
+            gate: "shared_gate",
+            up: "shared_up",
+            down_proj: "shared_down_proj",
+            scratch: ["dshared_act", "dshared_gate", "dshared_up"],
+        };
+        let width = d.rows() * d.shared_intermediate;
+        let (dsg, dsu) = self.swiglu_grads(b, g, names, dout, width)?;
         let gate = linear("ln2", "shared_gate_proj", Some("gate"));
         self.linear_backward(b, g, gate, &dsg, dln2, true)?;
         let up = linear("ln2", "shared_up_proj", Some("up"));
