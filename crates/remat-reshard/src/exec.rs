@@ -1,7 +1,7 @@
 //! Execution: target files written in parallel from memory-mapped sources through
 //! bounded buffers, checksummed on the way, crash-safe.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -287,14 +287,7 @@ fn write_files(
 }
 
 fn create_sized(path: &Path, f: &TargetFile) -> Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(io_err(path))?;
-    file.set_len(f.file_len()).map_err(io_err(path))?;
+    let file = crate::fsio::create_sized(path, f.file_len())?;
     file.write_all_at(&f.header, 0).map_err(io_err(path))?;
     Ok(file)
 }

@@ -94,6 +94,19 @@ pub fn temp_name(path: &Path) -> PathBuf {
     parent_of(path).join(format!(".{name}.partial"))
 }
 
+/// Creates (or truncates) `path` for reading and writing, sized to `len` bytes.
+pub fn create_sized(path: &Path, len: u64) -> Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    file.set_len(len).map_err(io_err(path))?;
+    Ok(file)
+}
+
 /// Copies `bytes` into a new file at `path` through a shared mapping (allocated with
 /// `fallocate`, mapped, one user-space `memcpy`), without syncing. The benchmark measures
 /// it beside `write` into a new file: on tmpfs the mapped copy is the slower of the two
@@ -102,15 +115,8 @@ pub fn temp_name(path: &Path) -> PathBuf {
 /// to `write` where the file system cannot allocate ahead.
 pub fn copy_into_fresh_file(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::os::fd::AsRawFd;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(io_err(path))?;
     let len = bytes.len() as u64;
-    file.set_len(len).map_err(io_err(path))?;
+    let file = create_sized(path, len)?;
     // SAFETY: plain syscall on an open descriptor.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
     if rc != 0 || len == 0 {
