@@ -24,8 +24,9 @@ pub struct Args {
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Timed steps per policy (after one warm-up step); the median is reported.
-    #[arg(long, default_value_t = 3)]
+    /// Rounds of timed steps, one step of each policy per round (after one warm-up step
+    /// each); medians are reported.
+    #[arg(long, default_value_t = 5)]
     steps: usize,
     /// Transformer blocks (the bench uses 8).
     #[arg(long, default_value_t = 8)]
@@ -92,9 +93,13 @@ fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> anyh
 
 struct Measured {
     ckpt: Checkpointing,
+    /// Median step time.
     seconds: f64,
+    /// Median over rounds of this policy's step time over store-all's in the same round.
+    ratio: f64,
     peak_activations: u64,
     peak_total: u64,
+    times: Vec<f64>,
 }
 
 fn batch(cfg: &GptConfig, batch: usize, seq: usize) -> Batch {
@@ -112,34 +117,76 @@ fn batch(cfg: &GptConfig, batch: usize, seq: usize) -> Batch {
     }
 }
 
-fn measure(
+/// One timed step: (seconds, peak activation bytes, peak total bytes).
+fn one_step(
     ctx: &ExecContext,
     gpt: &Gpt,
     b: &Batch,
     ckpt: Checkpointing,
-    steps: usize,
-) -> anyhow::Result<Measured> {
-    let pool = ctx.pool();
-    gpt.forward_backward(ctx, b, ckpt, 0)?; // warm-up: page faults, thread start-up
-    let mut times = Vec::with_capacity(steps);
-    let mut peak_activations = 0;
-    let mut peak_total = 0;
-    for _ in 0..steps.max(1) {
-        pool.reset_peak();
-        let start = Instant::now();
-        let out = gpt.forward_backward(ctx, b, ckpt, 0)?;
-        times.push(start.elapsed().as_secs_f64());
-        drop(out.grads);
-        peak_activations = out.pool.category(Category::Activations).peak;
-        peak_total = out.pool.peak;
+) -> anyhow::Result<(f64, u64, u64)> {
+    ctx.pool().reset_peak();
+    let start = Instant::now();
+    let out = gpt.forward_backward(ctx, b, ckpt, 0)?;
+    let seconds = start.elapsed().as_secs_f64();
+    drop(out.grads);
+    Ok((
+        seconds,
+        out.pool.category(Category::Activations).peak,
+        out.pool.peak,
+    ))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Runs the policies in rounds, one step of each per round (after one warm-up step each:
+/// page faults, thread start-up), so that every policy sees the same machine: on a shared
+/// machine the speed drifts over seconds, and timing one policy after the other would put
+/// that drift into the ratios. The first policy is the reference of the ratios.
+fn measure_rounds(
+    ctx: &ExecContext,
+    gpt: &Gpt,
+    b: &Batch,
+    policies: &[Checkpointing],
+    rounds: usize,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<Measured>> {
+    let mut rows: Vec<Measured> = Vec::with_capacity(policies.len());
+    for &ckpt in policies {
+        let (_, peak_activations, peak_total) = one_step(ctx, gpt, b, ckpt)?;
+        rows.push(Measured {
+            ckpt,
+            seconds: 0.0,
+            ratio: 1.0,
+            peak_activations,
+            peak_total,
+            times: Vec::with_capacity(rounds),
+        });
     }
-    times.sort_by(f64::total_cmp);
-    Ok(Measured {
-        ckpt,
-        seconds: times[times.len() / 2],
-        peak_activations,
-        peak_total,
-    })
+    for _ in 0..rounds.max(1) {
+        for row in &mut rows {
+            bar.set_message(format!("{}", row.ckpt));
+            let (t, a, p) = one_step(ctx, gpt, b, row.ckpt)?;
+            row.times.push(t);
+            row.peak_activations = row.peak_activations.max(a);
+            row.peak_total = row.peak_total.max(p);
+        }
+        bar.inc(1);
+    }
+    let reference = rows.first().map(|r| r.times.clone()).unwrap_or_default();
+    for row in &mut rows {
+        row.seconds = median(row.times.clone());
+        row.ratio = median(
+            row.times
+                .iter()
+                .zip(&reference)
+                .map(|(t, r)| t / r)
+                .collect(),
+        );
+    }
+    Ok(rows)
 }
 
 /// GFLOP/s of the engine's matmul on the step's largest shape (tokens x d -> ffn).
@@ -184,7 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let gpt = Gpt::new(&pool, cfg.clone())?;
     let b = batch(&cfg, args.batch, args.seq);
     println!(
-        "remat bench engine: GPT L={} d={} heads={} ffn={} vocab={} ({} parameters), batch {} x seq {}, {} threads; a step is forward + backward (no optimizer update), median of {} steps after one warm-up",
+        "remat bench engine: GPT L={} d={} heads={} ffn={} vocab={} ({} parameters), batch {} x seq {}, {} threads; a step is forward + backward (no optimizer update), median of {} rounds (one step of each policy per round, after one warm-up step each); x store-all is the median of the per-round ratios",
         cfg.n_layers,
         cfg.d_model,
         cfg.n_heads,
@@ -201,13 +248,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Checkpointing::PerBlock,
         Checkpointing::SqrtBlocks,
     ];
-    let bar = ProgressBar::new(policies.len() as u64 + 1);
-    let mut rows = Vec::new();
-    for ckpt in policies {
-        bar.set_message(ckpt.to_string());
-        rows.push(measure(&ctx, &gpt, &b, ckpt, args.steps)?);
-        bar.inc(1);
-    }
+    let bar = ProgressBar::new(args.steps.max(1) as u64 + 1);
+    let rows = measure_rounds(&ctx, &gpt, &b, &policies, args.steps, &bar)?;
     let mm = matmul_gflops(&ctx, &cfg, args.batch * args.seq)?;
     bar.finish_and_clear();
     let flops = cfg.step_flops(args.batch, args.seq);
@@ -218,7 +260,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             vec![
                 r.ckpt.to_string(),
                 format!("{:.3}", r.seconds),
-                format!("{:.2}", r.seconds / base.seconds),
+                format!("{:.2}", r.ratio),
                 format_bytes(r.peak_activations),
                 format!(
                     "{:.3}",
