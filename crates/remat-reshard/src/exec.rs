@@ -17,6 +17,7 @@ use crate::fsio::sync_dir;
 use crate::geometry::StridedCopy;
 use crate::output;
 use crate::plan::{Plan, TargetFile};
+use crate::sched::{Job, run_spread};
 use crate::stream::{BlockHasher, Cursor, Frontier, Seg, Segment, gather, write_vectored_at};
 
 /// The default bound on buffered memory.
@@ -233,9 +234,16 @@ fn write_files(
         .iter()
         .map(|(slot, _)| running_max_end(&plan.files[*slot]))
         .collect();
-    let digests: Vec<Vec<(usize, u64, u64)>> = tasks
-        .par_iter()
-        .map(|t| {
+    let jobs: Vec<Job> = tasks
+        .iter()
+        .map(|t| Job {
+            file: t.file,
+            bytes: t.end - t.start,
+        })
+        .collect();
+    let digests: Vec<Vec<(usize, u64, u64)>> =
+        run_spread(&jobs, rayon::current_num_threads(), |i| {
+            let t = &tasks[i];
             let (slot, path) = &files[t.file];
             let out = TaskOut {
                 file: &handles[t.file],
@@ -243,8 +251,7 @@ fn write_files(
                 max_end: &max_ends[t.file],
             };
             run_task(ckpt, &plan.files[*slot], out, t, &pool, opts)
-        })
-        .collect::<Result<_>>()?;
+        })?;
     files
         .par_iter()
         .zip(&handles)

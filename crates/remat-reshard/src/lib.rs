@@ -28,6 +28,7 @@ pub mod output;
 pub mod plan;
 mod readers;
 pub mod safetensors;
+mod sched;
 mod stream;
 pub mod target;
 pub mod verify;
