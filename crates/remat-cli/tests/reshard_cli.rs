@@ -186,6 +186,19 @@ fn hugging_face_multi_file_output_reads_back() {
         "parallel",
     ]);
     assert!(e.contains("stores whole tensors"), "{e}");
+    // From a sharded source without a preset, the hf layout takes whole tensors.
+    let sharded = p(tmp.path(), "dcp3");
+    ok(&[
+        "reshard", &src, &sharded, "-w", "3", "--format", "dcp", "--preset", "parallel",
+    ]);
+    let whole = p(tmp.path(), "hf3");
+    ok(&["reshard", &sharded, &whole, "-w", "2", "--format", "hf"]);
+    assert!(
+        Path::new(&whole)
+            .join("model.safetensors.index.json")
+            .exists()
+    );
+    assert!(ok(&["reshard", "verify", &whole, &src, "--from-a", "hf"]).contains("hold the same"));
 }
 
 #[test]

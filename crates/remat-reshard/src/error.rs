@@ -5,11 +5,12 @@ use std::path::PathBuf;
 /// Everything that can go wrong while reading, planning, writing or verifying.
 #[derive(Debug, thiserror::Error)]
 pub enum ReshardError {
-    #[error("{path}: {source}")]
+    // The I/O error is part of the message, not a `source`: printing an error with its
+    // chain (anyhow's `{:#}`) would otherwise say it twice.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "{path}: truncated: the file is {len} bytes, shorter than the 8-byte safetensors header length"
@@ -111,5 +112,5 @@ pub type Result<T> = std::result::Result<T, ReshardError>;
 /// Attaches a path to an I/O error.
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ReshardError {
     let path = path.into();
-    move |source| ReshardError::Io { path, source }
+    move |error| ReshardError::Io { path, error }
 }

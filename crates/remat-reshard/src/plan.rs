@@ -206,8 +206,32 @@ fn header_for(ckpt: &Checkpoint, format: Format, f: &TargetFile) -> Vec<u8> {
     encode_header(&entries, &metadata)
 }
 
+/// Identifies the plan and its source, so that `--finalize` refuses parts written by
+/// machines that planned differently or read another checkpoint: every target file's
+/// name, header and chunks, and every source file's name (relative to the checkpoint, so
+/// machines may mount it at different paths), length, header bytes, and the chunk
+/// checksums of its index when it has them.
 fn fingerprint(ckpt: &Checkpoint, files: &[TargetFile]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for src in &ckpt.files {
+        let name = src.path.strip_prefix(&ckpt.root).unwrap_or(&src.path);
+        h.update(name.to_string_lossy().as_bytes());
+        let bytes = src.map.bytes();
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        let header_len = bytes
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_le_bytes);
+        let end = usize::try_from(header_len.saturating_add(8)).unwrap_or(usize::MAX);
+        h.update(bytes.get(..end).unwrap_or(bytes));
+    }
+    for t in &ckpt.tensors {
+        for p in &t.pieces {
+            if let Some(sum) = p.checksum {
+                h.update(&sum.to_le_bytes());
+            }
+        }
+    }
     for f in files {
         h.update(f.name.as_bytes());
         h.update(&f.header);

@@ -272,6 +272,11 @@ fn effective(
         // A preset or inherited shard of a tensor too small to shard: keep it whole.
         Placement::Shard(d) if d >= ndim => Placement::Replicate,
         Placement::Shard(_) if spec.world_size == 1 => Placement::Whole,
+        // The hf layout stores whole tensors: a shard inherited from the source (no rule
+        // or preset asked for it) becomes a whole tensor, balanced by bytes.
+        Placement::Shard(_) if spec.format == Format::Hf && matches!(rule, Rule::Source) => {
+            Placement::Whole
+        }
         p => p,
     };
     if spec.format == Format::Hf
