@@ -144,41 +144,82 @@ fn run_once(
     )?)
 }
 
-/// Medians over runs of a plan (and, alternately, of a fixed policy): plan time, plan peak,
-/// plan stall, fixed time.
+/// Medians over rounds of a plan and, in the same rounds, of the executed store-all plan
+/// and of a fixed policy.
 struct Measured {
     time: Duration,
     peak: u64,
     stall: Duration,
+    /// Median over rounds of the plan's time over the store-all plan's in the same round.
+    over_base: Option<f64>,
     fixed_time: Option<Duration>,
+    /// Median over rounds of the plan's time over the fixed policy's in the same round.
+    over_fixed: Option<f64>,
 }
 
+/// What runs beside the plan in each round.
+struct Beside<'a> {
+    /// The executed store-all plan (run without the budget).
+    base: Option<&'a Planned>,
+    fixed: Option<Checkpointing>,
+    /// The pool budget the plan runs under.
+    budget: Option<u64>,
+}
+
+fn paired_median(num: &[Duration], den: &[Duration]) -> Option<f64> {
+    (!den.is_empty()).then(|| {
+        median(
+            num.iter()
+                .zip(den)
+                .map(|(n, d)| n.as_secs_f64() / d.as_secs_f64().max(1e-12))
+                .collect(),
+        )
+    })
+}
+
+/// Runs a plan in rounds, each also running what `beside` names, so that every number of a
+/// row sees the same machine: on a shared machine the speed drifts by tens of percent over
+/// minutes, and comparing a run now with a profile taken minutes ago would measure the
+/// drift, not the plan.
 fn measure_side_by_side(
     built: &BuiltModel,
     ctx: &ExecContext,
     profile: &StepProfile,
     planned: &Planned,
     copy: &CopyEngine,
-    fixed: Option<Checkpointing>,
+    beside: &Beside,
     runs: usize,
 ) -> anyhow::Result<Measured> {
-    run_once(built, ctx, profile, planned, copy)?;
-    let (mut times, mut stalls, mut fixed_times) = (Vec::new(), Vec::new(), Vec::new());
+    let pool = ctx.pool();
+    let plan_step = || -> anyhow::Result<StepReport> {
+        pool.set_budget(beside.budget);
+        let report = run_once(built, ctx, profile, planned, copy);
+        pool.set_budget(None);
+        report
+    };
+    plan_step()?;
+    let (mut times, mut stalls, mut bases, mut fixed_times) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut peak = 0;
     for _ in 0..runs.max(1) {
-        let report = run_once(built, ctx, profile, planned, copy)?;
+        let report = plan_step()?;
         times.push(report.step_time);
         stalls.push(report.stall);
         peak = peak.max(report.peak_bytes);
-        if let Some(ckpt) = fixed {
+        if let Some(base) = beside.base {
+            bases.push(run_once(built, ctx, profile, base, copy)?.step_time);
+        }
+        if let Some(ckpt) = beside.fixed {
             fixed_times.push(run_fixed(built, ctx, ckpt)?.1);
         }
     }
     Ok(Measured {
-        time: median_time(times),
+        time: median_time(times.clone()),
         peak,
         stall: median_time(stalls),
-        fixed_time: fixed.map(|_| median_time(fixed_times)),
+        over_base: paired_median(&times, &bases),
+        over_fixed: paired_median(&times, &fixed_times),
+        fixed_time: beside.fixed.map(|_| median_time(fixed_times)),
     })
 }
 
@@ -202,8 +243,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "meas peak",
         "pred ms",
         "meas ms",
+        "raw err",
+        "pred overhead",
+        "meas overhead",
         "time err",
-        "overhead",
         "stall ms",
         "swapped MiB",
         "best fixed",
@@ -217,7 +260,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "budget: fraction of the store-all activation peak (static memory added); peaks in MiB;"
     );
     println!(
-        "overhead: measured step time over the executed store-all plan's; auto/fixed < 1 means auto is faster;"
+        "overhead: step time over store-all's, predicted (planner) and measured (median of the per-round ratios to the executed store-all plan, run in the same rounds); raw err: measured ms over predicted ms (includes the machine's drift since profiling); time err: measured overhead against predicted overhead, the goal's measure; auto/fixed: median per-round ratio, < 1 means auto is faster;"
     );
     println!(
         "goals: ok, or what failed: OVER (peak above budget), TIME (measured more than 10% off predicted), SLOWER (auto slower than the best fixed policy beyond {:.0}% noise).",
@@ -234,7 +277,7 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
     let policies = fixed_policies(layers);
     let bar = indicatif::ProgressBar::new((policies.len() + args.fractions.len() + 2) as u64);
     bar.set_message(format!("{label}: profiling"));
-    let (pool, ctx, built, mut step, profile) = profile_model(&margs, args.runs.max(1))?;
+    let (_pool, ctx, built, mut step, profile) = profile_model(&margs, args.runs.max(1))?;
     bar.inc(1);
     let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
     let idle_bandwidth = measure_copy_bandwidth(&copy)?;
@@ -261,7 +304,12 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
         budget_bytes: u64::MAX,
         bandwidth,
     })?;
-    let base = measure_side_by_side(&built, &ctx, &profile, &store_all, &copy, None, args.runs)?;
+    let alone = Beside {
+        base: None,
+        fixed: None,
+        budget: None,
+    };
+    let base = measure_side_by_side(&built, &ctx, &profile, &store_all, &copy, &alone, args.runs)?;
     bar.inc(1);
     let engine_store_all = fixed
         .iter()
@@ -316,26 +364,28 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
         match choose_plan(&problem, &profile.layout, None, &sets) {
             Ok(choice) => {
                 let planned = &choice.planned;
-                pool.set_budget(Some(budget));
-                let measured = measure_side_by_side(
-                    &built,
-                    &ctx,
-                    &profile,
-                    planned,
-                    &copy,
-                    best_fixed.map(|b| b.ckpt),
-                    args.runs,
-                );
-                pool.set_budget(None);
-                let m = measured.with_context(|| format!("executing the plan for budget {f}"))?;
+                let beside = Beside {
+                    base: Some(&store_all),
+                    fixed: best_fixed.map(|b| b.ckpt),
+                    budget: Some(budget),
+                };
+                let m = measure_side_by_side(
+                    &built, &ctx, &profile, planned, &copy, &beside, args.runs,
+                )
+                .with_context(|| format!("executing the plan for budget {f}"))?;
                 let predicted = planned.report.total_time;
                 let time = m.time.as_secs_f64();
-                let err = time / predicted - 1.0;
+                let raw_err = time / predicted - 1.0;
+                // The planner's prediction relative to its own store-all prediction, against
+                // the measured time relative to store-all run in the same rounds.
+                let predicted_over = predicted / store_all.report.total_time.max(1e-12);
+                let measured_over = m.over_base.unwrap_or(f64::NAN);
+                let err = measured_over / predicted_over - 1.0;
                 let mut goals = Vec::new();
                 if m.peak > budget {
                     goals.push("OVER");
                 }
-                if err.abs() > 0.10 {
+                if err.is_nan() || err.abs() > 0.10 {
                     goals.push("TIME");
                 }
                 row.extend([
@@ -344,14 +394,15 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
                     mib(m.peak),
                     format!("{:.1}", predicted * 1e3),
                     format!("{:.1}", time * 1e3),
+                    format!("{:+.1}%", raw_err * 100.0),
+                    format!("{:+.1}%", (predicted_over - 1.0) * 100.0),
+                    format!("{:+.1}%", (measured_over - 1.0) * 100.0),
                     format!("{:+.1}%", err * 100.0),
-                    format!("{:+.1}%", (time / base.time.as_secs_f64() - 1.0) * 100.0),
                     format!("{:.1}", m.stall.as_secs_f64() * 1e3),
                     mib(planned.report.swapped_out_bytes),
                 ]);
-                match (best_fixed, m.fixed_time) {
-                    (Some(b), Some(ft)) => {
-                        let ratio = time / ft.as_secs_f64();
+                match (best_fixed, m.fixed_time, m.over_fixed) {
+                    (Some(b), Some(ft), Some(ratio)) => {
                         if ratio > 1.0 + args.noise {
                             goals.push("SLOWER");
                         }
@@ -372,7 +423,7 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
             }
             Err(e) => {
                 row.push(format!("infeasible: {e}"));
-                row.extend(std::iter::repeat_n("-".to_string(), 13));
+                row.extend(std::iter::repeat_n("-".to_string(), 15));
             }
         }
         rows.push(row);
