@@ -189,58 +189,85 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// The host-device bandwidth swaps get while the step computes: copies stream through
-/// `copy` (out and back, `probe_bytes` at a time) while the profiled step runs `runs` times
-/// by its store-all schedule on the same cores. The planner overlaps swaps with compute, so
-/// this, not the bandwidth of an idle machine, is what it must plan with. Bytes per second,
-/// one way. The graph's random generator and gradients are left as they were.
-pub fn measure_bandwidth_under_compute(
+/// What copies cost while the step computes (see [`measure_copy_under_compute`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CopyUnderCompute {
+    /// Bytes per second the copies move while the step computes (one way: a round trip
+    /// moves its bytes twice, each direction on its own worker).
+    pub bandwidth: f64,
+    /// Seconds of step time lost per byte copied (either way) while the step computes: on
+    /// a CPU the copy workers run on the cores the step computes on, so a swap that the
+    /// planner hides behind compute still slows the compute down.
+    pub compute_seconds_per_byte: f64,
+}
+
+/// Measures what swaps get and cost while the step computes: the profiled step runs by
+/// its store-all schedule in rounds of two, once alone and once while copies stream
+/// through `copy` (out and back, `probe_bytes` at a time). The bandwidth is what the copies
+/// reached while copying; the compute cost is the copying step's extra time over the
+/// step alone, per byte copied meanwhile (steps alone and copying alternate, so a drifting
+/// machine speed affects both). The graph's random generator and gradients are left as
+/// they were.
+pub fn measure_copy_under_compute(
     graph: &mut Graph,
     profile: &StepProfile,
     copy: &CopyEngine,
-    runs: usize,
+    rounds: usize,
     probe_bytes: usize,
-) -> Result<f64, PlanExecError> {
+) -> Result<CopyUnderCompute, PlanExecError> {
     let words = (probe_bytes / 4).max(1);
     let steps = profile.layout.store_all_steps();
     let rng = graph.rng;
     let stop = AtomicBool::new(false);
+    let copying = AtomicBool::new(false);
     let trips = AtomicU64::new(0);
-    let (moved, elapsed, result) = std::thread::scope(|scope| {
+    let (moved, busy, times, result) = std::thread::scope(|scope| {
         let copier = scope.spawn(|| -> Result<(u64, Duration), SwapError> {
-            let start = Instant::now();
             let mut buf = vec![0.5f32; words];
-            let mut moved = 0u64;
+            let (mut moved, mut busy) = (0u64, Duration::ZERO);
             while !stop.load(Ordering::Relaxed) {
+                if !copying.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+                let start = Instant::now();
                 let (slot, out) = copy.offload(buf, "bandwidth probe")?.wait()?.value;
                 buf = copy.prefetch(slot, out, true)?.wait()?.value;
+                busy += start.elapsed();
                 moved += 2 * (words as u64 * 4);
                 trips.fetch_add(1, Ordering::Relaxed);
             }
-            Ok((moved, start.elapsed()))
+            Ok((moved, busy))
         });
-        // At least `runs` steps, and more while fewer than MIN_TRIPS round trips are done (a
-        // small step ends before one copy does).
+        // (alone, copying) step times. At least `rounds` rounds, and more while fewer than
+        // MIN_TRIPS round trips are done (a small step ends before one copy does).
+        let mut times: (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
         let mut result = Ok(());
-        let mut done = 0usize;
-        while done < runs.max(1)
+        'rounds: while times.1.len() < rounds.max(1)
             || (trips.load(Ordering::Relaxed) < MIN_TRIPS && !copier.is_finished())
         {
-            graph.rng = rng;
-            if let Err(e) = run_steps(graph, &profile.layout, &steps, None, RunOptions::default()) {
-                result = Err(e);
-                break;
+            for with_copies in [false, true] {
+                copying.store(with_copies, Ordering::Relaxed);
+                graph.rng = rng;
+                let run = run_steps(graph, &profile.layout, &steps, None, RunOptions::default());
+                match run {
+                    Ok(report) if with_copies => times.1.push(report.step_time.as_secs_f64()),
+                    Ok(report) => times.0.push(report.step_time.as_secs_f64()),
+                    Err(e) => {
+                        result = Err(e);
+                        break 'rounds;
+                    }
+                }
             }
-            done += 1;
         }
         stop.store(true, Ordering::Relaxed);
         let copied = copier
             .join()
             .map_err(|_| PlanExecError::Invalid("the bandwidth probe thread panicked".into()));
         match copied {
-            Ok(Ok((moved, elapsed))) => (moved, elapsed, result),
-            Ok(Err(e)) => (0, Duration::ZERO, result.and(Err(e.into()))),
-            Err(e) => (0, Duration::ZERO, result.and(Err(e))),
+            Ok(Ok((moved, busy))) => (moved, busy, times, result),
+            Ok(Err(e)) => (0, Duration::ZERO, times, result.and(Err(e.into()))),
+            Err(e) => (0, Duration::ZERO, times, result.and(Err(e))),
         }
     });
     graph.rng = rng;
@@ -254,8 +281,14 @@ pub fn measure_bandwidth_under_compute(
             "the bandwidth probe moved no bytes while the step computed".into(),
         ));
     }
-    // One way: a round trip moves the bytes twice, each direction on its own worker.
-    Ok(moved as f64 / elapsed.as_secs_f64().max(1e-9))
+    let bandwidth = moved as f64 / busy.as_secs_f64().max(1e-9);
+    let (alone, with_copies) = (median(times.0), median(times.1));
+    let compute_seconds_per_byte =
+        ((with_copies - alone).max(0.0) / (bandwidth * with_copies).max(1.0)).max(0.0);
+    Ok(CopyUnderCompute {
+        bandwidth,
+        compute_seconds_per_byte,
+    })
 }
 
 /// Round trips the bandwidth probe completes at least.

@@ -649,3 +649,80 @@ fn a_plan_dropping_a_written_gradient_buffer_is_refused_before_it_runs() {
         assert!(s.graph.grad(*id).unwrap().is_none());
     }
 }
+
+/// Bytes a plan copies out and back in.
+fn swap_traffic(graph: &remat_planner::Graph, planned: &Planned) -> u64 {
+    planned
+        .plan
+        .steps
+        .iter()
+        .filter_map(|s| match *s {
+            remat_planner::Step::SwapOut { tensor } | remat_planner::Step::SwapIn { tensor } => {
+                Some(graph.node(tensor).output_bytes)
+            }
+            _ => None,
+        })
+        .sum()
+}
+
+#[test]
+fn the_auto_choice_charges_swap_traffic_for_the_compute_it_takes() {
+    use remat_engine::plan_exec::choose_plan;
+    let s = setup(6);
+    let graph = &s.profile.graph;
+    let activations = graph.store_all_peak() - graph.static_bytes();
+    let problem = Problem {
+        budget_bytes: graph.static_bytes() + activations / 2,
+        ..s.unlimited()
+    };
+    // Free copies: some fitting plan swaps (the budget is tight enough to need it, and
+    // swaps hidden behind compute cost nothing).
+    let free = choose_plan(&problem, &s.profile.layout, None, &[], 0.0).unwrap();
+    let free_traffic = swap_traffic(graph, &free.planned);
+    assert!(
+        free_traffic > 0,
+        "with free copies {} does not swap",
+        free.planned.plan.strategy
+    );
+    let simulated = remat_planner::simulate(graph, &free.planned.plan).unwrap();
+    assert_eq!(free.planned.report.total_time, simulated.total_time);
+    // A small charge: the predicted time is the simulator's plus the charge.
+    let cost = 1e-12;
+    let charged = choose_plan(&problem, &s.profile.layout, None, &[], cost).unwrap();
+    let simulated = remat_planner::simulate(graph, &charged.planned.plan).unwrap();
+    let traffic = swap_traffic(graph, &charged.planned);
+    let want = simulated.total_time + cost * traffic as f64;
+    assert!(
+        (charged.planned.report.total_time - want).abs() <= 1e-12 * want.max(1.0),
+        "{} vs {want}",
+        charged.planned.report.total_time
+    );
+    // Copies that cost more than any recompute: the choice stops swapping.
+    let dear = choose_plan(&problem, &s.profile.layout, None, &[], 1.0).unwrap();
+    assert_eq!(
+        swap_traffic(graph, &dear.planned),
+        0,
+        "chose {} (free copies: {} swapping {free_traffic} bytes)",
+        dear.planned.plan.strategy,
+        free.planned.plan.strategy
+    );
+}
+
+#[test]
+fn copies_under_compute_have_a_bandwidth_and_a_nonnegative_cost() {
+    use remat_engine::profile::measure_copy_under_compute;
+    let mut s = setup(3);
+    let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
+    let m = measure_copy_under_compute(&mut s.graph, &s.profile, &copy, 2, 1 << 16).unwrap();
+    assert!(m.bandwidth.is_finite() && m.bandwidth > 0.0, "{m:?}");
+    assert!(
+        m.compute_seconds_per_byte.is_finite() && m.compute_seconds_per_byte >= 0.0,
+        "{m:?}"
+    );
+    // The probe leaves the step as it was: a plan still runs with store-all's gradients.
+    let store_all = remat_planner::lookup("store-all")
+        .unwrap()
+        .plan(&s.unlimited())
+        .unwrap();
+    s.check("after the probe", &store_all, &copy);
+}

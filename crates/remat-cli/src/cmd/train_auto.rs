@@ -16,7 +16,7 @@ use remat_engine::plan_exec::{
     Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes,
 };
 use remat_engine::profile::{
-    ProfileOptions, StepProfile, measure_bandwidth_under_compute, median, profile_step,
+    CopyUnderCompute, ProfileOptions, StepProfile, measure_copy_under_compute, median, profile_step,
 };
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_planner::{PlanError, Planned, Problem};
@@ -30,8 +30,8 @@ pub struct AutoSettings {
     pub strategy: Option<String>,
     /// Keep swapped tensors in a memory-mapped file in this directory instead of in memory.
     pub swap_dir: Option<PathBuf>,
-    /// Host-device bandwidth to plan with (bytes/s); measured on the copy engine while the
-    /// step computes if `None`.
+    /// Host-device bandwidth to plan with (bytes/s), copies then taken as free for the
+    /// compute; if `None`, both are measured on the copy engine while the step computes.
     pub bandwidth: Option<f64>,
     /// Timed profiling runs.
     pub profile_runs: usize,
@@ -140,6 +140,8 @@ pub struct AutoSession {
     pub considered: Vec<Considered>,
     pub copy: CopyEngine,
     pub bandwidth: f64,
+    /// Compute seconds a byte of swap traffic takes from the step (charged to predictions).
+    pub copy_cost: f64,
     pub budget: u64,
 }
 
@@ -184,11 +186,15 @@ impl AutoSession {
             name: name.to_string(),
         };
         let profile = profile_step(graph, loss, &opts).context("profiling the training step")?;
-        let bandwidth = match settings.bandwidth {
-            Some(b) => b,
-            None => measure_bandwidth_under_compute(graph, &profile, &copy, 2, PROBE_BYTES)
+        let copies = match settings.bandwidth {
+            Some(bandwidth) => CopyUnderCompute {
+                bandwidth,
+                compute_seconds_per_byte: 0.0,
+            },
+            None => measure_copy_under_compute(graph, &profile, &copy, 3, PROBE_BYTES)
                 .context("measuring the copy bandwidth while the step computes")?,
         };
+        let bandwidth = copies.bandwidth;
         let problem = Problem {
             graph: &profile.graph,
             budget_bytes: settings.budget,
@@ -199,6 +205,7 @@ impl AutoSession {
             &profile,
             settings.strategy.as_deref(),
             &settings.fixed,
+            copies.compute_seconds_per_byte,
         )?;
         Ok(AutoSession {
             profile,
@@ -206,6 +213,7 @@ impl AutoSession {
             considered,
             copy,
             bandwidth,
+            copy_cost: copies.compute_seconds_per_byte,
             budget: settings.budget,
         })
     }
@@ -232,12 +240,13 @@ impl AutoSession {
         let g = &self.profile.graph;
         [
             format!(
-                "auto plan: strategy {} for a budget of {} MiB (static {} MiB, store-all peak {} MiB), bandwidth {:.1} GB/s",
+                "auto plan: strategy {} for a budget of {} MiB (static {} MiB, store-all peak {} MiB), bandwidth {:.1} GB/s, swaps cost {:.2} ms of compute per MiB",
                 self.planned.plan.strategy,
                 mib(self.budget),
                 mib(g.static_bytes()),
                 mib(g.store_all_peak()),
-                self.bandwidth / 1e9
+                self.bandwidth / 1e9,
+                self.copy_cost * 1e3 * (1u64 << 20) as f64
             ),
             format!("  forward outputs (activations) kept {} MiB, swapped {} MiB, recomputed {} MiB (each counted once)", mib(kept), mib(swapped), mib(recomputed)),
             self.considered_line(),
@@ -302,8 +311,9 @@ pub fn plan(
     profile: &StepProfile,
     strategy: Option<&str>,
     fixed: &[(String, Vec<bool>)],
+    copy_cost: f64,
 ) -> anyhow::Result<(Planned, Vec<Considered>)> {
-    let result = choose_plan(problem, &profile.layout, strategy, fixed)
+    let result = choose_plan(problem, &profile.layout, strategy, fixed, copy_cost)
         .map(|choice| (choice.planned, choice.considered));
     result.map_err(|e| match e {
         PlanError::Infeasible { budget, best_peak, strategy } | PlanError::OverBudget { budget, best_peak, strategy } => {

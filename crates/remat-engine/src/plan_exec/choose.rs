@@ -5,7 +5,7 @@
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::lower::Helpers;
 use remat_planner::strategy::plan_from_decisions_with;
-use remat_planner::{Decision, PlanError, Planned, Problem};
+use remat_planner::{Decision, PlanError, Planned, Problem, Step};
 
 use super::layout::{ItemKind, Layout};
 use super::plan_fits_executor;
@@ -79,13 +79,26 @@ pub struct Choice {
 /// skipped. When nothing fits, [`PlanError::Infeasible`] names the smallest budget at which
 /// a plan the executor runs was found (the peaks the candidates reported, tried in
 /// ascending order, then the store-all peak).
+///
+/// `copy_cost` is the compute time a byte of swap traffic takes from the step (seconds per
+/// byte, [`crate::profile::CopyUnderCompute::compute_seconds_per_byte`]): the simulator
+/// hides a swap behind compute when the bandwidth allows, but on a CPU the copies run on
+/// the cores that compute, so every candidate's predicted time (`report.total_time`) is
+/// charged for its swap-out and swap-in bytes before the candidates are compared.
 pub fn choose_plan(
     problem: &Problem,
     layout: &Layout,
     strategy: Option<&str>,
     fixed: &[(String, Vec<bool>)],
+    copy_cost: f64,
 ) -> Result<Choice, PlanError> {
-    let round = choose_once(problem, layout, strategy, fixed)?;
+    let candidates = Candidates {
+        layout,
+        strategy,
+        fixed,
+        copy_cost,
+    };
+    let round = choose_once(problem, &candidates)?;
     if let Some(planned) = round.best {
         return Ok(Choice {
             planned,
@@ -105,7 +118,7 @@ pub fn choose_plan(
             budget_bytes: peak,
             ..*problem
         };
-        if let Some(planned) = choose_once(&retry, layout, strategy, fixed)?.best {
+        if let Some(planned) = choose_once(&retry, &candidates)?.best {
             return Err(PlanError::Infeasible {
                 budget: problem.budget_bytes,
                 best_peak: peak,
@@ -130,12 +143,36 @@ struct Round {
     peaks: Vec<(u64, String)>,
 }
 
-fn choose_once(
-    problem: &Problem,
-    layout: &Layout,
-    strategy: Option<&str>,
-    fixed: &[(String, Vec<bool>)],
-) -> Result<Round, PlanError> {
+/// What [`choose_plan`] weighs, besides the problem.
+struct Candidates<'a> {
+    layout: &'a Layout,
+    strategy: Option<&'a str>,
+    fixed: &'a [(String, Vec<bool>)],
+    copy_cost: f64,
+}
+
+/// Bytes a plan copies to the host and back.
+fn swap_traffic(problem: &Problem, planned: &Planned) -> u64 {
+    let nodes = problem.graph.nodes();
+    planned
+        .plan
+        .steps
+        .iter()
+        .filter_map(|step| match *step {
+            Step::SwapOut { tensor } | Step::SwapIn { tensor } => nodes.get(tensor),
+            _ => None,
+        })
+        .map(|n| n.output_bytes)
+        .sum()
+}
+
+fn choose_once(problem: &Problem, c: &Candidates) -> Result<Round, PlanError> {
+    let Candidates {
+        layout,
+        strategy,
+        fixed,
+        copy_cost,
+    } = *c;
     let mut candidates: Vec<(String, Result<Planned, PlanError>)> = Vec::new();
     match strategy {
         Some(name) => {
@@ -178,7 +215,9 @@ fn choose_once(
             Ok(planned) if !plan_fits_executor(layout, &planned.plan) => {
                 Err("drops a written gradient buffer".to_string())
             }
-            Ok(planned) => {
+            Ok(mut planned) => {
+                let traffic = swap_traffic(problem, &planned);
+                planned.report.total_time += copy_cost.max(0.0) * traffic as f64;
                 let r = &planned.report;
                 let out = Ok((r.total_time, r.peak_bytes));
                 if round
