@@ -650,19 +650,8 @@ fn a_plan_dropping_a_written_gradient_buffer_is_refused_before_it_runs() {
     }
 }
 
-/// Bytes a plan copies out and back in.
 fn swap_traffic(graph: &remat_planner::Graph, planned: &Planned) -> u64 {
-    planned
-        .plan
-        .steps
-        .iter()
-        .filter_map(|s| match *s {
-            remat_planner::Step::SwapOut { tensor } | remat_planner::Step::SwapIn { tensor } => {
-                Some(graph.node(tensor).output_bytes)
-            }
-            _ => None,
-        })
-        .sum()
+    remat_engine::plan_exec::swap_traffic(graph, &planned.plan)
 }
 
 #[test]
@@ -684,6 +673,8 @@ fn the_auto_choice_charges_swap_traffic_for_the_compute_it_takes() {
         "with free copies {} does not swap",
         free.planned.plan.strategy
     );
+    // Everything swapped out comes back for backward: out and in both count.
+    assert!(free_traffic >= 2 * free.planned.report.swapped_out_bytes);
     let simulated = remat_planner::simulate(graph, &free.planned.plan).unwrap();
     assert_eq!(free.planned.report.total_time, simulated.total_time);
     // A small charge: the predicted time is the simulator's plus the charge.

@@ -167,14 +167,8 @@ struct Beside<'a> {
 }
 
 fn paired_median(num: &[Duration], den: &[Duration]) -> Option<f64> {
-    (!den.is_empty()).then(|| {
-        median(
-            num.iter()
-                .zip(den)
-                .map(|(n, d)| n.as_secs_f64() / d.as_secs_f64().max(1e-12))
-                .collect(),
-        )
-    })
+    let secs = |v: &[Duration]| v.iter().map(Duration::as_secs_f64).collect::<Vec<_>>();
+    (!den.is_empty()).then(|| super::bench::paired_median(&secs(num), &secs(den)))
 }
 
 /// Runs a plan in rounds, each also running what `beside` names, so that every number of a

@@ -16,8 +16,10 @@ use remat_engine::{
     Category, ExecContext, Graph, GraphObserver, MemoryPool, NodeEvent, Policy, Tensor,
 };
 
+use super::bench::paired_median;
 use super::train::format_bytes;
 use super::train::table;
+use remat_engine::profile::median;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -136,11 +138,6 @@ fn one_step(
     ))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Runs the policies in rounds, one step of each per round (after one warm-up step each:
 /// page faults, thread start-up), so that every policy sees the same machine: on a shared
 /// machine the speed drifts over seconds, and timing one policy after the other would put
@@ -178,13 +175,7 @@ fn measure_rounds(
     let reference = rows.first().map(|r| r.times.clone()).unwrap_or_default();
     for row in &mut rows {
         row.seconds = median(row.times.clone());
-        row.ratio = median(
-            row.times
-                .iter()
-                .zip(&reference)
-                .map(|(t, r)| t / r)
-                .collect(),
-        );
+        row.ratio = paired_median(&row.times, &reference);
     }
     Ok(rows)
 }

@@ -5,7 +5,7 @@
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::lower::Helpers;
 use remat_planner::strategy::plan_from_decisions_with;
-use remat_planner::{Decision, PlanError, Planned, Problem, Step};
+use remat_planner::{Decision, Plan, PlanError, Planned, Problem, Step};
 
 use super::layout::{ItemKind, Layout};
 use super::plan_fits_executor;
@@ -151,12 +151,10 @@ struct Candidates<'a> {
     copy_cost: f64,
 }
 
-/// Bytes a plan copies to the host and back.
-fn swap_traffic(problem: &Problem, planned: &Planned) -> u64 {
-    let nodes = problem.graph.nodes();
-    planned
-        .plan
-        .steps
+/// Bytes a plan copies to the host and back: every swap-out and swap-in step's tensor.
+pub fn swap_traffic(graph: &remat_planner::Graph, plan: &Plan) -> u64 {
+    let nodes = graph.nodes();
+    plan.steps
         .iter()
         .filter_map(|step| match *step {
             Step::SwapOut { tensor } | Step::SwapIn { tensor } => nodes.get(tensor),
@@ -216,7 +214,7 @@ fn choose_once(problem: &Problem, c: &Candidates) -> Result<Round, PlanError> {
                 Err("drops a written gradient buffer".to_string())
             }
             Ok(mut planned) => {
-                let traffic = swap_traffic(problem, &planned);
+                let traffic = swap_traffic(problem.graph, &planned.plan);
                 planned.report.total_time += copy_cost.max(0.0) * traffic as f64;
                 let r = &planned.report;
                 let out = Ok((r.total_time, r.peak_bytes));

@@ -36,7 +36,9 @@ mod grads;
 mod layout;
 mod tensor_buf;
 
-pub use choose::{Choice, Considered, choose_plan, kept_nodes, policy_plan, same_nodes};
+pub use choose::{
+    Choice, Considered, choose_plan, kept_nodes, policy_plan, same_nodes, swap_traffic,
+};
 pub use exec::{ItemMeasure, RunOptions, StepReport, run_steps};
 pub use layout::{Item, ItemKind, Layout, Measured};
 
