@@ -1,4 +1,5 @@
-//! N -> M -> N round trips for N, M in 1..=8 with random shapes, dtypes and placements:
+//! N -> M -> N round trips for N, M in 1..=8 with random shapes, dtypes (sub-byte F4 and F6
+//! included) and placements:
 //! every byte of every tensor must survive.
 
 mod common;

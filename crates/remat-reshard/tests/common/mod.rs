@@ -39,20 +39,28 @@ pub struct Tensor {
     pub data: Vec<u8>,
 }
 
-/// Random tensors: 0-d, empty and odd sizes included, every byte-sized dtype.
+/// Random tensors: 0-d, empty and odd sizes included, every dtype. A sub-byte dtype (F4,
+/// F6) gets two or three dimensions with the last a multiple of 8 elements, so that a split
+/// of any other dimension falls on a byte boundary (see [`random_rules`]).
 pub fn random_tensors(rng: &mut Rng, count: usize) -> Vec<Tensor> {
-    let dtypes: Vec<Dtype> = Dtype::all().filter(|d| d.bits() % 8 == 0).collect();
+    let dtypes: Vec<Dtype> = Dtype::all().collect();
+    let mut dim = |rng: &mut Rng| match rng.below(10) {
+        0 => 0,
+        1 => 1,
+        _ => 1 + rng.below(13),
+    };
     (0..count)
         .map(|i| {
             let dtype = dtypes[rng.below(dtypes.len() as u64) as usize];
-            let ndim = rng.below(4) as usize;
-            let shape: Vec<u64> = (0..ndim)
-                .map(|_| match rng.below(10) {
-                    0 => 0,
-                    1 => 1,
-                    _ => 1 + rng.below(13),
-                })
-                .collect();
+            let shape: Vec<u64> = if is_sub_byte(dtype) {
+                let outer = 1 + rng.below(2) as usize;
+                let mut shape: Vec<u64> = (0..outer).map(|_| dim(rng)).collect();
+                shape.push(8 * (1 + rng.below(3)));
+                shape
+            } else {
+                let ndim = rng.below(4) as usize;
+                (0..ndim).map(|_| dim(rng)).collect()
+            };
             let n = dtype.bytes_for(shape.iter().product()).unwrap() as usize;
             Tensor {
                 name: format!("t{i}.w"),
@@ -62,6 +70,11 @@ pub fn random_tensors(rng: &mut Rng, count: usize) -> Vec<Tensor> {
             }
         })
         .collect()
+}
+
+/// Whether elements of `dtype` are narrower than a byte (packed).
+pub fn is_sub_byte(dtype: Dtype) -> bool {
+    dtype.bits() % 8 != 0
 }
 
 /// Writes tensors as one Hugging Face file.
@@ -83,9 +96,15 @@ pub fn random_rules(rng: &mut Rng, tensors: &[Tensor], world: usize) -> Vec<Name
     tensors
         .iter()
         .map(|t| {
+            // A sub-byte tensor is split only outside its last dimension (byte boundaries).
+            let shardable = if is_sub_byte(t.dtype) {
+                t.shape.len().saturating_sub(1)
+            } else {
+                t.shape.len()
+            };
             let rule = match rng.below(5) {
-                0 | 1 if !t.shape.is_empty() => {
-                    Rule::Place(Placement::Shard(rng.below(t.shape.len() as u64) as usize))
+                0 | 1 if shardable > 0 => {
+                    Rule::Place(Placement::Shard(rng.below(shardable as u64) as usize))
                 }
                 2 => Rule::Place(Placement::Replicate),
                 3 => Rule::Rank(rng.below(world as u64) as usize),
