@@ -44,7 +44,7 @@ pub struct Tensor {
 /// of any other dimension falls on a byte boundary (see [`random_rules`]).
 pub fn random_tensors(rng: &mut Rng, count: usize) -> Vec<Tensor> {
     let dtypes: Vec<Dtype> = Dtype::all().collect();
-    let mut dim = |rng: &mut Rng| match rng.below(10) {
+    let dim = |rng: &mut Rng| match rng.below(10) {
         0 => 0,
         1 => 1,
         _ => 1 + rng.below(13),
@@ -74,7 +74,7 @@ pub fn random_tensors(rng: &mut Rng, count: usize) -> Vec<Tensor> {
 
 /// Whether elements of `dtype` are narrower than a byte (packed).
 pub fn is_sub_byte(dtype: Dtype) -> bool {
-    dtype.bits() % 8 != 0
+    !dtype.bits().is_multiple_of(8)
 }
 
 /// Writes tensors as one Hugging Face file.
