@@ -232,7 +232,14 @@ pub fn measure_copy_under_compute(
                 }
                 let start = Instant::now();
                 let (slot, out) = copy.offload(buf, "bandwidth probe")?.wait()?.value;
-                buf = copy.prefetch(slot, out, true)?.wait()?.value;
+                // As the executor does: the swapped-out buffer is freed, and the swap-in
+                // fills a newly allocated one (its pages are new to the process, and
+                // faulting them in is part of what a swap costs the cores).
+                drop(out);
+                buf = copy
+                    .prefetch(slot, vec![0.0f32; words], true)?
+                    .wait()?
+                    .value;
                 busy += start.elapsed();
                 moved += 2 * (words as u64 * 4);
                 trips.fetch_add(1, Ordering::Relaxed);
