@@ -300,3 +300,72 @@ pub fn measure_copy_under_compute(
 
 /// Round trips the bandwidth probe completes at least.
 const MIN_TRIPS: u64 = 4;
+
+/// Seconds of step time a byte of swap traffic costs when a real plan swaps: a swap-heavy
+/// plan (MuTWO at the tightest of a few budgets that it meets) and the store-all plan run
+/// alternately, `rounds` times each after a warm-up; the measured time difference beyond
+/// the simulator's predicted one, per byte copied out and in. The probe of
+/// [`measure_copy_under_compute`] streams one buffer; a plan swaps many tensors of many
+/// sizes at the moments the schedule puts them, and this measures that. `None` when no
+/// swapping plan is found. The graph's random generator and gradients are left as they were.
+pub fn calibrate_swap_cost(
+    graph: &mut Graph,
+    profile: &StepProfile,
+    copy: &CopyEngine,
+    bandwidth: f64,
+    rounds: usize,
+) -> Result<Option<f64>, PlanExecError> {
+    let g = &profile.graph;
+    let activations = g.store_all_peak().saturating_sub(g.static_bytes());
+    let plan_for = |budget: u64, strategy: &str| {
+        let problem = remat_planner::Problem {
+            graph: g,
+            budget_bytes: budget,
+            bandwidth,
+        };
+        remat_planner::lookup(strategy)
+            .ok()?
+            .plan(&problem)
+            .ok()
+            .filter(|p| crate::plan_exec::plan_fits_executor(&profile.layout, &p.plan))
+    };
+    let Some(store_all) = plan_for(u64::MAX, "store-all") else {
+        return Ok(None);
+    };
+    let swapping = [0.3, 0.5, 0.7].iter().find_map(|f| {
+        let budget = g.static_bytes() + (f * activations as f64) as u64;
+        plan_for(budget, "mutwo")
+            .map(|p| (crate::plan_exec::swap_traffic(g, &p.plan), p))
+            .filter(|(traffic, _)| *traffic > 0)
+    });
+    let Some((traffic, swapping)) = swapping else {
+        return Ok(None);
+    };
+    let rng = graph.rng;
+    let mut step = |plan: &remat_planner::Plan| -> Result<f64, PlanExecError> {
+        graph.rng = rng;
+        let report =
+            crate::plan_exec::run_plan(graph, &profile.layout, g.name(), plan, Some(copy))?;
+        Ok(report.step_time.as_secs_f64())
+    };
+    let mut differences = Vec::with_capacity(rounds.max(1));
+    let result = (|| {
+        step(&swapping.plan)?;
+        step(&store_all.plan)?;
+        for _ in 0..rounds.max(1) {
+            let with_swaps = step(&swapping.plan)?;
+            differences.push(with_swaps - step(&store_all.plan)?);
+        }
+        Ok::<(), PlanExecError>(())
+    })();
+    graph.rng = rng;
+    for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
+        node.grad = None;
+    }
+    copy.reset_stats();
+    result?;
+    let predicted = swapping.report.total_time - store_all.report.total_time;
+    Ok(Some(
+        ((median(differences) - predicted) / traffic as f64).max(0.0),
+    ))
+}

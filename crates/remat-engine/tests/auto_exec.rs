@@ -717,3 +717,20 @@ fn copies_under_compute_have_a_bandwidth_and_a_nonnegative_cost() {
         .unwrap();
     s.check("after the probe", &store_all, &copy);
 }
+
+#[test]
+fn swap_cost_is_calibrated_on_a_swapping_plan() {
+    use remat_engine::profile::calibrate_swap_cost;
+    let mut s = setup(6);
+    let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
+    let cost = calibrate_swap_cost(&mut s.graph, &s.profile, &copy, BANDWIDTH, 2)
+        .unwrap()
+        .expect("MuTWO swaps at one of the calibration budgets");
+    assert!(cost.is_finite() && cost >= 0.0, "{cost}");
+    // The calibration runs leave the step as it was.
+    let store_all = remat_planner::lookup("store-all")
+        .unwrap()
+        .plan(&s.unlimited())
+        .unwrap();
+    s.check("after calibrating", &store_all, &copy);
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use remat_engine::models::gpt::Checkpointing;
 use remat_engine::plan_exec::{StepReport, choose_plan, run_plan};
-use remat_engine::profile::{StepProfile, measure_copy_under_compute, median};
+use remat_engine::profile::{StepProfile, calibrate_swap_cost, measure_copy_under_compute, median};
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{ExecContext, Policy};
 use remat_planner::{Planned, Problem};
@@ -277,6 +277,8 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
     let idle_bandwidth = measure_copy_bandwidth(&copy)?;
     let copies = measure_copy_under_compute(&mut step.graph, &profile, &copy, 3, PROBE_BYTES)?;
     let bandwidth = copies.bandwidth;
+    let calibrated = calibrate_swap_cost(&mut step.graph, &profile, &copy, bandwidth, 5)?;
+    let copy_cost = calibrated.unwrap_or(copies.compute_seconds_per_byte);
     let sets = fixed_policy_sets(&step.graph, &policies, |ckpt| {
         Ok(built.record_with(&ctx, 0, Some(ckpt))?.graph)
     })?;
@@ -311,14 +313,19 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
         .map_or(0, |f| f.peak);
     let notes = vec![
         format!(
-            "\n{label}: static {} MiB, store-all peak: planned {} MiB, executed {} MiB, engine's own {} MiB; copy bandwidth {:.2} GB/s idle, {:.2} GB/s while computing (planned with), costing the step {:.2} ms of compute per MiB copied",
+            "\n{label}: static {} MiB, store-all peak: planned {} MiB, executed {} MiB, engine's own {} MiB; copy bandwidth {:.2} GB/s idle, {:.2} GB/s while computing (planned with); a swap costs the step {:.2} ms per MiB copied ({})",
             mib(static_bytes),
             mib(store_all.report.peak_bytes),
             mib(base.peak),
             mib(engine_store_all),
             idle_bandwidth / 1e9,
             bandwidth / 1e9,
-            copies.compute_seconds_per_byte * 1e3 * (1u64 << 20) as f64
+            copy_cost * 1e3 * (1u64 << 20) as f64,
+            if calibrated.is_some() {
+                "measured on a swapping plan against store-all"
+            } else {
+                "measured by the copy probe"
+            }
         ),
         render(
             &[
@@ -356,13 +363,7 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
             .filter(|x| x.peak <= budget)
             .min_by_key(|x| x.time);
         let mut row = vec![label.clone(), format!("{f:.1}"), mib(budget)];
-        match choose_plan(
-            &problem,
-            &profile.layout,
-            None,
-            &sets,
-            copies.compute_seconds_per_byte,
-        ) {
+        match choose_plan(&problem, &profile.layout, None, &sets, copy_cost) {
             Ok(choice) => {
                 let planned = &choice.planned;
                 let beside = Beside {

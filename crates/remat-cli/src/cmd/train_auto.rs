@@ -16,7 +16,8 @@ use remat_engine::plan_exec::{
     Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes,
 };
 use remat_engine::profile::{
-    CopyUnderCompute, ProfileOptions, StepProfile, measure_copy_under_compute, median, profile_step,
+    CopyUnderCompute, ProfileOptions, StepProfile, calibrate_swap_cost, measure_copy_under_compute,
+    median, profile_step,
 };
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_planner::{PlanError, Planned, Problem};
@@ -191,8 +192,16 @@ impl AutoSession {
                 bandwidth,
                 compute_seconds_per_byte: 0.0,
             },
-            None => measure_copy_under_compute(graph, &profile, &copy, 3, PROBE_BYTES)
-                .context("measuring the copy bandwidth while the step computes")?,
+            None => {
+                let probed = measure_copy_under_compute(graph, &profile, &copy, 3, PROBE_BYTES)
+                    .context("measuring the copy bandwidth while the step computes")?;
+                let calibrated = calibrate_swap_cost(graph, &profile, &copy, probed.bandwidth, 5)
+                    .context("measuring what swaps cost the step")?;
+                CopyUnderCompute {
+                    compute_seconds_per_byte: calibrated.unwrap_or(probed.compute_seconds_per_byte),
+                    ..probed
+                }
+            }
         };
         let bandwidth = copies.bandwidth;
         let problem = Problem {
