@@ -332,7 +332,7 @@ pub fn calibrate_swap_cost(
     let Some(store_all) = plan_for(u64::MAX, "store-all") else {
         return Ok(None);
     };
-    let swapping = [0.3, 0.5, 0.7].iter().find_map(|f| {
+    let swapping = [0.3, 0.5, 0.7, 0.9].iter().find_map(|f| {
         let budget = g.static_bytes() + (f * activations as f64) as u64;
         plan_for(budget, "mutwo")
             .map(|p| (crate::plan_exec::swap_traffic(g, &p.plan), p))
