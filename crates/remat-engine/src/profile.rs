@@ -277,11 +277,7 @@ pub fn measure_copy_under_compute(
             Err(e) => (0, Duration::ZERO, times, result.and(Err(e))),
         }
     });
-    graph.rng = rng;
-    for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
-        node.grad = None;
-    }
-    copy.reset_stats();
+    restore_after_probe(graph, rng, copy);
     result?;
     if moved == 0 {
         return Err(PlanExecError::Invalid(
@@ -358,14 +354,20 @@ pub fn calibrate_swap_cost(
         }
         Ok::<(), PlanExecError>(())
     })();
-    graph.rng = rng;
-    for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
-        node.grad = None;
-    }
-    copy.reset_stats();
+    restore_after_probe(graph, rng, copy);
     result?;
     let predicted = swapping.report.total_time - store_all.report.total_time;
     Ok(Some(
         ((median(differences) - predicted) / traffic as f64).max(0.0),
     ))
+}
+
+/// Leaves the step as a probe found it: the random generator at its state before the
+/// probe's runs, no gradients from them, the copy engine's counters cleared.
+fn restore_after_probe(graph: &mut Graph, rng: crate::rng::CounterRng, copy: &CopyEngine) {
+    graph.rng = rng;
+    for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
+        node.grad = None;
+    }
+    copy.reset_stats();
 }

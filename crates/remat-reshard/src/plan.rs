@@ -218,12 +218,9 @@ fn fingerprint(ckpt: &Checkpoint, files: &[TargetFile]) -> u64 {
         h.update(name.to_string_lossy().as_bytes());
         let bytes = src.map.bytes();
         h.update(&(bytes.len() as u64).to_le_bytes());
-        let header_len = bytes
-            .get(..8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map_or(0, u64::from_le_bytes);
-        let end = usize::try_from(header_len.saturating_add(8)).unwrap_or(usize::MAX);
-        h.update(bytes.get(..end).unwrap_or(bytes));
+        // The length prefix and header JSON, as parsed (validated) when the file was opened.
+        let header = usize::try_from(src.header.data_start).unwrap_or(usize::MAX);
+        h.update(bytes.get(..header).unwrap_or(bytes));
     }
     for t in &ckpt.tensors {
         for p in &t.pieces {
