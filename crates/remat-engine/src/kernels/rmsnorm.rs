@@ -72,14 +72,16 @@ pub fn rmsnorm_backward<T: Float>(
     rstd: &[T],
     dy: &[T],
     dx: &mut [T],
-    dweight: &mut [T],
+    dweight: Option<&mut [T]>,
 ) -> Result<(), KernelError> {
     let dim = weight.len();
     let rows = check_shape("rmsnorm_backward", x.len(), weight.len(), dim)?;
     check_len("rmsnorm_backward", "rstd", rstd.len(), rows)?;
     check_len("rmsnorm_backward", "dy", dy.len(), x.len())?;
     check_len("rmsnorm_backward", "dx", dx.len(), x.len())?;
-    check_len("rmsnorm_backward", "dweight", dweight.len(), dim)?;
+    if let Some(dw) = &dweight {
+        check_len("rmsnorm_backward", "dweight", dw.len(), dim)?;
+    }
     let inv_dim = T::ONE / T::from_usize(dim);
     let row = |(((dx, x), dy), &s): RowArgs<'_, T>| {
         // dx holds g = dy * w first, so the reduction runs over two plain slices.
@@ -105,7 +107,11 @@ pub fn rmsnorm_backward<T: Float>(
             .zip(rstd.iter())
             .for_each(row);
     }
-    // Weight gradient: each column is summed over rows in row order; threads split columns.
+    // Weight gradient (when asked for: a recomputed backward needs only dx): each column is
+    // summed over rows in row order; threads split columns.
+    let Some(dweight) = dweight else {
+        return Ok(());
+    };
     let column_block = |(c, dw): (usize, &mut [T])| {
         let c0 = c * COLS;
         for (r, &s) in rstd.iter().enumerate() {
@@ -146,7 +152,7 @@ mod tests {
         let (mut y, mut rstd) = (vec![0.0; rows * dim], vec![0.0; rows]);
         rmsnorm_forward(&x, &w, 1e-5, &mut y, &mut rstd).unwrap();
         let (mut dx, mut dw) = (vec![0.0; rows * dim], vec![0.0; dim]);
-        rmsnorm_backward(&x, &w, &rstd, &up, &mut dx, &mut dw).unwrap();
+        rmsnorm_backward(&x, &w, &rstd, &up, &mut dx, Some(&mut dw)).unwrap();
         assert_close("rmsnorm dx", &dx, &finite_diff(&x, |x| loss(x, &w)));
         assert_close("rmsnorm dw", &dw, &finite_diff(&w, |w| loss(&x, w)));
     }
@@ -173,7 +179,7 @@ mod tests {
                 let (mut y, mut r) = (vec![0.0f32; rows * dim], vec![0.0f32; rows]);
                 rmsnorm_forward(&x, &w, 1e-6, &mut y, &mut r).unwrap();
                 let (mut dx, mut dw) = (vec![0.0f32; rows * dim], vec![0.0f32; dim]);
-                rmsnorm_backward(&x, &w, &r, &dy, &mut dx, &mut dw).unwrap();
+                rmsnorm_backward(&x, &w, &r, &dy, &mut dx, Some(&mut dw)).unwrap();
                 (y, dx, dw)
             })
         };

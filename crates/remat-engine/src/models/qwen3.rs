@@ -700,7 +700,7 @@ impl Qwen3 {
             &rstd,
             &dxf,
             &mut dx,
-            &mut dnorm,
+            Some(&mut dnorm),
         )
         .map_err(kernel_err("final norm"))?;
         if mode == Mode::Full {

@@ -66,30 +66,33 @@ impl Op for RmsNorm {
             .aux
             .first()
             .ok_or_else(|| cx.shape_error("the saved reciprocal std is missing"))?;
-        // The kernel produces both gradients together; an unneeded one goes to scratch.
+        // The kernel produces dx in any case (an unneeded one goes to scratch); the weight
+        // gradient only when it is needed.
         let dx = if cx.needs_grad(0) {
             cx.alloc_grad(0, x.shape(), x.dtype())?
         } else {
             cx.alloc_temp(x.shape(), x.dtype())?
         };
         let dw = if cx.needs_grad(1) {
-            cx.alloc_grad(1, w.shape(), w.dtype())?
+            Some(cx.alloc_grad(1, w.shape(), w.dtype())?)
         } else {
-            cx.alloc_temp(w.shape(), w.dtype())?
+            None
         };
         float_dispatch!(x.dtype(), cx.node_name(), T => {
             let (xr, wr, rr, gr) = (x.read(), w.read(), rstd.read(), g.read());
-            let (mut dxw, mut dww) = (dx.write(), dw.write());
+            let mut dxw = dx.write();
+            let mut dww = dw.as_ref().map(Tensor::write);
+            let dw_slice = match dww.as_mut() {
+                Some(d) => Some(d.as_mut_slice::<T>()?),
+                None => None,
+            };
             kernels::rmsnorm_backward(
                 xr.as_slice::<T>()?, wr.as_slice::<T>()?, rr.as_slice::<T>()?, gr.as_slice::<T>()?,
-                dxw.as_mut_slice::<T>()?, dww.as_mut_slice::<T>()?,
+                dxw.as_mut_slice::<T>()?, dw_slice,
             )
             .map_err(|e| e.at(cx.node_name()))
         })?;
-        Ok(vec![
-            cx.needs_grad(0).then_some(dx),
-            cx.needs_grad(1).then_some(dw),
-        ])
+        Ok(vec![cx.needs_grad(0).then_some(dx), dw])
     }
 }
 

@@ -579,12 +579,16 @@ impl<'a> Runner<'a> {
             aux: own.get(1..).unwrap_or(&[]),
             output_shape: &node.shape,
         };
+        // A recomputation rebuilds only the gradients that flow on: the leaves' were summed
+        // the first time, so the op is not asked for them (the simulator counts no buffer
+        // for them either, and computing one would be a transient the plan never saw).
         let grad_slots: Vec<(bool, bool)> = input_ids
             .iter()
             .map(|&j| {
+                let input = &self.graph.nodes[j];
                 (
-                    self.graph.nodes[j].requires_grad,
-                    self.graph.nodes[j].is_leaf(),
+                    input.requires_grad && (first || !input.is_leaf()),
+                    input.is_leaf(),
                 )
             })
             .collect();

@@ -209,7 +209,7 @@ impl Qwen3 {
             &b.get(rstd)?.data,
             dy,
             &mut dx,
-            &mut dw,
+            Some(&mut dw),
         )
         .map_err(kernel_err("rmsnorm"))?;
         if b.mode() == Mode::Full {
