@@ -99,6 +99,16 @@ impl Graph {
         })
     }
 
+    /// The same graph with every compute time set to 1: for heuristics that should also try
+    /// a choice that depends on the graph's structure only, not on profiled (noisy) times.
+    pub fn with_unit_costs(&self) -> Graph {
+        let mut g = self.clone();
+        for node in &mut g.nodes {
+            node.compute_time = 1.0;
+        }
+        g
+    }
+
     /// The same graph with the nodes `ids` pinned (computed exactly once: kept or swapped,
     /// never dropped and recomputed), in addition to any already pinned. An id that names
     /// no node is an error.
