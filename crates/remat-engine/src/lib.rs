@@ -88,6 +88,7 @@
 //!   global allocator checks that, between steps, the process's live tensor bytes equal
 //!   the pool's live bytes exactly.
 
+mod buffer_cache;
 pub mod checkpoint;
 pub mod context;
 pub mod dtype;

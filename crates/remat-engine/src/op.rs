@@ -168,35 +168,67 @@ impl<'a> OpCtx<'a> {
         }
     }
 
-    fn alloc_in(&self, shape: &[usize], dtype: DType, category: Category) -> Result<Tensor> {
-        Tensor::zeros(self.pool, shape, dtype, category, Some(self.node))
-            .map_err(|e| e.at(self.node_name))
+    fn alloc_in(
+        &self,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+        init: Init,
+    ) -> Result<Tensor> {
+        let made = match init {
+            Init::Zeroed => Tensor::zeros(self.pool, shape, dtype, category, Some(self.node)),
+            Init::Overwritten => {
+                Tensor::for_overwrite(self.pool, shape, dtype, category, Some(self.node))
+            }
+        };
+        made.map_err(|e| e.at(self.node_name))
+    }
+
+    fn output_category(&self) -> Category {
+        match self.phase {
+            Phase::Backward => Category::Temporaries,
+            _ => Category::Activations,
+        }
+    }
+
+    fn grad_category(&self, slot: usize) -> Category {
+        if self.grad_slots.get(slot).is_some_and(|s| s.1) {
+            Category::Gradients
+        } else {
+            Category::Temporaries
+        }
     }
 
     /// The node's output (an activation; zero-filled).
     pub fn alloc_output(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let category = match self.phase {
-            Phase::Backward => Category::Temporaries,
-            _ => Category::Activations,
-        };
-        self.alloc_in(shape, dtype, category)
+        self.alloc_in(shape, dtype, self.output_category(), Init::Zeroed)
+    }
+
+    /// The node's output with unspecified contents, for a kernel that writes every element
+    /// (see [`Tensor::for_overwrite`]).
+    pub fn alloc_output_overwritten(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        self.alloc_in(shape, dtype, self.output_category(), Init::Overwritten)
     }
 
     /// Scratch memory, freed when the returned tensor is dropped (before the op returns).
     pub fn alloc_temp(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        self.alloc_in(shape, dtype, Category::Temporaries)
+        self.alloc_in(shape, dtype, Category::Temporaries, Init::Zeroed)
     }
 
-    /// The gradient buffer of input `slot`: charged as a gradient when that input is a leaf
-    /// (parameter), as a temporary when it flows on through the graph.
+    /// The gradient buffer of input `slot` (zero-filled): charged as a gradient when that
+    /// input is a leaf (parameter), as a temporary when it flows on through the graph.
     pub fn alloc_grad(&self, slot: usize, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let leaf = self.grad_slots.get(slot).is_some_and(|s| s.1);
-        let category = if leaf {
-            Category::Gradients
-        } else {
-            Category::Temporaries
-        };
-        self.alloc_in(shape, dtype, category)
+        self.alloc_in(shape, dtype, self.grad_category(slot), Init::Zeroed)
+    }
+
+    /// [`Self::alloc_grad`] with unspecified contents, for a kernel that writes every element.
+    pub fn alloc_grad_overwritten(
+        &self,
+        slot: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        self.alloc_in(shape, dtype, self.grad_category(slot), Init::Overwritten)
     }
 
     /// Whether input `slot` needs a gradient.
@@ -254,4 +286,12 @@ impl<'a> OpCtx<'a> {
             message: message.into(),
         }
     }
+}
+
+/// How a new buffer starts.
+#[derive(Clone, Copy)]
+enum Init {
+    Zeroed,
+    /// Unspecified contents; the kernel writes every element.
+    Overwritten,
 }

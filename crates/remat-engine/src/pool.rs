@@ -8,7 +8,11 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use crate::buffer_cache::MIN_CACHED_BYTES;
+use crate::buffer_cache::{BufferCache, Reuse};
+use crate::dtype::DType;
 use crate::error::EngineError;
+use crate::tensor::Buf;
 
 /// What a buffer is for; the pool reports live and peak bytes per category.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -63,6 +67,10 @@ pub struct PoolStats {
     /// Indexed like [`Category::ALL`].
     pub categories: [CategoryStats; 5],
     pub allocations: u64,
+    /// Freed buffers held for reuse (not live: see [`MemoryPool::set_buffer_cache`]).
+    pub cached: u64,
+    /// Allocations served from those buffers.
+    pub cache_hits: u64,
 }
 
 impl PoolStats {
@@ -94,6 +102,7 @@ pub struct PoolEvent {
 struct PoolState {
     stats: PoolStats,
     events: Option<Vec<PoolEvent>>,
+    cache: BufferCache,
 }
 
 /// A byte-budgeted memory pool. Cheap to share: wrap it in an `Arc`.
@@ -148,7 +157,32 @@ impl MemoryPool {
     }
 
     pub fn stats(&self) -> PoolStats {
-        self.lock().stats.clone()
+        let st = self.lock();
+        PoolStats {
+            cached: st.cache.bytes(),
+            ..st.stats.clone()
+        }
+    }
+
+    /// Bytes of freed buffers held for reuse.
+    pub fn cached(&self) -> u64 {
+        self.lock().cache.bytes()
+    }
+
+    /// Whether freed buffers are kept for reuse (on by default). A training step allocates
+    /// the same sizes every step; reusing a buffer saves its page faults and the zeroing of
+    /// new memory. The cache never holds more than the high-water mark of live bytes minus
+    /// the live bytes, and it is not counted as live (see `buffer_cache`). Turning it off
+    /// frees what it holds.
+    pub fn set_buffer_cache(&self, on: bool) {
+        let freed = self.lock().cache.set_enabled(on);
+        drop(freed);
+    }
+
+    /// Frees every cached buffer (the cache stays on).
+    pub fn trim(&self) {
+        let freed = self.lock().cache.drain();
+        drop(freed);
     }
 
     pub fn live(&self) -> u64 {
@@ -185,6 +219,19 @@ impl MemoryPool {
         category: Category,
         node: Option<usize>,
     ) -> Result<Reservation, PoolOom> {
+        self.reserve_buffer(bytes, category, node, None)
+            .map(|(r, _)| r)
+    }
+
+    /// [`Self::reserve`], and a cached buffer of `numel` elements of `dtype` when one is
+    /// held (its contents are stale).
+    pub(crate) fn reserve_buffer(
+        self: &Arc<Self>,
+        bytes: u64,
+        category: Category,
+        node: Option<usize>,
+        buffer: Option<(DType, usize)>,
+    ) -> Result<(Reservation, Option<Buf>), PoolOom> {
         let mut st = self.lock();
         let live = st.stats.live;
         if let Some(budget) = st.stats.budget.filter(|&b| live + bytes > b) {
@@ -203,6 +250,13 @@ impl MemoryPool {
         c.live += bytes;
         c.peak = c.peak.max(c.live);
         let live_after = s.live;
+        let (reused, evicted) = match st.cache.on_reserve(live_after, buffer) {
+            Reuse::Hit(buf) => {
+                st.stats.cache_hits += 1;
+                (Some(buf), Vec::new())
+            }
+            Reuse::Miss(evicted) => (None, evicted),
+        };
         if let Some(ev) = st.events.as_mut() {
             ev.push(PoolEvent {
                 kind: EventKind::Alloc,
@@ -212,16 +266,24 @@ impl MemoryPool {
                 live_after,
             });
         }
-        Ok(Reservation {
+        drop(st);
+        drop(evicted);
+        let reservation = Reservation {
             pool: Arc::clone(self),
             bytes,
             category,
             node,
-        })
+            released: false,
+        };
+        Ok((reservation, reused))
     }
 
-    fn release(&self, bytes: u64, category: Category, node: Option<usize>) {
+    /// Returns `bytes` to the pool and offers the freed `buf` (if any) to the cache in the
+    /// same step, so `live + cached` never rises.
+    fn release(&self, bytes: u64, category: Category, node: Option<usize>, buf: Option<Buf>) {
         let mut st = self.lock();
+        let live = st.stats.live;
+        let refused = buf.and_then(|b| st.cache.put(live, b));
         let s = &mut st.stats;
         s.live -= bytes;
         s.categories[category.index()].live -= bytes;
@@ -235,6 +297,8 @@ impl MemoryPool {
                 live_after,
             });
         }
+        drop(st);
+        drop(refused);
     }
 }
 
@@ -245,6 +309,7 @@ pub struct Reservation {
     bytes: u64,
     category: Category,
     node: Option<usize>,
+    released: bool,
 }
 
 impl Reservation {
@@ -259,9 +324,24 @@ impl Reservation {
     }
 }
 
+impl Reservation {
+    /// Returns the bytes now, offering the buffer they accounted for to the pool's cache;
+    /// the reservation is then spent and its drop does nothing.
+    pub(crate) fn release_with(&mut self, buf: Buf) {
+        if !self.released {
+            self.released = true;
+            self.pool
+                .release(self.bytes, self.category, self.node, Some(buf));
+        }
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.pool.release(self.bytes, self.category, self.node);
+        if !self.released {
+            self.pool
+                .release(self.bytes, self.category, self.node, None);
+        }
     }
 }
 

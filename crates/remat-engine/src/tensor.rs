@@ -31,6 +31,39 @@ impl Buf {
         }
     }
 
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            Buf::F32(v) => v.len(),
+            Buf::F64(v) => v.len(),
+            Buf::BF16(v) => v.len(),
+            Buf::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the allocation is exactly the elements (what the pool charged for).
+    pub(crate) fn is_exact(&self) -> bool {
+        match self {
+            Buf::F32(v) => v.capacity() == v.len(),
+            Buf::F64(v) => v.capacity() == v.len(),
+            Buf::BF16(v) => v.capacity() == v.len(),
+            Buf::F16(v) => v.capacity() == v.len(),
+        }
+    }
+
+    fn fill_zero(&mut self) {
+        match self {
+            Buf::F32(v) => v.fill(0.0),
+            Buf::F64(v) => v.fill(0.0),
+            Buf::BF16(v) => v.fill(half::bf16::ZERO),
+            Buf::F16(v) => v.fill(half::f16::ZERO),
+        }
+    }
+
     pub fn dtype(&self) -> DType {
         match self {
             Buf::F32(_) => DType::F32,
@@ -86,6 +119,15 @@ struct Storage {
     reservation: Reservation,
 }
 
+impl Drop for Storage {
+    /// The buffer goes back to the pool with its bytes, for reuse (see `buffer_cache`).
+    fn drop(&mut self) {
+        let buf = self.buf.get_mut().unwrap_or_else(|e| e.into_inner());
+        let buf = std::mem::replace(buf, Buf::F32(Vec::new()));
+        self.reservation.release_with(buf);
+    }
+}
+
 /// A contiguous row-major tensor. `Send + Sync`; clones share storage.
 #[derive(Clone, Debug)]
 pub struct Tensor {
@@ -131,12 +173,47 @@ impl Tensor {
         category: Category,
         node: Option<usize>,
     ) -> Result<Tensor, PoolOom> {
-        let reservation = pool.reserve(nbytes(shape, dtype), category, node)?;
+        Tensor::allocate(pool, shape, dtype, category, node, true)
+    }
+
+    /// A tensor whose elements are unspecified: zeros, or the stale values of a buffer the
+    /// pool reused. For kernels that write every element before anything reads one; it
+    /// saves zeroing a buffer that is about to be overwritten.
+    pub fn for_overwrite(
+        pool: &Arc<MemoryPool>,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+        node: Option<usize>,
+    ) -> Result<Tensor, PoolOom> {
+        Tensor::allocate(pool, shape, dtype, category, node, false)
+    }
+
+    fn allocate(
+        pool: &Arc<MemoryPool>,
+        shape: &[usize],
+        dtype: DType,
+        category: Category,
+        node: Option<usize>,
+        zeroed: bool,
+    ) -> Result<Tensor, PoolOom> {
+        let n = numel(shape);
+        let (reservation, reused) =
+            pool.reserve_buffer(nbytes(shape, dtype), category, node, Some((dtype, n)))?;
+        let buf = match reused {
+            Some(mut buf) => {
+                if zeroed {
+                    buf.fill_zero();
+                }
+                buf
+            }
+            None => Buf::zeros(dtype, n),
+        };
         Ok(Tensor {
             shape: shape.to_vec(),
             storage: Arc::new(Storage {
                 dtype,
-                buf: RwLock::new(Buf::zeros(dtype, numel(shape))),
+                buf: RwLock::new(buf),
                 version: AtomicU64::new(0),
                 reservation,
             }),

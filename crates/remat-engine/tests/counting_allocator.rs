@@ -5,16 +5,21 @@
 //! pool's live bytes. Outside the pool: gemm's per-thread packing slab (allocated once per
 //! thread, before counting starts here) and its transient packing buffers within a call.
 //!
+//! The pool keeps freed buffers for reuse (its buffer cache, for buffers of at least
+//! `MIN_CACHED_BYTES`, which is `LARGE` here): the process then holds live plus cached
+//! bytes, and that sum never exceeds the pool's high-water mark of live bytes. The check runs
+//! once with the cache off (every pool allocation is a real one) and once with it on.
+//!
 //! (One test in this binary, so no other test allocates concurrently.)
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use remat_engine::models::mlp::{Mlp, MlpConfig};
-use remat_engine::pool::EventKind;
+use remat_engine::pool::{EventKind, MIN_CACHED_BYTES};
 use remat_engine::{Category, DType, ExecContext, Graph, MemoryPool, Policy, Tensor};
 
-const LARGE: usize = 16 << 10;
+const LARGE: usize = MIN_CACHED_BYTES as usize;
 
 struct Counting;
 
@@ -84,12 +89,21 @@ fn drain(pool: &MemoryPool) -> (u64, i64) {
 
 #[test]
 fn pool_accounting_matches_real_allocations() {
+    run_checked(false);
+    run_checked(true);
+}
+
+/// Trains an MLP under three policies, checking the pool against the allocator at every
+/// stage, with or without the pool's buffer cache.
+fn run_checked(cache: bool) {
     // Single-threaded: gemm then packs into small thread-local buffers only.
     let pool = MemoryPool::unbounded();
+    pool.set_buffer_cache(cache);
     let ctx = ExecContext::new(pool.clone(), 1).unwrap();
     // gemm keeps a per-thread packing slab (the L2 size) for the life of the thread: it
     // is workspace outside the pool, so let it be allocated before counting starts.
     warm_up_gemm(&ctx);
+    pool.trim();
     pool.enable_event_log();
     let (live0, total0) = counters();
     let (mut pool_large_total, mut pool_small_live) = (0u64, 0i64);
@@ -98,18 +112,26 @@ fn pool_accounting_matches_real_allocations() {
         pool_large_total += large;
         pool_small_live += small;
         let (live, total) = counters();
+        let stats = pool.stats();
         assert_eq!(
             live - live0,
-            pool.live() - pool_small_live as u64,
-            "live bytes {what}"
+            stats.live - pool_small_live as u64 + stats.cached,
+            "live bytes {what} (cache {cache})"
         );
-        // Every pool byte was really allocated; the process may allocate more in between
-        // (gemm packs a transposed operand into a transient buffer inside one call), but
-        // at every check the live bytes agree exactly.
+        // The cache never makes the process hold more than the most the pool had live.
         assert!(
-            total - total0 >= pool_large_total,
-            "bytes ever allocated {what}"
+            stats.live + stats.cached <= stats.peak,
+            "cached bytes {what}"
         );
+        if !cache {
+            // Every pool byte was really allocated; the process may allocate more in between
+            // (gemm packs a transposed operand into a transient buffer inside one call), but
+            // at every check the live bytes agree exactly.
+            assert!(
+                total - total0 >= pool_large_total,
+                "bytes ever allocated {what}"
+            );
+        }
     };
 
     // Weights 64 x 64 and activations 64 x 64 are 16 KiB each; biases are small.
@@ -139,6 +161,10 @@ fn pool_accounting_matches_real_allocations() {
         drop(g);
         check(&format!("after dropping the {policy} graph"));
     }
+    // Three steps of one model allocate the same sizes again: with the cache on, most of
+    // the second and third steps' buffers are reused ones.
+    let hits = pool.stats().cache_hits;
+    assert_eq!(hits > 0, cache, "cache hits: {hits}");
 }
 
 fn warm_up_gemm(ctx: &ExecContext) {

@@ -93,8 +93,17 @@ fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> anyh
     Ok(())
 }
 
-struct Measured {
+/// One row of the bench: a policy run in a context.
+struct Variant<'a> {
+    label: String,
     ckpt: Checkpointing,
+    ctx: &'a ExecContext,
+    /// Bytes held in another pool for this variant (the parameters), added to its peak.
+    elsewhere: u64,
+}
+
+struct Measured<'a> {
+    variant: Variant<'a>,
     /// Median step time.
     seconds: f64,
     /// Median over rounds of this policy's step time over store-all's in the same round.
@@ -142,19 +151,19 @@ fn one_step(
 /// page faults, thread start-up), so that every policy sees the same machine: on a shared
 /// machine the speed drifts over seconds, and timing one policy after the other would put
 /// that drift into the ratios. The first policy is the reference of the ratios.
-fn measure_rounds(
-    ctx: &ExecContext,
+fn measure_rounds<'a>(
     gpt: &Gpt,
     b: &Batch,
-    policies: &[Checkpointing],
+    variants: Vec<Variant<'a>>,
     rounds: usize,
     bar: &ProgressBar,
-) -> anyhow::Result<Vec<Measured>> {
-    let mut rows: Vec<Measured> = Vec::with_capacity(policies.len());
-    for &ckpt in policies {
-        let (_, peak_activations, peak_total) = one_step(ctx, gpt, b, ckpt)?;
+) -> anyhow::Result<Vec<Measured<'a>>> {
+    let mut rows: Vec<Measured> = Vec::with_capacity(variants.len());
+    for variant in variants {
+        let (_, peak_activations, peak_total) = one_step(variant.ctx, gpt, b, variant.ckpt)?;
+        let peak_total = peak_total + variant.elsewhere;
         rows.push(Measured {
-            ckpt,
+            variant,
             seconds: 0.0,
             ratio: 1.0,
             peak_activations,
@@ -164,11 +173,12 @@ fn measure_rounds(
     }
     for _ in 0..rounds.max(1) {
         for row in &mut rows {
-            bar.set_message(format!("{}", row.ckpt));
-            let (t, a, p) = one_step(ctx, gpt, b, row.ckpt)?;
+            let v = &row.variant;
+            bar.set_message(v.label.clone());
+            let (t, a, p) = one_step(v.ctx, gpt, b, v.ckpt)?;
             row.times.push(t);
             row.peak_activations = row.peak_activations.max(a);
-            row.peak_total = row.peak_total.max(p);
+            row.peak_total = row.peak_total.max(p + v.elsewhere);
         }
         bar.inc(1);
     }
@@ -234,13 +244,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.threads,
         args.steps
     );
-    let policies = [
-        Checkpointing::Graph(Policy::StoreAll),
+    // The same store-all step with a pool that frees every buffer instead of reusing it:
+    // what the pool's buffer cache is worth (activations and gradients then come from the
+    // second pool; the parameters stay in the first and are added to its peak).
+    let uncached_pool = MemoryPool::unbounded();
+    uncached_pool.set_buffer_cache(false);
+    let uncached = ExecContext::new(uncached_pool, args.threads)?;
+    let store_all = Checkpointing::Graph(Policy::StoreAll);
+    let mut variants: Vec<Variant> = [
+        store_all,
         Checkpointing::PerBlock,
         Checkpointing::SqrtBlocks,
-    ];
+    ]
+    .into_iter()
+    .map(|ckpt| Variant {
+        label: ckpt.to_string(),
+        ckpt,
+        ctx: &ctx,
+        elsewhere: 0,
+    })
+    .collect();
+    variants.push(Variant {
+        label: format!("{store_all}, no buffer reuse"),
+        ckpt: store_all,
+        ctx: &uncached,
+        elsewhere: pool.live(),
+    });
     let bar = ProgressBar::new(args.steps.max(1) as u64 + 1);
-    let rows = measure_rounds(&ctx, &gpt, &b, &policies, args.steps, &bar)?;
+    let rows = measure_rounds(&gpt, &b, variants, args.steps, &bar)?;
     let mm = matmul_gflops(&ctx, &cfg, args.batch * args.seq)?;
     bar.finish_and_clear();
     let flops = cfg.step_flops(args.batch, args.seq);
@@ -249,7 +280,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|r| {
             vec![
-                r.ckpt.to_string(),
+                r.variant.label.clone(),
                 format!("{:.3}", r.seconds),
                 format!("{:.2}", r.ratio),
                 format_bytes(r.peak_activations),

@@ -74,7 +74,8 @@ impl Op for MatMul {
         let shape = self
             .output_shape(&[a.shape(), b.shape()])
             .map_err(|m| cx.shape_error(m))?;
-        let out = cx.alloc_output(&shape, a.dtype())?;
+        // Every element is written by the product (or zero-filled when k == 0).
+        let out = cx.alloc_output_overwritten(&shape, a.dtype())?;
         let par = cx.gemm_parallelism();
         float_dispatch!(a.dtype(), cx.node_name(), T => {
             let (ar, br) = (a.read(), b.read());
@@ -107,12 +108,12 @@ impl Op for MatMul {
         let d = dims(a.shape(), b.shape()).map_err(|m| cx.shape_error(m))?;
         let par = cx.gemm_parallelism();
         let da = if cx.needs_grad(0) {
-            Some(cx.alloc_grad(0, a.shape(), a.dtype())?)
+            Some(cx.alloc_grad_overwritten(0, a.shape(), a.dtype())?)
         } else {
             None
         };
         let db = if cx.needs_grad(1) {
-            Some(cx.alloc_grad(1, b.shape(), b.dtype())?)
+            Some(cx.alloc_grad_overwritten(1, b.shape(), b.dtype())?)
         } else {
             None
         };
