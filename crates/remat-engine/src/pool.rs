@@ -6,6 +6,7 @@
 //! an ordinary object (shared with `Arc`), never a global: pipeline stages each own one.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use crate::buffer_cache::MIN_CACHED_BYTES;
@@ -109,6 +110,7 @@ struct PoolState {
 #[derive(Debug, Default)]
 pub struct MemoryPool {
     state: Mutex<PoolState>,
+    poison_overwritten: AtomicBool,
 }
 
 /// The pool-level out-of-memory error; the graph adds the node being run.
@@ -177,6 +179,17 @@ impl MemoryPool {
     pub fn set_buffer_cache(&self, on: bool) {
         let freed = self.lock().cache.set_enabled(on);
         drop(freed);
+    }
+
+    /// A check for kernels: buffers handed out by [`crate::Tensor::for_overwrite`] are
+    /// filled with NaN, so an element a kernel forgets to write shows in its results
+    /// instead of silently reusing a stale value.
+    pub fn set_poison_overwritten(&self, on: bool) {
+        self.poison_overwritten.store(on, Ordering::Relaxed);
+    }
+
+    pub fn poisons_overwritten(&self) -> bool {
+        self.poison_overwritten.load(Ordering::Relaxed)
     }
 
     /// Frees every cached buffer (the cache stays on).

@@ -55,6 +55,15 @@ impl Buf {
         }
     }
 
+    fn fill_nan(&mut self) {
+        match self {
+            Buf::F32(v) => v.fill(f32::NAN),
+            Buf::F64(v) => v.fill(f64::NAN),
+            Buf::BF16(v) => v.fill(half::bf16::NAN),
+            Buf::F16(v) => v.fill(half::f16::NAN),
+        }
+    }
+
     fn fill_zero(&mut self) {
         match self {
             Buf::F32(v) => v.fill(0.0),
@@ -200,7 +209,7 @@ impl Tensor {
         let n = numel(shape);
         let (reservation, reused) =
             pool.reserve_buffer(nbytes(shape, dtype), category, node, Some((dtype, n)))?;
-        let buf = match reused {
+        let mut buf = match reused {
             Some(mut buf) => {
                 if zeroed {
                     buf.fill_zero();
@@ -209,6 +218,9 @@ impl Tensor {
             }
             None => Buf::zeros(dtype, n),
         };
+        if !zeroed && pool.poisons_overwritten() {
+            buf.fill_nan();
+        }
         Ok(Tensor {
             shape: shape.to_vec(),
             storage: Arc::new(Storage {

@@ -45,9 +45,23 @@ struct Run {
 }
 
 fn run(cfg: &GptConfig, ckpt: Checkpointing, threads: usize) -> Run {
-    let pool = MemoryPool::unbounded();
+    run_in(MemoryPool::unbounded(), cfg, ckpt, threads, 1)
+}
+
+/// The last of `steps` identical steps in `pool` (later steps reuse the pool's buffers).
+fn run_in(
+    pool: Arc<MemoryPool>,
+    cfg: &GptConfig,
+    ckpt: Checkpointing,
+    threads: usize,
+    steps: usize,
+) -> Run {
     let ctx = ExecContext::new(pool.clone(), threads).unwrap();
     let gpt = Gpt::new(&pool, cfg.clone()).unwrap();
+    for _ in 1..steps {
+        gpt.forward_backward(&ctx, &batch(cfg.vocab), ckpt, 42)
+            .unwrap();
+    }
     pool.reset_peak();
     let out = gpt
         .forward_backward(&ctx, &batch(cfg.vocab), ckpt, 42)
@@ -120,6 +134,28 @@ fn gradients_equal_store_all_bit_for_bit_with_dropout() {
 #[test]
 fn gradients_equal_store_all_bit_for_bit_on_two_threads() {
     every_policy_matches_store_all(0.1, 2);
+}
+
+/// Kernels that ask for a buffer "for overwrite" (its old contents unspecified: a reused
+/// buffer is not zeroed) must write every element. With the pool poisoning such buffers
+/// with NaN, a skipped element would reach the loss or a gradient; every policy still gives
+/// store-all's result bit for bit, on a step that reuses the previous step's buffers.
+#[test]
+fn overwritten_buffers_are_fully_written() {
+    // [33 tokens, 128] f32 buffers are large enough for the pool to keep.
+    let cfg = GptConfig {
+        ffn_hidden: 128,
+        ..config(0.1)
+    };
+    let base = run(&cfg, Checkpointing::Graph(Policy::StoreAll), 2);
+    for ckpt in policies() {
+        let pool = MemoryPool::unbounded();
+        pool.set_poison_overwritten(true);
+        let r = run_in(pool.clone(), &cfg, ckpt, 2, 2);
+        assert_eq!(r.loss, base.loss, "{ckpt}: loss differs");
+        assert!(r.grads == base.grads, "{ckpt}: gradients differ");
+        assert!(pool.stats().cache_hits > 0, "{ckpt}: no buffer was reused");
+    }
 }
 
 #[test]

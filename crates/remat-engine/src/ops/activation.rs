@@ -104,7 +104,8 @@ impl Op for SwiGlu {
 
     fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
         let (gate, up) = (inputs[0], inputs[1]);
-        let out = cx.alloc_output(gate.shape(), gate.dtype())?;
+        // The kernel writes every element.
+        let out = cx.alloc_output_overwritten(gate.shape(), gate.dtype())?;
         float_dispatch!(gate.dtype(), cx.node_name(), T => {
             let (gr, ur) = (gate.read(), up.read());
             kernels::swiglu_forward(gr.as_slice::<T>()?, ur.as_slice::<T>()?, out.write().as_mut_slice::<T>()?)
@@ -121,8 +122,9 @@ impl Op for SwiGlu {
     ) -> Result<Vec<Option<Tensor>>> {
         let (gate, up) = (saved.input(0)?, saved.input(1)?);
         let alloc = |cx: &OpCtx<'_>, slot| {
+            // The kernel writes every element of both.
             if cx.needs_grad(slot) {
-                cx.alloc_grad(slot, gate.shape(), gate.dtype())
+                cx.alloc_grad_overwritten(slot, gate.shape(), gate.dtype())
             } else {
                 cx.alloc_temp(gate.shape(), gate.dtype())
             }

@@ -29,7 +29,8 @@ impl Op for Add {
 
     fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
         let (a, b) = (inputs[0], inputs[1]);
-        let out = cx.alloc_output(a.shape(), a.dtype())?;
+        // Same shapes (checked by output_shape): every element is written.
+        let out = cx.alloc_output_overwritten(a.shape(), a.dtype())?;
         float_dispatch!(a.dtype(), cx.node_name(), T => {
             let (ar, br) = (a.read(), b.read());
             let mut w = out.write();

@@ -93,8 +93,10 @@ impl Op for Attention {
     fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
         let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
         let shape = self.shape_of(q.shape()).map_err(|m| cx.shape_error(m))?;
-        let out = cx.alloc_output(q.shape(), q.dtype())?;
-        let lse = cx.alloc_output(&[shape.batch, shape.n_heads, shape.seq], q.dtype())?;
+        // Every row of out (one product per query block) and of lse is written.
+        let out = cx.alloc_output_overwritten(q.shape(), q.dtype())?;
+        let lse =
+            cx.alloc_output_overwritten(&[shape.batch, shape.n_heads, shape.seq], q.dtype())?;
         let workers = cx.threads().min(shape.batch).max(1);
         let scratch = cx.alloc_temp(
             &[kernels::attention_forward_scratch_len(&shape, workers)],

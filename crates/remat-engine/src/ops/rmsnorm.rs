@@ -41,8 +41,9 @@ impl Op for RmsNorm {
     fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
         let (x, w) = (inputs[0], inputs[1]);
         let rows = x.numel() / w.numel().max(1);
-        let out = cx.alloc_output(x.shape(), x.dtype())?;
-        let rstd = cx.alloc_output(&[rows], x.dtype())?;
+        // The kernel writes every element of both (the weight gradient is the one it sums).
+        let out = cx.alloc_output_overwritten(x.shape(), x.dtype())?;
+        let rstd = cx.alloc_output_overwritten(&[rows], x.dtype())?;
         float_dispatch!(x.dtype(), cx.node_name(), T => {
             let (xr, wr) = (x.read(), w.read());
             let (mut o, mut r) = (out.write(), rstd.write());
@@ -69,7 +70,7 @@ impl Op for RmsNorm {
         // The kernel produces dx in any case (an unneeded one goes to scratch); the weight
         // gradient only when it is needed.
         let dx = if cx.needs_grad(0) {
-            cx.alloc_grad(0, x.shape(), x.dtype())?
+            cx.alloc_grad_overwritten(0, x.shape(), x.dtype())?
         } else {
             cx.alloc_temp(x.shape(), x.dtype())?
         };
