@@ -1,6 +1,7 @@
 //! Batched matrix multiply: `a[..., m, k] x b[k, n]` (one weight shared by the batch, done as
 //! a single gemm) or `a[..., m, k] x b[..., k, n]` (same batch dims).
 
+use crate::dtype::Element;
 use crate::error::Result;
 use crate::float_dispatch;
 use crate::graph::{Graph, NodeId};
@@ -106,7 +107,6 @@ impl Op for MatMul {
     ) -> Result<Vec<Option<Tensor>>> {
         let (a, b) = (saved.input(0)?, saved.input(1)?);
         let d = dims(a.shape(), b.shape()).map_err(|m| cx.shape_error(m))?;
-        let par = cx.gemm_parallelism();
         let da = if cx.needs_grad(0) {
             Some(cx.alloc_grad_overwritten(0, a.shape(), a.dtype())?)
         } else {
@@ -117,45 +117,125 @@ impl Op for MatMul {
         } else {
             None
         };
+        // dA and dB are independent products of about the same size: with both needed and
+        // two or more threads, they run side by side on halves of the threads, which keeps
+        // both cores busier than splitting each product in turn (each result does not
+        // depend on how its rows are split, so this changes no bit).
+        let threads = cx.threads();
+        let side_by_side = da.is_some() && db.is_some() && threads >= 2;
+        let (par_a, par_b) = if side_by_side {
+            (parallelism(threads / 2), parallelism(threads - threads / 2))
+        } else {
+            (cx.gemm_parallelism(), cx.gemm_parallelism())
+        };
         float_dispatch!(a.dtype(), cx.node_name(), T => {
             let (ar, br, gr) = (a.read(), b.read(), g.read());
             let (av, bv, gv) = (ar.as_slice::<T>()?, br.as_slice::<T>()?, gr.as_slice::<T>()?);
-            if let Some(da) = &da {
-                let mut w = da.write();
-                let dav = w.as_mut_slice::<T>()?;
-                // dA = dY * B^T
-                if d.shared_b {
-                    let gm = MatRef { data: gv, rows: d.batch * d.m, cols: d.n, trans: false };
-                    let bt = MatRef { data: bv, rows: d.n, cols: d.k, trans: true };
-                    matmul_into(dav, gm, bt, false, par)?;
-                } else {
-                    for i in 0..d.batch {
-                        let gm = MatRef { data: &gv[i * d.m * d.n..][..d.m * d.n], rows: d.m, cols: d.n, trans: false };
-                        let bt = MatRef { data: &bv[i * d.k * d.n..][..d.k * d.n], rows: d.n, cols: d.k, trans: true };
-                        matmul_into(&mut dav[i * d.m * d.k..][..d.m * d.k], gm, bt, false, par)?;
-                    }
-                }
+            let mut wa = da.as_ref().map(Tensor::write);
+            let mut wb = db.as_ref().map(Tensor::write);
+            let dav = match wa.as_mut() { Some(w) => Some(w.as_mut_slice::<T>()?), None => None };
+            let dbv = match wb.as_mut() { Some(w) => Some(w.as_mut_slice::<T>()?), None => None };
+            let run_a = || dav.map_or(Ok(()), |dav| grad_a(&d, dav, gv, bv, par_a));
+            let run_b = || dbv.map_or(Ok(()), |dbv| grad_b(&d, dbv, av, gv, par_b));
+            if side_by_side {
+                let (ra, rb) = rayon::join(run_a, run_b);
+                ra.and(rb)
+            } else {
+                run_a().and_then(|()| run_b())
             }
-            if let Some(db) = &db {
-                let mut w = db.write();
-                let dbv = w.as_mut_slice::<T>()?;
-                // dB = A^T * dY (summed over the batch when B is shared: one gemm over all rows)
-                if d.shared_b {
-                    let at = MatRef { data: av, rows: d.k, cols: d.batch * d.m, trans: true };
-                    let gm = MatRef { data: gv, rows: d.batch * d.m, cols: d.n, trans: false };
-                    matmul_into(dbv, at, gm, false, par)?;
-                } else {
-                    for i in 0..d.batch {
-                        let at = MatRef { data: &av[i * d.m * d.k..][..d.m * d.k], rows: d.k, cols: d.m, trans: true };
-                        let gm = MatRef { data: &gv[i * d.m * d.n..][..d.m * d.n], rows: d.m, cols: d.n, trans: false };
-                        matmul_into(&mut dbv[i * d.k * d.n..][..d.k * d.n], at, gm, false, par)?;
-                    }
-                }
-            }
-            Ok::<(), crate::EngineError>(())
         })?;
         Ok(vec![da, db])
     }
+}
+
+fn parallelism(threads: usize) -> gemm::Parallelism {
+    if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    }
+}
+
+/// `dA = dY * B^T` (per batch element when B is batched).
+fn grad_a<T: Element>(
+    d: &Dims,
+    dav: &mut [T],
+    gv: &[T],
+    bv: &[T],
+    par: gemm::Parallelism,
+) -> Result<()> {
+    if d.shared_b {
+        let gm = MatRef {
+            data: gv,
+            rows: d.batch * d.m,
+            cols: d.n,
+            trans: false,
+        };
+        let bt = MatRef {
+            data: bv,
+            rows: d.n,
+            cols: d.k,
+            trans: true,
+        };
+        return matmul_into(dav, gm, bt, false, par);
+    }
+    for i in 0..d.batch {
+        let gm = MatRef {
+            data: &gv[i * d.m * d.n..][..d.m * d.n],
+            rows: d.m,
+            cols: d.n,
+            trans: false,
+        };
+        let bt = MatRef {
+            data: &bv[i * d.k * d.n..][..d.k * d.n],
+            rows: d.n,
+            cols: d.k,
+            trans: true,
+        };
+        matmul_into(&mut dav[i * d.m * d.k..][..d.m * d.k], gm, bt, false, par)?;
+    }
+    Ok(())
+}
+
+/// `dB = A^T * dY`, summed over the batch when B is shared (one gemm over all rows).
+fn grad_b<T: Element>(
+    d: &Dims,
+    dbv: &mut [T],
+    av: &[T],
+    gv: &[T],
+    par: gemm::Parallelism,
+) -> Result<()> {
+    if d.shared_b {
+        let at = MatRef {
+            data: av,
+            rows: d.k,
+            cols: d.batch * d.m,
+            trans: true,
+        };
+        let gm = MatRef {
+            data: gv,
+            rows: d.batch * d.m,
+            cols: d.n,
+            trans: false,
+        };
+        return matmul_into(dbv, at, gm, false, par);
+    }
+    for i in 0..d.batch {
+        let at = MatRef {
+            data: &av[i * d.m * d.k..][..d.m * d.k],
+            rows: d.k,
+            cols: d.m,
+            trans: true,
+        };
+        let gm = MatRef {
+            data: &gv[i * d.m * d.n..][..d.m * d.n],
+            rows: d.m,
+            cols: d.n,
+            trans: false,
+        };
+        matmul_into(&mut dbv[i * d.k * d.n..][..d.k * d.n], at, gm, false, par)?;
+    }
+    Ok(())
 }
 
 impl Graph {
