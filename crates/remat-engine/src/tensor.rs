@@ -428,6 +428,47 @@ mod tests {
     }
 
     #[test]
+    fn a_freed_buffer_is_reused_zeroed_or_as_is() {
+        let pool = MemoryPool::unbounded();
+        let shape = [64, 64]; // 16 KiB of f32: large enough to be kept
+        let ones = |t: &Tensor| t.write().as_mut_slice::<f32>().unwrap().fill(1.0);
+        let t = Tensor::zeros(&pool, &shape, DType::F32, Category::Activations, None).unwrap();
+        ones(&t);
+        drop(t);
+        let s = pool.stats();
+        assert_eq!((s.live, s.cached, s.peak), (0, 16384, 16384));
+        // Zeroed on reuse, even though the buffer held ones.
+        let z = Tensor::zeros(&pool, &shape, DType::F32, Category::Temporaries, None).unwrap();
+        assert!(z.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        assert_eq!(
+            (pool.live(), pool.cached(), pool.stats().cache_hits),
+            (16384, 0, 1)
+        );
+        ones(&z);
+        drop(z);
+        // For overwrite: handed out as is (here, still the ones).
+        let o =
+            Tensor::for_overwrite(&pool, &shape, DType::F32, Category::Activations, None).unwrap();
+        assert!(o.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0));
+        drop(o);
+        // Any shape with the same dtype and element count reuses it.
+        let flat = Tensor::zeros(&pool, &[4096], DType::F32, Category::Activations, None);
+        assert!(flat.is_ok());
+        assert_eq!(pool.stats().cache_hits, 3);
+        drop(flat);
+        // Another size misses, and the bound evicts the cached buffer: live + cached stays
+        // within the high-water mark.
+        let other = Tensor::zeros(&pool, &[64, 65], DType::F32, Category::Activations, None);
+        assert!(other.is_ok());
+        assert_eq!((pool.live(), pool.cached()), (16640, 0));
+        pool.set_poison_overwritten(true);
+        drop(other);
+        let p = Tensor::for_overwrite(&pool, &[65, 64], DType::F32, Category::Activations, None)
+            .unwrap();
+        assert!(p.to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+    }
+
+    #[test]
     fn dtype_is_readable_while_writing() {
         let pool = MemoryPool::unbounded();
         let t = Tensor::zeros(&pool, &[2], DType::F64, Category::Activations, None).unwrap();
