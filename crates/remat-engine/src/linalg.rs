@@ -23,6 +23,15 @@ impl<T> MatRef<'_, T> {
     }
 }
 
+/// How a gemm call splits over `threads` (one thread: no rayon at all).
+pub fn parallelism(threads: usize) -> gemm::Parallelism {
+    if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    }
+}
+
 /// `dst[m x n] (+)= a[m x k] * b[k x n]` with `dst` row-major. `accumulate` adds to `dst`
 /// instead of overwriting it.
 pub fn matmul_into<T: Element>(

@@ -161,11 +161,7 @@ impl<'a> OpCtx<'a> {
     /// The gemm parallelism matching the thread count (the same in forward and recompute,
     /// which keeps results bit-identical).
     pub fn gemm_parallelism(&self) -> gemm::Parallelism {
-        if self.threads > 1 {
-            gemm::Parallelism::Rayon(self.threads)
-        } else {
-            gemm::Parallelism::None
-        }
+        crate::linalg::parallelism(self.threads)
     }
 
     fn alloc_in(

@@ -5,7 +5,7 @@ use crate::dtype::Element;
 use crate::error::Result;
 use crate::float_dispatch;
 use crate::graph::{Graph, NodeId};
-use crate::linalg::{MatRef, matmul_into};
+use crate::linalg::{MatRef, matmul_into, parallelism};
 use crate::op::{Op, OpCtx, OpOutput, Saved};
 use crate::tensor::{Tensor, numel};
 
@@ -145,14 +145,6 @@ impl Op for MatMul {
             }
         })?;
         Ok(vec![da, db])
-    }
-}
-
-fn parallelism(threads: usize) -> gemm::Parallelism {
-    if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
     }
 }
 
