@@ -17,6 +17,7 @@ use remat_engine::{
 };
 
 use super::bench::paired_median;
+use super::bench_torch::TorchPeer;
 use super::train::format_bytes;
 use super::train::table;
 use remat_engine::profile::median;
@@ -42,6 +43,11 @@ pub struct Args {
     /// Also print where one store-all step spends its time, per op kind and phase.
     #[arg(long)]
     profile: bool,
+    /// Also time PyTorch's step on the same model (store-all, and torch.utils.checkpoint
+    /// per block), alternating with remat's in the same rounds: the Python interpreter to
+    /// run (it must import torch), e.g. `python3`.
+    #[arg(long, value_name = "PYTHON")]
+    torch: Option<String>,
 }
 
 /// Sums node execution times per (op kind, phase).
@@ -93,23 +99,33 @@ fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> anyh
     Ok(())
 }
 
-/// One row of the bench: a policy run in a context.
+/// One row of the bench.
 struct Variant<'a> {
     label: String,
-    ckpt: Checkpointing,
-    ctx: &'a ExecContext,
-    /// Bytes held in another pool for this variant (the parameters), added to its peak.
-    elsewhere: u64,
+    runner: Runner<'a>,
+}
+
+/// What runs a row's step.
+enum Runner<'a> {
+    /// remat under `ckpt` in `ctx`; `elsewhere` is bytes held in another pool for it (the
+    /// parameters), added to its peak.
+    Engine {
+        ckpt: Checkpointing,
+        ctx: &'a ExecContext,
+        elsewhere: u64,
+    },
+    /// The PyTorch peer under `policy` (its memory is not measured).
+    Torch { policy: &'static str },
 }
 
 struct Measured<'a> {
     variant: Variant<'a>,
     /// Median step time.
     seconds: f64,
-    /// Median over rounds of this policy's step time over store-all's in the same round.
+    /// Median over rounds of this row's step time over the first row's in the same round.
     ratio: f64,
-    peak_activations: u64,
-    peak_total: u64,
+    peak_activations: Option<u64>,
+    peak_total: Option<u64>,
     times: Vec<f64>,
 }
 
@@ -147,21 +163,45 @@ fn one_step(
     ))
 }
 
-/// Runs the policies in rounds, one step of each per round (after one warm-up step each:
-/// page faults, thread start-up), so that every policy sees the same machine: on a shared
-/// machine the speed drifts over seconds, and timing one policy after the other would put
-/// that drift into the ratios. The first policy is the reference of the ratios.
+/// One step of a row: (seconds, peak activation bytes, peak total bytes) where measured.
+fn run_variant(
+    v: &Variant<'_>,
+    gpt: &Gpt,
+    b: &Batch,
+    torch: Option<&mut TorchPeer>,
+) -> anyhow::Result<(f64, Option<u64>, Option<u64>)> {
+    match v.runner {
+        Runner::Engine {
+            ckpt,
+            ctx,
+            elsewhere,
+        } => {
+            let (t, a, p) = one_step(ctx, gpt, b, ckpt)?;
+            Ok((t, Some(a), Some(p + elsewhere)))
+        }
+        Runner::Torch { policy } => {
+            let peer = torch.ok_or_else(|| anyhow::anyhow!("no PyTorch peer is running"))?;
+            Ok((peer.step(policy)?, None, None))
+        }
+    }
+}
+
+/// Runs the rows in rounds, one step of each per round (after one warm-up step each:
+/// page faults, thread start-up), so that every row sees the same machine: on a shared
+/// machine the speed drifts over seconds, and timing one row after the other would put
+/// that drift into the ratios. The first row is the reference of the ratios.
 fn measure_rounds<'a>(
     gpt: &Gpt,
     b: &Batch,
     variants: Vec<Variant<'a>>,
+    mut torch: Option<&mut TorchPeer>,
     rounds: usize,
     bar: &ProgressBar,
 ) -> anyhow::Result<Vec<Measured<'a>>> {
     let mut rows: Vec<Measured> = Vec::with_capacity(variants.len());
     for variant in variants {
-        let (_, peak_activations, peak_total) = one_step(variant.ctx, gpt, b, variant.ckpt)?;
-        let peak_total = peak_total + variant.elsewhere;
+        let (_, peak_activations, peak_total) =
+            run_variant(&variant, gpt, b, torch.as_deref_mut())?;
         rows.push(Measured {
             variant,
             seconds: 0.0,
@@ -173,12 +213,11 @@ fn measure_rounds<'a>(
     }
     for _ in 0..rounds.max(1) {
         for row in &mut rows {
-            let v = &row.variant;
-            bar.set_message(v.label.clone());
-            let (t, a, p) = one_step(v.ctx, gpt, b, v.ckpt)?;
+            bar.set_message(row.variant.label.clone());
+            let (t, a, p) = run_variant(&row.variant, gpt, b, torch.as_deref_mut())?;
             row.times.push(t);
             row.peak_activations = row.peak_activations.max(a);
-            row.peak_total = row.peak_total.max(p + v.elsewhere);
+            row.peak_total = row.peak_total.max(p);
         }
         bar.inc(1);
     }
@@ -188,6 +227,38 @@ fn measure_rounds<'a>(
         row.ratio = paired_median(&row.times, &reference);
     }
     Ok(rows)
+}
+
+/// The PyTorch peer's rows, after remat's.
+const TORCH_POLICIES: [&str; 2] = ["store-all", "per-block"];
+
+/// remat's step time over PyTorch's for the same policy, as the median of per-round ratios.
+fn print_against_torch(rows: &[Measured<'_>]) {
+    let times = |engine: Checkpointing| {
+        rows.iter()
+            .find(|r| matches!(r.variant.runner, Runner::Engine { ckpt, elsewhere: 0, .. } if ckpt == engine))
+            .map(|r| &r.times)
+    };
+    let torch = |policy: &str| {
+        rows.iter()
+            .find(|r| matches!(r.variant.runner, Runner::Torch { policy: p } if p == policy))
+            .map(|r| &r.times)
+    };
+    let pairs = [
+        ("store-all", Checkpointing::Graph(Policy::StoreAll)),
+        ("per-block", Checkpointing::PerBlock),
+    ];
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter_map(|&(policy, ckpt)| {
+            let (ours, theirs) = (times(ckpt)?, torch(policy)?);
+            Some(format!("{policy} {:.2}x", paired_median(ours, theirs)))
+        })
+        .collect();
+    println!(
+        "remat's step time over PyTorch's, same policy, same rounds (median of per-round ratios; below 1 is faster): {}",
+        parts.join(", ")
+    );
 }
 
 /// GFLOP/s of the engine's matmul on the step's largest shape (tokens x d -> ffn).
@@ -259,19 +330,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     .into_iter()
     .map(|ckpt| Variant {
         label: ckpt.to_string(),
-        ckpt,
-        ctx: &ctx,
-        elsewhere: 0,
+        runner: Runner::Engine {
+            ckpt,
+            ctx: &ctx,
+            elsewhere: 0,
+        },
     })
     .collect();
     variants.push(Variant {
         label: format!("{store_all}, no buffer reuse"),
-        ckpt: store_all,
-        ctx: &uncached,
-        elsewhere: pool.live(),
+        runner: Runner::Engine {
+            ckpt: store_all,
+            ctx: &uncached,
+            elsewhere: pool.live(),
+        },
     });
     let bar = ProgressBar::new(args.steps.max(1) as u64 + 1);
-    let rows = measure_rounds(&gpt, &b, variants, args.steps, &bar)?;
+    let mut torch = match &args.torch {
+        Some(python) => {
+            bar.set_message("starting PyTorch");
+            let peer = TorchPeer::spawn(python, &cfg, args.batch, args.seq, args.threads)?;
+            for policy in TORCH_POLICIES {
+                variants.push(Variant {
+                    label: format!("PyTorch {} {policy}", peer.version),
+                    runner: Runner::Torch { policy },
+                });
+            }
+            Some(peer)
+        }
+        None => None,
+    };
+    let rows = measure_rounds(&gpt, &b, variants, torch.as_mut(), args.steps, &bar)?;
+    drop(torch);
     let mm = matmul_gflops(&ctx, &cfg, args.batch * args.seq)?;
     bar.finish_and_clear();
     let flops = cfg.step_flops(args.batch, args.seq);
@@ -279,16 +369,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
+            let activations = r.peak_activations.zip(base.peak_activations);
             vec![
                 r.variant.label.clone(),
                 format!("{:.3}", r.seconds),
                 format!("{:.2}", r.ratio),
-                format_bytes(r.peak_activations),
-                format!(
-                    "{:.3}",
-                    r.peak_activations as f64 / base.peak_activations.max(1) as f64
-                ),
-                format_bytes(r.peak_total),
+                r.peak_activations.map_or("-".into(), format_bytes),
+                activations.map_or("-".into(), |(a, b)| {
+                    format!("{:.3}", a as f64 / b.max(1) as f64)
+                }),
+                r.peak_total.map_or("-".into(), format_bytes),
                 format!("{:.1}", flops / r.seconds / 1e9),
             ]
         })
@@ -313,6 +403,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mm,
         100.0 * flops / base.seconds / 1e9 / mm
     );
+    if args.torch.is_some() {
+        print_against_torch(&rows);
+    }
     println!(
         "reference: PyTorch (2 threads) 0.83 s store-all, 1.04 s per-block. goals: store-all < 0.83 s; per-block <= 1.3x store-all; per-block activations <= 1/L + one block = {:.3} of store-all",
         2.0 / cfg.n_layers as f64

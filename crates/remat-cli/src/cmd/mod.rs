@@ -5,6 +5,7 @@ pub mod bench_pipeline;
 pub mod bench_plan;
 pub mod bench_reshard;
 pub mod bench_spec;
+pub mod bench_torch;
 pub mod plan;
 pub mod profile;
 pub mod reshard;
