@@ -163,6 +163,14 @@ fn one_step(
     ))
 }
 
+/// A pause when the bench switches between remat and the PyTorch peer. Idle worker
+/// threads spin before they sleep (OpenMP's by default for up to a few hundred
+/// milliseconds, rayon's briefly): without it, the program that just finished would steal
+/// cycles from the other's step.
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(300));
+}
+
 /// One step of a row: (seconds, peak activation bytes, peak total bytes) where measured.
 fn run_variant(
     v: &Variant<'_>,
@@ -211,9 +219,15 @@ fn measure_rounds<'a>(
             times: Vec::with_capacity(rounds),
         });
     }
+    let mut last_was_torch = false;
     for _ in 0..rounds.max(1) {
         for row in &mut rows {
             bar.set_message(row.variant.label.clone());
+            let is_torch = matches!(row.variant.runner, Runner::Torch { .. });
+            if is_torch != last_was_torch {
+                settle();
+            }
+            last_was_torch = is_torch;
             let (t, a, p) = run_variant(&row.variant, gpt, b, torch.as_deref_mut())?;
             row.times.push(t);
             row.peak_activations = row.peak_activations.max(a);
