@@ -77,6 +77,13 @@ impl BufferCache {
         Reuse::Miss(self.evict_above(live))
     }
 
+    /// Lowers the bound to `cap` (a new, smaller budget): evicts until
+    /// `live + cached <= cap`.
+    pub fn limit(&mut self, live: u64, cap: u64) -> Vec<Buf> {
+        self.high_water = self.high_water.min(cap.max(live));
+        self.evict_above(live)
+    }
+
     fn pop(&mut self, key: (DType, usize)) -> Option<Buf> {
         let bin = self.bins.get_mut(&key)?;
         let buf = bin.pop()?;
@@ -179,6 +186,17 @@ mod tests {
             }
             Reuse::Hit(_) => panic!("no buffer of 300 KiB was cached"),
         }
+        assert_eq!(c.bytes(), 200 * K);
+    }
+
+    #[test]
+    fn a_smaller_budget_bounds_the_cache() {
+        let mut c = BufferCache::default();
+        let _ = c.on_reserve(800 * K, None);
+        assert!(c.put(800 * K, f32s(400)).is_none());
+        assert!(c.put(400 * K, f32s(200)).is_none()); // 200 KiB live, 600 cached
+        let freed = c.limit(200 * K, 500 * K);
+        assert_eq!(freed.iter().map(Buf::len).collect::<Vec<_>>(), [400 * 256]);
         assert_eq!(c.bytes(), 200 * K);
     }
 

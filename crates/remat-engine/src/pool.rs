@@ -154,8 +154,15 @@ impl MemoryPool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Changes the budget. A smaller budget also bounds the buffer cache: live + cached
+    /// stays within it.
     pub fn set_budget(&self, budget: Option<u64>) {
-        self.lock().stats.budget = budget;
+        let mut st = self.lock();
+        st.stats.budget = budget;
+        let live = st.stats.live;
+        let freed = budget.map(|b| st.cache.limit(live, b)).unwrap_or_default();
+        drop(st);
+        drop(freed);
     }
 
     pub fn stats(&self) -> PoolStats {
