@@ -89,13 +89,15 @@ fn drain(pool: &MemoryPool) -> (u64, i64) {
 
 #[test]
 fn pool_accounting_matches_real_allocations() {
-    run_checked(false);
-    run_checked(true);
+    // Each run's context is kept until the end: dropping one ends its worker thread, whose
+    // gemm packing slab would then be freed at some moment during the next run's counting.
+    let _uncached = run_checked(false);
+    let _cached = run_checked(true);
 }
 
 /// Trains an MLP under three policies, checking the pool against the allocator at every
-/// stage, with or without the pool's buffer cache.
-fn run_checked(cache: bool) {
+/// stage, with or without the pool's buffer cache. Returns the context (see above).
+fn run_checked(cache: bool) -> ExecContext {
     // Single-threaded: gemm then packs into small thread-local buffers only.
     let pool = MemoryPool::unbounded();
     pool.set_buffer_cache(cache);
@@ -165,6 +167,7 @@ fn run_checked(cache: bool) {
     // the second and third steps' buffers are reused ones.
     let hits = pool.stats().cache_hits;
     assert_eq!(hits > 0, cache, "cache hits: {hits}");
+    ctx
 }
 
 fn warm_up_gemm(ctx: &ExecContext) {
