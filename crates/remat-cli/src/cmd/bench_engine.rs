@@ -248,9 +248,11 @@ const TORCH_POLICIES: [&str; 2] = ["store-all", "per-block"];
 
 /// remat's step time over PyTorch's for the same policy, as the median of per-round ratios.
 fn print_against_torch(rows: &[Measured<'_>]) {
+    // remat's own rows are labelled by their policy alone (the row without buffer reuse
+    // is not one of them).
     let times = |engine: Checkpointing| {
         rows.iter()
-            .find(|r| matches!(r.variant.runner, Runner::Engine { ckpt, elsewhere: 0, .. } if ckpt == engine))
+            .find(|r| r.variant.label == engine.to_string())
             .map(|r| &r.times)
     };
     let torch = |policy: &str| {
