@@ -24,11 +24,12 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
-/// A stand-in for `python -c SCRIPT ARGS...`: says ready, then answers every policy with a
-/// step time and stops at an empty line.
+/// A stand-in for `python -c SCRIPT ARGS...`: writes more warnings than a pipe holds (the
+/// bench must keep draining them), says ready, then answers every policy with a step time
+/// and stops at an empty line.
 fn fake_peer(dir: &std::path::Path) -> PathBuf {
     let path = dir.join("fake-python");
-    let script = "#!/bin/sh\necho 'ready 9.9-fake'\nwhile read -r policy; do\n  [ -z \"$policy\" ] && exit 0\n  echo 0.25\ndone\n";
+    let script = "#!/bin/sh\nhead -c 300000 /dev/zero | tr '\\0' w >&2\necho 'ready 9.9-fake'\nwhile read -r policy; do\n  [ -z \"$policy\" ] && exit 0\n  echo 0.25\ndone\n";
     std::fs::write(&path, script).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     path

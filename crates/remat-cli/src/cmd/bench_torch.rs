@@ -5,8 +5,9 @@
 //! would put that drift into their ratio). While one program runs its step the other waits
 //! on a pipe, so the two never compete for the cores.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
+use std::thread::JoinHandle;
 
 use anyhow::{Context, bail};
 use remat_engine::models::gpt::GptConfig;
@@ -19,6 +20,8 @@ pub struct TorchPeer {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// Drains the peer's error output (a full pipe would block it) and returns its tail.
+    stderr: Option<JoinHandle<String>>,
     /// What the peer reported when ready (its torch version).
     pub version: String,
 }
@@ -55,13 +58,16 @@ impl TorchPeer {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("--torch: cannot start `{python}`"))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
             bail!("--torch: `{python}` started without pipes");
         };
         let mut peer = TorchPeer {
             child,
             stdin,
             stdout: BufReader::new(stdout),
+            stderr: Some(std::thread::spawn(move || drain_tail(stderr))),
             version: String::new(),
         };
         let ready = peer.read_line(python)?;
@@ -90,15 +96,34 @@ impl TorchPeer {
             .read_line(&mut line)
             .with_context(|| format!("--torch: reading from {who}"))?;
         if n == 0 {
-            let mut err = String::new();
-            if let Some(mut e) = self.child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
+            // The peer closed its output: it has ended, so its error output ends too.
+            let err = self
+                .stderr
+                .take()
+                .and_then(|h| h.join().ok())
+                .unwrap_or_default();
             let last = err.lines().last().unwrap_or("no error output");
             bail!("--torch: {who} ended early: {last}");
         }
         Ok(line.trim().to_string())
     }
+}
+
+/// Reads `stderr` to its end, keeping the last 4 KiB.
+fn drain_tail(mut stderr: ChildStderr) -> String {
+    const KEEP: usize = 4096;
+    let mut tail: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(n) = stderr.read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&chunk[..n]);
+        if tail.len() > 2 * KEEP {
+            tail.drain(..tail.len() - KEEP);
+        }
+    }
+    String::from_utf8_lossy(&tail).into_owned()
 }
 
 impl Drop for TorchPeer {
