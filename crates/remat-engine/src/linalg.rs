@@ -13,7 +13,27 @@ pub struct MatRef<'a, T> {
     pub trans: bool,
 }
 
-impl<T> MatRef<'_, T> {
+impl<'a, T> MatRef<'a, T> {
+    /// A row-major `rows x cols` matrix.
+    pub fn new(data: &'a [T], rows: usize, cols: usize) -> Self {
+        MatRef {
+            data,
+            rows,
+            cols,
+            trans: false,
+        }
+    }
+
+    /// The logical `rows x cols` matrix whose buffer holds its `cols x rows` transpose.
+    pub fn transposed(data: &'a [T], rows: usize, cols: usize) -> Self {
+        MatRef {
+            data,
+            rows,
+            cols,
+            trans: true,
+        }
+    }
+
     fn strides(&self) -> (isize, isize) {
         if self.trans {
             (1, self.rows as isize)

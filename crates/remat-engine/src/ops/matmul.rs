@@ -157,34 +157,14 @@ fn grad_a<T: Element>(
     par: gemm::Parallelism,
 ) -> Result<()> {
     if d.shared_b {
-        let gm = MatRef {
-            data: gv,
-            rows: d.batch * d.m,
-            cols: d.n,
-            trans: false,
-        };
-        let bt = MatRef {
-            data: bv,
-            rows: d.n,
-            cols: d.k,
-            trans: true,
-        };
-        return matmul_into(dav, gm, bt, false, par);
+        let gm = MatRef::new(gv, d.batch * d.m, d.n);
+        return matmul_into(dav, gm, MatRef::transposed(bv, d.n, d.k), false, par);
     }
+    let (g_len, b_len, a_len) = (d.m * d.n, d.k * d.n, d.m * d.k);
     for i in 0..d.batch {
-        let gm = MatRef {
-            data: &gv[i * d.m * d.n..][..d.m * d.n],
-            rows: d.m,
-            cols: d.n,
-            trans: false,
-        };
-        let bt = MatRef {
-            data: &bv[i * d.k * d.n..][..d.k * d.n],
-            rows: d.n,
-            cols: d.k,
-            trans: true,
-        };
-        matmul_into(&mut dav[i * d.m * d.k..][..d.m * d.k], gm, bt, false, par)?;
+        let gm = MatRef::new(&gv[i * g_len..][..g_len], d.m, d.n);
+        let bt = MatRef::transposed(&bv[i * b_len..][..b_len], d.n, d.k);
+        matmul_into(&mut dav[i * a_len..][..a_len], gm, bt, false, par)?;
     }
     Ok(())
 }
@@ -198,34 +178,14 @@ fn grad_b<T: Element>(
     par: gemm::Parallelism,
 ) -> Result<()> {
     if d.shared_b {
-        let at = MatRef {
-            data: av,
-            rows: d.k,
-            cols: d.batch * d.m,
-            trans: true,
-        };
-        let gm = MatRef {
-            data: gv,
-            rows: d.batch * d.m,
-            cols: d.n,
-            trans: false,
-        };
-        return matmul_into(dbv, at, gm, false, par);
+        let at = MatRef::transposed(av, d.k, d.batch * d.m);
+        return matmul_into(dbv, at, MatRef::new(gv, d.batch * d.m, d.n), false, par);
     }
+    let (a_len, g_len, b_len) = (d.m * d.k, d.m * d.n, d.k * d.n);
     for i in 0..d.batch {
-        let at = MatRef {
-            data: &av[i * d.m * d.k..][..d.m * d.k],
-            rows: d.k,
-            cols: d.m,
-            trans: true,
-        };
-        let gm = MatRef {
-            data: &gv[i * d.m * d.n..][..d.m * d.n],
-            rows: d.m,
-            cols: d.n,
-            trans: false,
-        };
-        matmul_into(&mut dbv[i * d.k * d.n..][..d.k * d.n], at, gm, false, par)?;
+        let at = MatRef::transposed(&av[i * a_len..][..a_len], d.k, d.m);
+        let gm = MatRef::new(&gv[i * g_len..][..g_len], d.m, d.n);
+        matmul_into(&mut dbv[i * b_len..][..b_len], at, gm, false, par)?;
     }
     Ok(())
 }
