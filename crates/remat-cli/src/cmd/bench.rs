@@ -23,6 +23,7 @@ enum Target {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let steal = super::cpu_steal::StealMeter::start();
     match args.target {
         Target::Engine(a) => super::bench_engine::run(a),
         Target::Plan(a) => super::bench_plan::run(a),
@@ -30,7 +31,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Target::Auto(a) => super::bench_auto::run(a),
         Target::Spec(a) => super::bench_spec::run(a),
         Target::Pipeline(a) => super::bench_pipeline::run(a),
+    }?;
+    if let Some(line) = steal.report() {
+        println!("{line}");
     }
+    Ok(())
 }
 
 /// The median over rounds of `num[i] / den[i]`: a ratio of two things timed in the same

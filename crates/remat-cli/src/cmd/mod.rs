@@ -6,6 +6,7 @@ pub mod bench_plan;
 pub mod bench_reshard;
 pub mod bench_spec;
 pub mod bench_torch;
+pub mod cpu_steal;
 pub mod plan;
 pub mod profile;
 pub mod reshard;
