@@ -1,6 +1,8 @@
 //! The target layout: world size, file format, and a placement per tensor chosen by name
 //! rules, presets or the source's own placement; resolved into chunks per rank.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 
 use crate::checkpoint::{Checkpoint, Format, TensorInfo};
@@ -182,18 +184,42 @@ fn plan_err(t: &TensorInfo, what: String) -> ReshardError {
     }
 }
 
-/// Decides every tensor's target chunks.
-pub fn resolve(ckpt: &Checkpoint, spec: &TargetSpec) -> Result<Vec<TargetTensor>> {
-    let m = spec.world_size;
+/// The most target ranks a plan may have: 2^20, far beyond any training job's world
+/// size. Every rank gets a file (its name, header and copies held in memory by the plan),
+/// so the bound keeps a mistyped `--world-size` an error instead of an allocation of
+/// gigabytes or an abort.
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
+/// The most target chunks (over all tensors and ranks) a plan may hold: 2^25. A chunk
+/// costs the plan a few hundred bytes (its box, its place in a file, its copies), so this
+/// keeps a plan within a few GiB; a tensor sharded or replicated over M ranks makes up to
+/// M chunks. Checked before any chunk is allocated.
+pub const MAX_TARGET_CHUNKS: u64 = 1 << 25;
+
+/// Refuses a world size that is zero or beyond [`MAX_WORLD_SIZE`], before anything is
+/// allocated for its ranks.
+pub fn check_world_size(m: usize) -> Result<()> {
     if m == 0 {
         return Err(ReshardError::Target(
             "the target world size must be at least 1".into(),
         ));
     }
-    let mut load = vec![0u64; m];
-    let mut out = Vec::with_capacity(ckpt.tensors.len());
-    let mut balanced = Vec::new();
-    for (i, t) in ckpt.tensors.iter().enumerate() {
+    if m > MAX_WORLD_SIZE {
+        return Err(ReshardError::Target(format!(
+            "target world size {m} is more than the {MAX_WORLD_SIZE} (2^20) ranks remat plans for: every rank gets a file the plan holds in memory"
+        )));
+    }
+    Ok(())
+}
+
+/// Decides every tensor's target chunks.
+pub fn resolve(ckpt: &Checkpoint, spec: &TargetSpec) -> Result<Vec<TargetTensor>> {
+    let m = spec.world_size;
+    check_world_size(m)?;
+    // Placements first, so that the size of the plan is known before it is allocated.
+    let mut placed = Vec::with_capacity(ckpt.tensors.len());
+    let mut chunk_count = 0u64;
+    for t in &ckpt.tensors {
         let matched = spec.rules.iter().find(|r| glob_match(&r.pattern, &t.name));
         let explicit = matched.is_some();
         let rule = match (matched, spec.preset) {
@@ -202,6 +228,18 @@ pub fn resolve(ckpt: &Checkpoint, spec: &TargetSpec) -> Result<Vec<TargetTensor>
             (None, None) => Rule::Source,
         };
         let (placement, rank) = effective(t, rule, explicit, spec)?;
+        chunk_count = chunk_count.saturating_add(chunks_needed(t, placement, spec));
+        placed.push((placement, rank));
+    }
+    if chunk_count > MAX_TARGET_CHUNKS {
+        return Err(ReshardError::Target(format!(
+            "the target would hold {chunk_count} chunks (tensors sharded or replicated over {m} ranks), more than the {MAX_TARGET_CHUNKS} (2^25) a plan can hold in memory: use fewer ranks or replicate fewer tensors"
+        )));
+    }
+    let mut load = vec![0u64; m];
+    let mut out = Vec::with_capacity(ckpt.tensors.len());
+    let mut balanced = Vec::new();
+    for ((i, t), (placement, rank)) in ckpt.tensors.iter().enumerate().zip(placed) {
         let chunks = match (placement, rank) {
             (Placement::Shard(d), _) => shard_chunks(&t.shape, d, m),
             (Placement::Replicate, _) if spec.format == Format::Remat => (0..m)
@@ -292,8 +330,27 @@ fn effective(
     Ok((placement, rank))
 }
 
+/// Chunks a tensor of this placement takes before empty ones are dropped.
+fn chunks_needed(t: &TensorInfo, placement: Placement, spec: &TargetSpec) -> u64 {
+    match placement {
+        Placement::Shard(d) => sharded_ranks(t.shape[d], spec.world_size) as u64,
+        Placement::Replicate if spec.format == Format::Remat => spec.world_size as u64,
+        _ => 1,
+    }
+}
+
+/// Ranks that get a non-empty part of a dimension of `n` split in `m` (at least one, so
+/// that a tensor with no elements keeps a chunk): PyTorch's chunks of `ceil(n/m)` leave
+/// the trailing ranks empty when `n < m`, and those are never materialised.
+fn sharded_ranks(n: u64, m: usize) -> usize {
+    let chunk = n.div_ceil(m.max(1) as u64).max(1);
+    usize::try_from(n.div_ceil(chunk))
+        .unwrap_or(usize::MAX)
+        .clamp(1, m.max(1))
+}
+
 fn shard_chunks(shape: &[u64], d: usize, m: usize) -> Vec<TargetChunk> {
-    (0..m)
+    (0..sharded_ranks(shape[d], m))
         .map(|rank| {
             let (start, len) = split_dim(shape[d], m as u64, rank as u64);
             let mut region = Region::whole(shape);
@@ -312,10 +369,23 @@ fn balance(ckpt: &Checkpoint, out: &mut [TargetTensor], which: &[usize], load: &
         let t = &ckpt.tensors[out[i].tensor];
         (std::cmp::Reverse(t.nbytes()), t.name.clone())
     });
+    if order.is_empty() {
+        return;
+    }
+    // The least loaded rank (lowest number among equals) by a heap, so that balancing
+    // costs O(log M) per tensor rather than a scan of every rank.
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = load
+        .iter()
+        .enumerate()
+        .map(|(r, &l)| Reverse((l, r)))
+        .collect();
     for i in order {
         let t = &ckpt.tensors[out[i].tensor];
-        let rank = (0..load.len()).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+        let Some(Reverse((_, rank))) = heap.pop() else {
+            return;
+        };
         load[rank] += t.nbytes();
+        heap.push(Reverse((load[rank], rank)));
         out[i].chunks = vec![TargetChunk {
             rank,
             region: Region::whole(&t.shape),

@@ -526,3 +526,48 @@ fn a_copy_beside_dcp_shards_is_skipped_and_reported() {
             .all(|f| !f.path.ends_with("full.safetensors"))
     );
 }
+
+/// A world size no job has (a typo, a negative number wrapped around) is refused with the
+/// bound in the message, before anything proportional to it is allocated.
+#[test]
+fn an_unreasonable_world_size_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let ck = Checkpoint::open(&src, None).unwrap();
+    for m in [usize::MAX, 1_000_000_000, (1 << 20) + 1] {
+        let e = plan(&ck, &TargetSpec::new(m, Format::Remat))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("world size {m}")) && e.contains("1048576 (2^20)"),
+            "{e}"
+        );
+    }
+    // Within the rank bound, a plan of more chunks than memory holds is refused too:
+    // 40 tensors replicated on 2^20 ranks.
+    let many = dir.path().join("many.safetensors");
+    let names: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+    let data = [1u8, 2, 3, 4];
+    let tensors: Vec<TensorData> = names
+        .iter()
+        .map(|n| TensorData {
+            name: n,
+            dtype: Dtype::F32,
+            shape: &[1],
+            data: &data,
+        })
+        .collect();
+    write_file(&many, &tensors, &BTreeMap::new()).unwrap();
+    let ck = Checkpoint::open(&many, None).unwrap();
+    let spec = TargetSpec {
+        world_size: 1 << 20,
+        format: Format::Remat,
+        rules: vec![remat_reshard::NameRule::parse("*=replicate").unwrap()],
+        preset: None,
+    };
+    let e = plan(&ck, &spec).unwrap_err().to_string();
+    assert!(
+        e.contains("41943040 chunks") && e.contains("33554432 (2^25)"),
+        "{e}"
+    );
+}
