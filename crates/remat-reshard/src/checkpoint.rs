@@ -1,6 +1,8 @@
 //! A checkpoint on disk, in any of the layouts remat reads, as one model: global tensors
 //! made of pieces that live in memory-mapped safetensors files.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
@@ -154,6 +156,7 @@ impl Checkpoint {
     }
 
     fn validate_tensor(&self, t: &TensorInfo) -> Result<()> {
+        self.check_replicas(t)?;
         let total = volume(&t.shape).unwrap_or(u64::MAX);
         let distinct = t.distinct_pieces();
         let regions: Vec<&Region> = distinct.iter().map(|p| &p.region).collect();
@@ -182,6 +185,70 @@ impl Checkpoint {
             });
         }
         Ok(())
+    }
+}
+
+impl Checkpoint {
+    /// Pieces of one tensor with the same box are copies (replicas): the reader takes one
+    /// of them, so they must agree. Their index checksums are compared where both have
+    /// one (the data is checked against them when it is read); otherwise their bytes.
+    fn check_replicas(&self, t: &TensorInfo) -> Result<()> {
+        let mut first_of: HashMap<&Region, &Piece> = HashMap::new();
+        for p in t.pieces.iter().filter(|p| !p.region.is_empty()) {
+            match first_of.entry(&p.region) {
+                Entry::Vacant(e) => {
+                    e.insert(p);
+                }
+                Entry::Occupied(e) => self.compare_replicas(t, e.get(), p)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn compare_replicas(&self, t: &TensorInfo, a: &Piece, b: &Piece) -> Result<()> {
+        let what = match (a.checksum, b.checksum) {
+            (Some(x), Some(y)) => {
+                (x != y).then(|| format!("their index checksums differ ({x:016x} and {y:016x})"))
+            }
+            _ => self
+                .first_difference(a, b)
+                .map(|k| format!("their bytes differ, first at byte {k} of the piece")),
+        };
+        match what {
+            None => Ok(()),
+            Some(what) => Err(ReshardError::ReplicaMismatch {
+                tensor: t.name.clone(),
+                region: format!("offsets {:?} sizes {:?}", a.region.offsets, a.region.sizes),
+                files: format!(
+                    "{} and {}",
+                    self.files[a.file].path.display(),
+                    self.files[b.file].path.display()
+                ),
+                what,
+            }),
+        }
+    }
+
+    /// The first byte at which two equally long pieces differ, compared in steps whose
+    /// pages are handed back as they are passed, so memory stays bounded.
+    fn first_difference(&self, a: &Piece, b: &Piece) -> Option<u64> {
+        const STEP: u64 = 4 << 20;
+        let (ma, mb) = (&self.files[a.file].map, &self.files[b.file].map);
+        let len = a.len.min(b.len);
+        let mut at = 0;
+        while at < len {
+            let n = STEP.min(len - at);
+            let sa = &ma.bytes()[(a.start + at) as usize..(a.start + at + n) as usize];
+            let sb = &mb.bytes()[(b.start + at) as usize..(b.start + at + n) as usize];
+            let diff = (sa != sb).then(|| sa.iter().zip(sb).position(|(x, y)| x != y));
+            ma.release(a.start + at, n);
+            mb.release(b.start + at, n);
+            if let Some(k) = diff.flatten() {
+                return Some(at + k as u64);
+            }
+            at += n;
+        }
+        (a.len != b.len).then_some(len)
     }
 }
 

@@ -74,6 +74,17 @@ pub enum ReshardError {
         second: String,
     },
     #[error(
+        "tensor `{tensor}`: the pieces at {region} in {files} are copies of one box, but {what}; which one is right is unknown"
+    )]
+    ReplicaMismatch {
+        tensor: String,
+        /// `offsets [..] sizes [..]`.
+        region: String,
+        /// `FIRST and SECOND`: the two files.
+        files: String,
+        what: String,
+    },
+    #[error(
         "tensor `{tensor}`: chunks leave a hole: they cover {covered} of the {total} elements of shape {shape:?}"
     )]
     Hole {

@@ -571,3 +571,61 @@ fn an_unreasonable_world_size_is_refused_up_front() {
         "{e}"
     );
 }
+
+/// Two DCP files holding the same piece of `w` are copies of one box: equal bytes are
+/// accepted (one copy is read), different bytes are an error naming the tensor and both
+/// files, since which copy is right cannot be known.
+#[test]
+fn replicas_with_different_bytes_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let w0 = ("w", Dtype::F32, vec![2, 4], vec![0, 0]);
+    dcp_file(&src, 2, std::slice::from_ref(&w0));
+    let ck = Checkpoint::open(&src, None).unwrap();
+    assert_eq!(ck.tensor("w").unwrap().pieces.len(), 3);
+    // Same piece, one byte changed (the data follows the header).
+    let copy = shard(&src, 2);
+    let mut bytes = std::fs::read(&copy).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x40;
+    std::fs::write(&copy, bytes).unwrap();
+    let e = fails(&src);
+    assert!(
+        e.contains("tensor `w`")
+            && e.contains("shard-00001")
+            && e.contains("shard-00003")
+            && e.contains("copies of one box")
+            && e.contains("first at byte 29"),
+        "{e}"
+    );
+}
+
+/// In remat's layout a replicated tensor is listed once per rank: replicas whose index
+/// checksums disagree are an error naming both rank files.
+#[test]
+fn remat_replicas_with_different_checksums_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let remat = dir.path().join("remat");
+    common::reshard(&src, &remat, &TargetSpec::new(2, Format::Remat));
+    let index_path = remat.join("remat.index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    let b = index["tensors"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|t| t["name"] == "b")
+        .unwrap();
+    assert_eq!(b["placement"], "replicate");
+    b["chunks"][1]["checksum"] = "0123456789abcdef".into();
+    std::fs::write(&index_path, index.to_string()).unwrap();
+    let e = fails(&remat);
+    assert!(
+        e.contains("tensor `b`")
+            && e.contains("rank-00000-of-00002")
+            && e.contains("rank-00001-of-00002")
+            && e.contains("index checksums differ"),
+        "{e}"
+    );
+}
