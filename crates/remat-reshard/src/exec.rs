@@ -18,6 +18,7 @@ use crate::geometry::StridedCopy;
 use crate::output;
 use crate::plan::{Plan, TargetFile};
 use crate::sched::{Job, run_spread};
+use crate::source_check;
 use crate::stream::{BlockHasher, Cursor, Frontier, Seg, Segment, gather, write_vectored_at};
 
 /// The default bound on buffered memory.
@@ -208,6 +209,10 @@ fn write_files(
     opts: &ExecOptions,
 ) -> Result<(ExecReport, Vec<Option<Vec<u64>>>)> {
     let started = Instant::now();
+    // Corrupt source data must fail, not be copied and given fresh checksums.
+    let slots: Vec<usize> = files.iter().map(|f| f.0).collect();
+    let checks = source_check::plan_checks(ckpt, plan, &slots);
+    source_check::hash_pieces(ckpt, &checks)?;
     let handles: Vec<File> = files
         .iter()
         .map(|(slot, path)| create_sized(path, &plan.files[*slot]))
@@ -277,6 +282,7 @@ fn write_files(
                 .collect(),
         );
     }
+    source_check::check_via_output(ckpt, &checks, &sums)?;
     let bytes_written = files
         .iter()
         .map(|(slot, _)| plan.files[*slot].file_len())

@@ -29,6 +29,7 @@ pub mod plan;
 mod readers;
 pub mod safetensors;
 mod sched;
+mod source_check;
 mod stream;
 pub mod target;
 pub mod verify;

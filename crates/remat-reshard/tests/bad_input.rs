@@ -50,10 +50,15 @@ fn dcp_file_named(dir: &Path, name: &str, pieces: &[DcpPiece], info: Option<&[Dc
 
 /// Runs open + plan + execute and returns the error text; checks nothing was written.
 fn fails(src: &Path) -> String {
+    fails_onto(src, 2)
+}
+
+/// [`fails`] onto `m` ranks.
+fn fails_onto(src: &Path, m: usize) -> String {
     let dst = src.parent().unwrap().join("out");
     let err = (|| {
         let ck = Checkpoint::open(src, None)?;
-        let p = plan(&ck, &TargetSpec::new(2, Format::Remat))?;
+        let p = plan(&ck, &TargetSpec::new(m, Format::Remat))?;
         execute(&ck, &p, &dst, &ExecOptions::default())
     })()
     .expect_err("bad input must fail")
@@ -627,5 +632,98 @@ fn remat_replicas_with_different_checksums_are_an_error() {
             && e.contains("rank-00001-of-00002")
             && e.contains("index checksums differ"),
         "{e}"
+    );
+}
+
+/// The remat index of `dir`, and where chunk `k` of tensor `name` lies: file and bytes.
+fn remat_chunk(dir: &Path, name: &str, k: usize) -> (serde_json::Value, String, [usize; 2]) {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("remat.index.json")).unwrap()).unwrap();
+    let t = index["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .unwrap();
+    let c = &t["chunks"][k];
+    let file = index["files"][c["file"].as_u64().unwrap() as usize]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let range = [
+        c["byte_range"][0].as_u64().unwrap() as usize,
+        c["byte_range"][1].as_u64().unwrap() as usize,
+    ];
+    (index, file, range)
+}
+
+fn flip_byte(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= 0x01;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Source data that does not match the checksums of its index fails the reshard, naming
+/// the file and tensor, whether the corrupt piece is copied whole (same layout: checked
+/// by the checksum of the chunk written), split (onto 3 ranks: hashed before the copy)
+/// or a replica the copy does not read; and so does a wrong checksum in the index.
+#[test]
+fn source_data_that_does_not_match_its_checksums_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let remat = dir.path().join("remat");
+    common::reshard(&src, &remat, &TargetSpec::new(2, Format::Remat));
+    let pristine = dir.path().join("pristine");
+    common::reshard(&src, &pristine, &TargetSpec::new(2, Format::Remat));
+    let restore = || {
+        for e in std::fs::read_dir(&pristine).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), remat.join(e.file_name())).unwrap();
+        }
+    };
+    // A data byte of `w` in rank 0's file.
+    let (_, file, range) = remat_chunk(&remat, "w", 0);
+    flip_byte(&remat.join(&file), range[0] + 5);
+    for m in [2, 3] {
+        let e = fails_onto(&remat, m);
+        assert!(
+            e.contains(&file) && e.contains("tensor `w`") && e.contains("checksum mismatch"),
+            "onto {m}: {e}"
+        );
+    }
+    // The replica of `b` on rank 1, which the copy does not read.
+    restore();
+    let (_, file, range) = remat_chunk(&remat, "b", 1);
+    assert!(file.starts_with("rank-00001"));
+    flip_byte(&remat.join(&file), range[0]);
+    let e = fails(&remat);
+    assert!(
+        e.contains(&file) && e.contains("tensor `b`") && e.contains("checksum mismatch"),
+        "{e}"
+    );
+    // A wrong checksum in the index.
+    restore();
+    let (mut index, file, _) = remat_chunk(&remat, "w", 1);
+    let w = index["tensors"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|t| t["name"] == "w")
+        .unwrap();
+    w["chunks"][1]["checksum"] = "0123456789abcdef".into();
+    std::fs::write(remat.join("remat.index.json"), index.to_string()).unwrap();
+    for m in [2, 3] {
+        let e = fails_onto(&remat, m);
+        assert!(
+            e.contains(&file) && e.contains("index says 0123456789abcdef"),
+            "onto {m}: {e}"
+        );
+    }
+    // Intact, it reshards.
+    restore();
+    common::reshard(
+        &remat,
+        &dir.path().join("ok"),
+        &TargetSpec::new(3, Format::Remat),
     );
 }
