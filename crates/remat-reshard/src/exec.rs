@@ -134,6 +134,7 @@ pub fn execute(
     opts: &ExecOptions,
 ) -> Result<ExecReport> {
     output::check_not_source(ckpt, dst)?;
+    output::check_not_file(dst)?;
     match opts.rank {
         None => execute_all(ckpt, plan, dst, opts),
         Some(r) => execute_rank(ckpt, plan, dst, r, opts),
@@ -447,6 +448,7 @@ fn run_task(
 /// the files to their final names and writes the index last.
 pub fn finalize(ckpt: &Checkpoint, plan: &Plan, dst: &Path, overwrite: bool) -> Result<()> {
     output::check_not_source(ckpt, dst)?;
+    output::check_not_file(dst)?;
     let index = dst.join(crate::index::INDEX_NAME);
     if index.exists() && !overwrite {
         return Err(ReshardError::OutputExists { path: index });

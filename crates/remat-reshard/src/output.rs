@@ -55,6 +55,18 @@ fn absolute(path: &Path) -> PathBuf {
     }
 }
 
+/// Refuses a destination that exists but is not a directory (a regular file, say): the
+/// output is a directory, and replacing a file with one is not what `--force` means.
+pub fn check_not_file(dst: &Path) -> Result<()> {
+    match std::fs::metadata(dst) {
+        Ok(m) if !m.is_dir() => Err(ReshardError::Target(format!(
+            "{}: exists and is not a directory; the output is a directory of files: remove it or choose another path",
+            dst.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses an existing non-empty destination unless overwriting.
 pub fn check_free(dst: &Path, overwrite: bool) -> Result<()> {
     if overwrite || !dst.exists() {

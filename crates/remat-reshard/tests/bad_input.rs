@@ -727,3 +727,37 @@ fn source_data_that_does_not_match_its_checksums_fails() {
         &TargetSpec::new(3, Format::Remat),
     );
 }
+
+/// A destination that is a regular file is refused up front, with or without
+/// overwriting: the file stays as it was and nothing is written beside it.
+#[test]
+fn a_destination_that_is_a_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let dst = dir.path().join("g3");
+    std::fs::write(&dst, b"data\n").unwrap();
+    let ck = Checkpoint::open(&src, None).unwrap();
+    let p = plan(&ck, &TargetSpec::new(2, Format::Remat)).unwrap();
+    for overwrite in [false, true] {
+        for rank in [None, Some(0)] {
+            let opts = ExecOptions {
+                overwrite,
+                rank,
+                ..Default::default()
+            };
+            let e = execute(&ck, &p, &dst, &opts).unwrap_err().to_string();
+            assert!(e.contains("g3") && e.contains("is not a directory"), "{e}");
+        }
+        let e = remat_reshard::finalize(&ck, &p, &dst, overwrite)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a directory"), "{e}");
+    }
+    assert_eq!(std::fs::read(&dst).unwrap(), b"data\n");
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["g3", "src"]);
+}
