@@ -11,7 +11,10 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::plot::{Chart, Series};
-use remat_planner::strategy::{Planned, Problem, Strategy, lookup, plan_best, registry};
+use remat_planner::strategy::baselines::PARAMETERIZED;
+use remat_planner::strategy::{
+    BestPlan, Planned, Problem, Strategy, lookup, plan_best_explained, registry, skipped_in_search,
+};
 use remat_planner::{Graph, PlanError};
 
 #[derive(clap::Args)]
@@ -56,7 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })
             .collect();
         print_table(&["strategy", "kind", "what it does"], &rows);
-        println!("parameterized: every:N, by-depth:D, threshold:F (fraction of activation bytes)");
+        println!("parameterized: {PARAMETERIZED}");
         return Ok(());
     }
     let options = ImportOptions {
@@ -117,7 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let planned = match &args.strategy {
         Some(name) => lookup(name)?.plan(&problem),
-        None => plan_best(&problem),
+        None => best_with_progress(&problem),
     }
     .map_err(explain_infeasible)?;
     print_summary(&graph, &planned);
@@ -154,6 +157,32 @@ fn plot_format(path: &Path) -> anyhow::Result<PlotFormat> {
         Some("png") => Ok(PlotFormat::Png),
         _ => bail!("{}: --plot needs a .svg or .png file name", path.display()),
     }
+}
+
+/// Every strategy in turn, with a progress bar, then a note for each strategy that was
+/// skipped (graph too large for its cost, or not applicable) or failed.
+fn best_with_progress(problem: &Problem) -> Result<Planned, PlanError> {
+    let bar = indicatif::ProgressBar::new(registry().len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("planning [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let BestPlan {
+        result,
+        skipped,
+        failed,
+    } = plan_best_explained(problem, |i, _, name| {
+        bar.set_position(i as u64);
+        bar.set_message(name.to_string());
+    });
+    bar.finish_and_clear();
+    for (name, why) in &skipped {
+        println!("note: {name}: {why}");
+    }
+    for (name, error) in &failed {
+        println!("warning: {name} failed and was left out: {error}");
+    }
+    result
 }
 
 fn explain_infeasible(err: PlanError) -> anyhow::Error {
@@ -224,7 +253,13 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()>
         };
         for strategy in registry() {
             let started = Instant::now();
-            let result = strategy.plan(&problem);
+            let result = match skipped_in_search(strategy.as_ref(), &problem) {
+                Some(why) => Err(PlanError::NotApplicable {
+                    strategy: strategy.name(),
+                    why,
+                }),
+                None => strategy.plan(&problem),
+            };
             let ms = started.elapsed().as_secs_f64() * 1e3;
             let budget_cell = format!(
                 "{} ({})",
