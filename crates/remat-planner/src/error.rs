@@ -33,7 +33,7 @@ pub enum GraphError {
     )]
     BytesOverflow { node: String },
     #[error(
-        "node `{node}`: the total compute time reaches {total}, too large to simulate (with recomputations it would not stay a finite number)"
+        "node `{node}`: the total compute time reaches {total:e}, too large to simulate (with recomputations it would not stay a finite number)"
     )]
     TimeOverflow { node: String, total: f64 },
     #[error("pinned node {id} does not exist: the graph has {count} nodes")]
@@ -143,6 +143,9 @@ pub enum PlanError {
     NotApplicable { strategy: String, why: String },
     #[error("unknown strategy `{name}`; known: {known}")]
     UnknownStrategy { name: String, known: String },
+    /// A parameterized strategy (`every:N`, ...) with a parameter out of its range.
+    #[error("strategy `{name}`: {why}")]
+    BadParameter { name: String, why: String },
     #[error("decision for `{tensor}` is inconsistent: {why}")]
     BadDecision { tensor: String, why: String },
     #[error("strategy `{strategy}` produced an invalid schedule: {error}")]
@@ -152,6 +155,16 @@ pub enum PlanError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_times_print_in_scientific_notation() {
+        let text = GraphError::TimeOverflow {
+            node: "n".into(),
+            total: 1e308,
+        }
+        .to_string();
+        assert!(text.contains("1e308") && text.len() < 200, "{text}");
+    }
 
     #[test]
     fn wrapped_errors_appear_once_in_the_chain() {

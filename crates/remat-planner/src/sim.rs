@@ -55,7 +55,9 @@ pub struct SimReport {
     pub recompute_time: f64,
     /// Time the compute stream waited on copies: the swap traffic not hidden by compute.
     pub stall_time: f64,
+    /// Bytes copied to the host, every swap-out counted (saturates at u64::MAX).
     pub swapped_out_bytes: u64,
+    /// Bytes computed again, every recomputation counted (saturates at u64::MAX).
     pub recomputed_bytes: u64,
     pub timeline: Vec<TimelinePoint>,
     pub fates: Vec<Fate>,
@@ -298,7 +300,9 @@ impl<'g> Machine<'g> {
         let done = start + self.copy_time(bytes);
         self.d2h_free_at = done;
         self.tensors[tensor].host_copy_at = Some(done);
-        self.swapped_out_bytes += bytes;
+        // A tensor may be swapped out more than once, so this can pass the graph's total
+        // bytes (which the graph bounds): saturate rather than wrap.
+        self.swapped_out_bytes = self.swapped_out_bytes.saturating_add(bytes);
         self.swapped[tensor] = true;
         Ok(())
     }
@@ -370,8 +374,10 @@ impl<'g> Machine<'g> {
             .tensors
             .iter()
             .enumerate()
-            .map(|(id, t)| u64::from(t.computed.saturating_sub(1)) * graph.node(id).output_bytes)
-            .sum();
+            .map(|(id, t)| {
+                u64::from(t.computed.saturating_sub(1)).saturating_mul(graph.node(id).output_bytes)
+            })
+            .fold(0u64, u64::saturating_add);
         Ok(SimReport {
             peak_bytes: self.peak,
             peak_step: self.peak_step,

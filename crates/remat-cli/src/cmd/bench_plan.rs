@@ -11,10 +11,10 @@
 //! that optimum with a pass/fail column for the goal (fast overhead within 2% of the
 //! optimal overhead), and solve times on the synthetic graphs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::strategy::{Problem, Strategy, registry};
@@ -213,21 +213,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut summary = Vec::new();
     match graphs_dir(&args.graphs) {
         Some(dir) => {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-                .with_context(|| format!("{}: cannot list", dir.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "json"))
-                .filter(|p| {
-                    args.only.as_deref().is_none_or(|only| {
-                        p.file_name()
-                            .is_some_and(|n| n.to_string_lossy().contains(only))
-                    })
-                })
-                .collect();
-            files.sort();
-            for file in files {
-                let graph = load(&file, options)?;
-                summary.extend(bench_graph(&graph, &strategies, bandwidth));
+            let graphs = load_graphs(&dir, args.only.as_deref(), options)?;
+            for graph in &graphs {
+                summary.extend(bench_graph(graph, &strategies, bandwidth));
             }
         }
         None => println!("no ../shared/graphs found (give --graphs DIR): shared graphs skipped"),
@@ -250,6 +238,50 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     bench_sizes(&strategies, bandwidth, args.exact_max_nodes);
     Ok(())
+}
+
+/// Every `.json` graph of `dir` whose file name contains `only`, in name order, loaded and
+/// validated before any benching: a bad graph is reported at once, not after minutes of
+/// benching the ones sorting before it. `--only` matching no file is an error listing the
+/// files there are.
+fn load_graphs(
+    dir: &Path,
+    only: Option<&str>,
+    options: ImportOptions,
+) -> anyhow::Result<Vec<Graph>> {
+    let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("{}: cannot list", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    all.sort();
+    let name = |p: &PathBuf| {
+        p.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().to_string())
+    };
+    let files: Vec<&PathBuf> = all
+        .iter()
+        .filter(|p| only.is_none_or(|only| name(p).contains(only)))
+        .collect();
+    if files.is_empty() {
+        let names: Vec<String> = all.iter().map(name).collect();
+        match only {
+            Some(only) => bail!(
+                "--only {only}: no graph file in {} has `{only}` in its name; there are: {}",
+                dir.display(),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ),
+            None => bail!("{}: no .json graph files", dir.display()),
+        }
+    }
+    files
+        .into_iter()
+        .map(|file| load(file, options).map_err(anyhow::Error::from))
+        .collect()
 }
 
 /// One table for the graph; returns its summary rows.

@@ -312,6 +312,12 @@ impl Strategy for Evict {
     fn summary(&self) -> &'static str {
         "greedy eviction with look-ahead (DTR-style, Belady distance), best of 12 weightings on profiled and on unit costs"
     }
+    fn search_limit(&self) -> Option<(usize, &'static str)> {
+        Some((
+            crate::strategy::CANDIDATE_SEARCH_LIMIT,
+            "12 greedy passes plus a local search, each O(evictions * resident)",
+        ))
+    }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let (found, smallest_need) = best_pass(problem.graph, problem.budget_bytes);
         let (weights, steps, time, at) = match found {

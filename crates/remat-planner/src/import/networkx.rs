@@ -292,6 +292,26 @@ fn sort_key(key: &str, position: usize) -> i64 {
     key.parse().unwrap_or(position as i64)
 }
 
+/// The sum of every node's `param_cost`, checked: a sum past u64::MAX is an error naming
+/// the node that overflows it (a wrapped sum would plan against a tiny static size).
+fn static_bytes(file: &str, raw: &[RawNode]) -> Result<u64, ImportError> {
+    let mut total = 0u64;
+    for node in raw {
+        total = total
+            .checked_add(node.params)
+            .ok_or_else(|| ImportError::Field {
+                file: file.to_string(),
+                node: format!("{} `{}`", node.key, node.name),
+                field: "param_cost".into(),
+                what: format!(
+                    "{} bytes brings the graph's parameter bytes past 2^64 - 1",
+                    node.params
+                ),
+            })?;
+    }
+    Ok(total)
+}
+
 fn build(
     file: &str,
     object: &Map<String, Value>,
@@ -316,7 +336,7 @@ fn build(
         }
         list.push(position[u]);
     }
-    let static_bytes = raw.iter().map(|n| n.params).sum();
+    let static_bytes = static_bytes(file, &raw)?;
     let mut slots: Vec<Option<RawNode>> = raw.into_iter().map(Some).collect();
     let mut nodes = Vec::with_capacity(order.len());
     for (p, &i) in order.iter().enumerate() {
@@ -379,6 +399,22 @@ mod tests {
         let cyclic = text.replace(r#"{"0": 0, "1": 2}"#, r#"{"0": 1, "1": 2}"#);
         let err = parse("r.json", &cyclic, ImportOptions::default()).unwrap_err();
         assert!(err.to_string().contains("cycle"), "{err}");
+    }
+
+    #[test]
+    fn parameter_bytes_past_u64_max_name_the_node_and_field() {
+        let text = r#"{"directed": true, "graph": {}, "nodes": [
+            {"name": 0, "duration": 1, "out_cost": 5, "param_cost": 9223372036854775808},
+            {"name": 1, "duration": 2, "out_cost": 6, "param_cost": 9223372036854775808},
+            {"name": 2, "duration": 3, "out_cost": 7, "param_cost": 100}],
+          "links": [{"0": 0, "1": 1}, {"0": 1, "1": 2}]}"#;
+        let err = parse("big.json", text, ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("big.json") && err.contains("node 1") && err.contains("param_cost"),
+            "{err}"
+        );
     }
 
     #[test]

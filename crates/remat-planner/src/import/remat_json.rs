@@ -47,11 +47,10 @@ pub(crate) fn from_value(file: &str, object: &Map<String, Value>) -> Result<Grap
         file: file.to_string(),
         what,
     };
-    let version = top.get("version")?.as_u64();
-    if version != Some(VERSION) {
+    let version = top.get("version")?;
+    if version.as_u64() != Some(VERSION) {
         return Err(schema(format!(
-            "field `version` is {:?}, this build reads {VERSION}",
-            object.get("version")
+            "field `version` is {version}, this build reads version {VERSION}"
         )));
     }
     let name = top.string("name")?.to_string();
@@ -226,6 +225,18 @@ mod tests {
             .to_string();
         assert!(
             err.contains("bad.json") && err.contains("`b`") && err.contains("pinned"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn another_version_is_shown_as_written() {
+        let text = GOOD.replace("\"version\": 1", "\"version\": 2");
+        let err = parse("v.json", &text, ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("v.json") && err.contains("`version` is 2,") && !err.contains("Some"),
             "{err}"
         );
     }

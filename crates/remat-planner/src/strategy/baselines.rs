@@ -109,6 +109,12 @@ impl Strategy for RecomputeAll {
     fn summary(&self) -> &'static str {
         "drop every activation after its forward use, recompute it for the backward pass"
     }
+    fn search_limit(&self) -> Option<(usize, &'static str)> {
+        Some((
+            super::QUADRATIC_PLAN_LIMIT,
+            "its plan rebuilds every backward input from the graph inputs: O(n^2) steps",
+        ))
+    }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let acts = activations(problem.graph);
         let decisions = decisions_keeping(problem.graph, &acts, |_, _| false);
@@ -193,6 +199,18 @@ impl Strategy for MemoryThreshold {
     }
     fn summary(&self) -> &'static str {
         "keep the oldest activations up to a byte threshold, recompute the rest"
+    }
+    fn search_limit(&self) -> Option<(usize, &'static str)> {
+        match self.0 {
+            Some(_) => Some((
+                super::QUADRATIC_PLAN_LIMIT,
+                "each activation is rebuilt from the last kept one: up to O(n^2) steps",
+            )),
+            None => Some((
+                super::CANDIDATE_SEARCH_LIMIT,
+                "it simulates up to 65 recompute-heavy candidate plans",
+            )),
+        }
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let graph = problem.graph;
@@ -282,6 +300,12 @@ impl Strategy for ChenGreedy {
     fn summary(&self) -> &'static str {
         "Chen et al.: greedy segments under a byte bound B, B searched for the budget"
     }
+    fn search_limit(&self) -> Option<(usize, &'static str)> {
+        Some((
+            super::CANDIDATE_SEARCH_LIMIT,
+            "it simulates 196 candidate plans, half of them recompute-heavy",
+        ))
+    }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let graph = problem.graph;
         let acts = activations(graph);
@@ -319,27 +343,39 @@ pub fn all() -> Vec<Box<dyn Strategy>> {
     ]
 }
 
-/// Parses a parameterized baseline name: `every:N`, `by-depth:D`, `threshold:F`.
-pub fn parse(name: &str) -> Option<Box<dyn Strategy>> {
+/// The parameterized forms [`parse`] reads, for listings and error messages.
+pub const PARAMETERIZED: &str = "every:N (N >= 1), by-depth:D (D >= 1), threshold:F (0 <= F <= 1, fraction of activation bytes)";
+
+/// Parses a parameterized baseline name: `every:N`, `by-depth:D`, `threshold:F`. `None`
+/// when `name` is not of these forms; an error naming the parameter and its range when the
+/// form is known but its parameter is not valid.
+pub fn parse(name: &str) -> Option<Result<Box<dyn Strategy>, PlanError>> {
     let (kind, arg) = name.split_once(':')?;
-    match kind {
-        "every" => arg
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .map(|n| Box::new(EveryN(n)) as Box<dyn Strategy>),
-        "by-depth" => arg
-            .parse()
-            .ok()
-            .filter(|&d| d > 0)
-            .map(|d| Box::new(ByDepth(d)) as Box<dyn Strategy>),
-        "threshold" => arg
-            .parse::<f64>()
-            .ok()
-            .filter(|f| (0.0..=1.0).contains(f))
-            .map(|f| Box::new(MemoryThreshold(Some(f))) as Box<dyn Strategy>),
-        _ => None,
-    }
+    let bad = |why: &str| PlanError::BadParameter {
+        name: name.to_string(),
+        why: why.to_string(),
+    };
+    let count = |what: &str| match arg.parse::<usize>() {
+        Ok(0) => Err(bad(&format!("{what} must be a positive integer, got 0"))),
+        Ok(n) => Ok(n),
+        Err(_) => Err(bad(&format!(
+            "{what} must be a positive integer, got `{arg}`"
+        ))),
+    };
+    Some(match kind {
+        "every" => count("N").map(|n| Box::new(EveryN(n)) as Box<dyn Strategy>),
+        "by-depth" => count("D").map(|d| Box::new(ByDepth(d)) as Box<dyn Strategy>),
+        "threshold" => match arg.parse::<f64>() {
+            Ok(f) if (0.0..=1.0).contains(&f) => Ok(Box::new(MemoryThreshold(Some(f))) as _),
+            Ok(_) => Err(bad(&format!(
+                "F is a fraction of the activation bytes and must be in [0, 1], got {arg}"
+            ))),
+            Err(_) => Err(bad(&format!(
+                "F must be a number in [0, 1] (a fraction of the activation bytes), got `{arg}`"
+            ))),
+        },
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -452,9 +488,23 @@ mod tests {
 
     #[test]
     fn parses_parameterized_names() {
-        assert_eq!(parse("every:3").unwrap().name(), "every:3");
-        assert_eq!(parse("by-depth:2").unwrap().name(), "by-depth:2");
-        assert_eq!(parse("threshold:0.5").unwrap().name(), "threshold:0.5");
-        assert!(parse("every:0").is_none() && parse("threshold:2").is_none());
+        let name = |n: &str| parse(n).unwrap().unwrap().name();
+        assert_eq!(name("every:3"), "every:3");
+        assert_eq!(name("by-depth:2"), "by-depth:2");
+        assert_eq!(name("threshold:0.5"), "threshold:0.5");
+        assert!(parse("mutwo").is_none() && parse("nope:1").is_none());
+    }
+
+    #[test]
+    fn bad_parameters_say_the_range() {
+        for (name, what) in [
+            ("every:0", "N must be a positive integer, got 0"),
+            ("by-depth:0", "D must be a positive integer"),
+            ("every:x", "got `x`"),
+            ("threshold:1.5", "must be in [0, 1], got 1.5"),
+        ] {
+            let err = parse(name).unwrap().err().unwrap().to_string();
+            assert!(err.contains(name) && err.contains(what), "{err}");
+        }
     }
 }

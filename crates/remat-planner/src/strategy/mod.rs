@@ -19,6 +19,12 @@ use crate::lower::{Helpers, lower_with};
 use crate::plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
 use crate::sim::{SimReport, simulate_steps};
 
+/// Node count above which searches skip strategies whose single plan is quadratic in size.
+pub const QUADRATIC_PLAN_LIMIT: usize = 5000;
+/// Node count above which searches skip strategies that simulate many quadratic
+/// candidates: about a few seconds each at this size on one core.
+pub const CANDIDATE_SEARCH_LIMIT: usize = 2500;
+
 /// What to plan for.
 #[derive(Clone, Copy, Debug)]
 pub struct Problem<'g> {
@@ -55,6 +61,26 @@ pub trait Strategy: Send + Sync {
     /// Plans under the budget, or says why not ([`PlanError::OverBudget`] carries the peak
     /// the strategy could reach).
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError>;
+    /// For strategies whose running time grows faster than linearly in the node count
+    /// (quadratic plans, or many simulated candidates): the node count above which a
+    /// search over all strategies ([`plan_best`], `--compare`) skips them, and why.
+    /// Asked for by name, they still run.
+    fn search_limit(&self) -> Option<(usize, &'static str)> {
+        None
+    }
+}
+
+/// Why a search skips `strategy` on `problem`'s graph, if it does (see
+/// [`Strategy::search_limit`]).
+pub fn skipped_in_search(strategy: &dyn Strategy, problem: &Problem) -> Option<String> {
+    let (limit, why) = strategy.search_limit()?;
+    let n = problem.graph.len();
+    (n > limit).then(|| {
+        format!(
+            "skipped: the graph has {n} nodes, above the {limit} at which it is searched ({why}); ask for it with --strategy {}",
+            strategy.name()
+        )
+    })
 }
 
 /// Lowers per-tensor decisions, simulates them and checks the budget.
@@ -129,8 +155,8 @@ pub fn registry() -> Vec<Box<dyn Strategy>> {
 
 /// Finds a strategy by name; `every:N`, `by-depth:D` and `threshold:F` take a parameter.
 pub fn lookup(name: &str) -> Result<Box<dyn Strategy>, PlanError> {
-    if let Some(strategy) = baselines::parse(name) {
-        return Ok(strategy);
+    if let Some(parsed) = baselines::parse(name) {
+        return parsed;
     }
     registry()
         .into_iter()
@@ -140,17 +166,58 @@ pub fn lookup(name: &str) -> Result<Box<dyn Strategy>, PlanError> {
             known: registry()
                 .iter()
                 .map(|s| s.name())
+                .chain(std::iter::once(baselines::PARAMETERIZED.to_string()))
                 .collect::<Vec<_>>()
                 .join(", "),
         })
 }
 
+/// What [`plan_best_explained`] found: the fastest plan (or why there is none), and a
+/// note for every strategy that did not take part (skipped for size, not applicable) or
+/// failed outright (an invalid schedule is a strategy's bug, reported rather than hidden).
+#[derive(Debug)]
+pub struct BestPlan {
+    pub result: Result<Planned, PlanError>,
+    /// `(strategy, why)` for strategies skipped or not applicable.
+    pub skipped: Vec<(String, String)>,
+    /// Strategies that failed with an error other than over budget / not applicable.
+    pub failed: Vec<(String, PlanError)>,
+}
+
 /// Runs every strategy and keeps the fastest plan under the budget. When none fits, the
-/// error states the smallest peak any strategy reached.
+/// error states the smallest peak any strategy reached. See [`plan_best_explained`] for
+/// the strategies it skipped and the ones that failed.
 pub fn plan_best(problem: &Problem) -> Result<Planned, PlanError> {
+    plan_best_explained(problem, |_, _, _| {}).result
+}
+
+/// [`plan_best`], calling `progress(i, count, name)` before each strategy, and saying
+/// which strategies were skipped (too large a graph for their cost, or not applicable) and
+/// which failed.
+pub fn plan_best_explained(
+    problem: &Problem,
+    progress: impl FnMut(usize, usize, &str),
+) -> BestPlan {
+    plan_best_among(&registry(), problem, progress)
+}
+
+/// [`plan_best_explained`] over the given strategies.
+pub fn plan_best_among(
+    strategies: &[Box<dyn Strategy>],
+    problem: &Problem,
+    mut progress: impl FnMut(usize, usize, &str),
+) -> BestPlan {
     let mut best: Option<Planned> = None;
     let mut smallest: Option<(u64, String)> = None;
-    for strategy in registry() {
+    let mut skipped = Vec::new();
+    let mut failed = Vec::new();
+    for (i, strategy) in strategies.iter().enumerate() {
+        let name = strategy.name();
+        progress(i, strategies.len(), &name);
+        if let Some(why) = skipped_in_search(strategy.as_ref(), problem) {
+            skipped.push((name, why));
+            continue;
+        }
         match strategy.plan(problem) {
             Ok(planned) => {
                 let faster = best
@@ -169,10 +236,17 @@ pub fn plan_best(problem: &Problem) -> Result<Planned, PlanError> {
                     smallest = Some((best_peak, strategy));
                 }
             }
-            Err(_) => {}
+            Err(PlanError::NotApplicable { why, .. }) => skipped.push((name, why)),
+            // A solver's proof that nothing fits is an answer, not a failure.
+            Err(PlanError::ProvedInfeasible { .. }) => {}
+            Err(other) => failed.push((name, other)),
         }
     }
-    best.ok_or_else(|| infeasible(problem, smallest))
+    BestPlan {
+        result: best.ok_or_else(|| infeasible(problem, smallest)),
+        skipped,
+        failed,
+    }
 }
 
 fn infeasible(problem: &Problem, smallest: Option<(u64, String)>) -> PlanError {
@@ -182,5 +256,114 @@ fn infeasible(problem: &Problem, smallest: Option<(u64, String)>) -> PlanError {
         budget: problem.budget_bytes,
         best_peak,
         strategy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::SimError;
+    use crate::ir::{Node, Phase};
+
+    /// A training chain: `n` forward layers, the loss, `n` backward layers.
+    fn chain(n: usize) -> Graph {
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            nodes.push(Node {
+                name: format!("f{i}"),
+                phase: Phase::Forward,
+                compute_time: 1.0,
+                output_bytes: 10,
+                inputs: if i == 0 { vec![] } else { vec![i - 1] },
+            });
+        }
+        nodes.push(Node {
+            name: "loss".into(),
+            phase: Phase::Backward,
+            compute_time: 1.0,
+            output_bytes: 1,
+            inputs: vec![n - 1],
+        });
+        for k in 0..n {
+            let fw = n - 1 - k;
+            let mut inputs = vec![n + k];
+            if fw > 0 {
+                inputs.push(fw - 1);
+            }
+            inputs.sort_unstable();
+            nodes.push(Node {
+                name: format!("b{fw}"),
+                phase: Phase::Backward,
+                compute_time: 2.0,
+                output_bytes: 10,
+                inputs,
+            });
+        }
+        Graph::new("chain", nodes, 0, 1.0).unwrap()
+    }
+
+    /// A strategy with a bug: its schedule is invalid.
+    struct Broken;
+    impl Strategy for Broken {
+        fn name(&self) -> String {
+            "broken".into()
+        }
+        fn summary(&self) -> &'static str {
+            "always invalid"
+        }
+        fn plan(&self, _: &Problem) -> Result<Planned, PlanError> {
+            Err(PlanError::InvalidSchedule {
+                strategy: self.name(),
+                error: SimError::NeverComputed { node: "x".into() },
+            })
+        }
+    }
+
+    #[test]
+    fn a_strategy_with_an_invalid_schedule_is_reported_not_dropped() {
+        let g = chain(8);
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: u64::MAX,
+            bandwidth: 1.0,
+        };
+        let strategies: Vec<Box<dyn Strategy>> =
+            vec![Box::new(Broken), Box::new(baselines::StoreAll)];
+        let best = plan_best_among(&strategies, &problem, |_, _, _| {});
+        assert!(best.result.is_ok());
+        assert_eq!(best.failed.len(), 1);
+        assert_eq!(best.failed[0].0, "broken");
+        assert!(best.failed[0].1.to_string().contains("invalid schedule"));
+    }
+
+    #[test]
+    fn searches_skip_super_linear_strategies_on_large_graphs_and_say_why() {
+        let g = chain(CANDIDATE_SEARCH_LIMIT / 2 + 1);
+        assert!(g.len() > CANDIDATE_SEARCH_LIMIT && g.len() <= QUADRATIC_PLAN_LIMIT);
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: g.store_all_peak() / 2,
+            bandwidth: 1.0,
+        };
+        let mut seen = Vec::new();
+        let best = plan_best_explained(&problem, |_, _, name| seen.push(name.to_string()));
+        assert_eq!(seen.len(), registry().len());
+        let planned = best.result.expect("a plan fits");
+        assert!(planned.report.peak_bytes <= problem.budget_bytes);
+        let skipped: Vec<&str> = best.skipped.iter().map(|(n, _)| n.as_str()).collect();
+        for name in ["threshold", "chen-greedy", "evict", "mutwo-refined"] {
+            assert!(skipped.contains(&name), "{name} not skipped: {skipped:?}");
+        }
+        for name in ["mutwo", "recompute-all", "sqrt"] {
+            assert!(!skipped.contains(&name), "{name} skipped: {skipped:?}");
+        }
+        let (_, why) = &best.skipped[skipped.iter().position(|n| *n == "threshold").unwrap()];
+        assert!(
+            why.contains("nodes") && why.contains("--strategy threshold"),
+            "{why}"
+        );
+        assert!(best.failed.is_empty(), "{:?}", best.failed);
+        // Asked for by name, a strategy still runs on the same graph.
+        assert!(skipped_in_search(&baselines::SqrtN, &problem).is_none());
     }
 }

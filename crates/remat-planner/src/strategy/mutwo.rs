@@ -41,6 +41,12 @@ impl Strategy for MuTwo {
     fn summary(&self) -> &'static str {
         "MuTWO: swap or recompute the cheaper candidate until the simulated peak fits"
     }
+    fn search_limit(&self) -> Option<(usize, &'static str)> {
+        Some((
+            super::QUADRATIC_PLAN_LIMIT,
+            "each of its steps rescans every candidate: O(n^2)",
+        ))
+    }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let mut state = Scheduler::new(problem);
         let decisions = state.run()?;
@@ -62,6 +68,12 @@ impl Strategy for MuTwoRefined {
     }
     fn summary(&self) -> &'static str {
         "MuTWO, then undo the choices the budget does not need"
+    }
+    fn search_limit(&self) -> Option<(usize, &'static str)> {
+        Some((
+            super::CANDIDATE_SEARCH_LIMIT,
+            "MuTWO, then one simulation per choice it made: O(n^2) or more",
+        ))
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let name = self.name();

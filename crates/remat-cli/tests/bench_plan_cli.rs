@@ -1,0 +1,61 @@
+//! `remat bench plan --graphs DIR`: graphs are all loaded before benching, and `--only`
+//! must match something. Only the failing paths run here (a full bench is not a test).
+
+use std::process::Command;
+
+fn remat(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
+        .args(args)
+        .output()
+        .expect("runs remat");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+const GOOD: &str = r#"{"format": "remat-graph", "version": 1, "name": "good", "nodes": [
+  {"name": "f0", "phase": "forward", "compute_time": 1, "output_bytes": 100, "inputs": []},
+  {"name": "loss", "phase": "backward", "compute_time": 1, "output_bytes": 4, "inputs": [0]},
+  {"name": "b0", "phase": "backward", "compute_time": 2, "output_bytes": 100, "inputs": [0, 1]}]}"#;
+
+#[test]
+fn a_bad_graph_is_reported_before_any_graph_is_benched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a-good.json"), GOOD).expect("writes");
+    let bad = GOOD.replace("\"compute_time\": 2", "\"compute_time\": -2");
+    std::fs::write(dir.path().join("b-bad.json"), bad).expect("writes");
+    let (ok, text) = remat(&[
+        "bench",
+        "plan",
+        "--graphs",
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("b-bad.json") && text.contains("compute_time"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("good: 3 nodes"),
+        "benched before validating: {text}"
+    );
+}
+
+#[test]
+fn only_matching_nothing_lists_the_graphs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("a-good.json"), GOOD).expect("writes");
+    let (ok, text) = remat(&[
+        "bench",
+        "plan",
+        "--graphs",
+        dir.path().to_str().expect("utf-8"),
+        "--only",
+        "vgg",
+    ]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("--only vgg") && text.contains("a-good.json"),
+        "{text}"
+    );
+}
