@@ -197,9 +197,16 @@ fn execute_rank(
     }
     let manifest = output::manifest_path(dst, rank);
     let _ = std::fs::remove_file(&manifest);
-    let (report, sums) = write_files(ckpt, plan, &mine, opts)?;
-    output::write_manifest(&manifest, plan, rank, &mine, &sums)?;
-    Ok(report)
+    let result = write_files(ckpt, plan, &mine, opts).and_then(|(report, sums)| {
+        output::write_manifest(&manifest, plan, rank, &mine, &sums).map(|()| report)
+    });
+    if result.is_err() {
+        // No half-written part stays behind (pre-sized, it would look complete).
+        for (_, path) in &mine {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    result
 }
 
 /// Writes `files` (plan slot, path) and returns, per slot, the chunk checksums.

@@ -761,3 +761,29 @@ fn a_destination_that_is_a_file_is_refused() {
     names.sort();
     assert_eq!(names, ["g3", "src"]);
 }
+
+/// A `--rank` run that fails after creating its part (here on corrupt source data found
+/// while writing) removes the part: no pre-sized, half-written file stays behind.
+#[test]
+fn a_failed_rank_run_leaves_no_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let remat = dir.path().join("remat");
+    common::reshard(&src, &remat, &TargetSpec::new(2, Format::Remat));
+    let (_, file, range) = remat_chunk(&remat, "w", 0);
+    flip_byte(&remat.join(&file), range[0]);
+    let ck = Checkpoint::open(&remat, None).unwrap();
+    let p = plan(&ck, &TargetSpec::new(2, Format::Remat)).unwrap();
+    let dst = dir.path().join("out");
+    let opts = ExecOptions {
+        rank: Some(0),
+        ..Default::default()
+    };
+    let e = execute(&ck, &p, &dst, &opts).unwrap_err().to_string();
+    assert!(e.contains("checksum mismatch"), "{e}");
+    let left: Vec<_> = std::fs::read_dir(&dst)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
