@@ -460,7 +460,7 @@ pub fn finalize(ckpt: &Checkpoint, plan: &Plan, dst: &Path, overwrite: bool) -> 
     if index.exists() && !overwrite {
         return Err(ReshardError::OutputExists { path: index });
     }
-    let sums = output::check_parts(plan, dst)?;
+    let sums = output::check_parts(ckpt, plan, dst)?;
     for f in &plan.files {
         let part = output::part_name(dst, &f.name);
         if part.exists() {

@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{Checkpoint, Format, HF_INDEX_NAME};
-use crate::checksum::{ALGORITHM, BLOCK_BYTES, from_hex, to_hex};
+use crate::checksum::{ALGORITHM, BLOCK_BYTES, chunk_checksum, from_hex, to_hex};
 use crate::error::{ReshardError, Result, io_err};
 use crate::fsio::{parent_of, sync_dir, write_atomic};
 use crate::index::{
@@ -171,7 +172,7 @@ pub fn write_manifest(
 }
 
 /// Checks every rank's manifest and files against the plan; returns the chunk checksums.
-pub fn check_parts(plan: &Plan, dst: &Path) -> Result<Vec<Option<Vec<u64>>>> {
+pub fn check_parts(ckpt: &Checkpoint, plan: &Plan, dst: &Path) -> Result<Vec<Option<Vec<u64>>>> {
     let mut sums = vec![None; plan.files.len()];
     for rank in 0..plan.world_size {
         let path = manifest_path(dst, rank);
@@ -212,7 +213,7 @@ pub fn check_parts(plan: &Plan, dst: &Path) -> Result<Vec<Option<Vec<u64>>>> {
                         f.chunks.len()
                     ))
                 })?;
-            check_part_file(dst, f)?;
+            check_part_file(ckpt, dst, f, &checks)?;
             sums[slot] = Some(checks);
         }
     }
@@ -220,8 +221,14 @@ pub fn check_parts(plan: &Plan, dst: &Path) -> Result<Vec<Option<Vec<u64>>>> {
 }
 
 /// A part file (or, after an interrupted finalize, the final file) has the planned size
-/// and header.
-fn check_part_file(dst: &Path, f: &crate::plan::TargetFile) -> Result<()> {
+/// and header, and its chunks hash to the checksums its manifest lists: the index is
+/// about to certify them.
+fn check_part_file(
+    ckpt: &Checkpoint,
+    dst: &Path,
+    f: &crate::plan::TargetFile,
+    checks: &[u64],
+) -> Result<()> {
     let part = part_name(dst, &f.name);
     let path = if part.exists() {
         part
@@ -246,6 +253,31 @@ fn check_part_file(dst: &Path, f: &crate::plan::TargetFile) -> Result<()> {
     std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).map_err(io_err(&path))?;
     if head != f.header {
         return Err(bad("header differs from the plan's".into()));
+    }
+    let map = crate::fsio::Map::open(&path)?;
+    let header = f.header.len() as u64;
+    let actual: Vec<u64> = f
+        .chunks
+        .par_iter()
+        .map(|c| {
+            let start = header + c.data_start;
+            let bytes = &map.bytes()[start as usize..(start + c.len) as usize];
+            let sum = chunk_checksum(bytes, BLOCK_BYTES);
+            map.release(start, c.len);
+            sum
+        })
+        .collect();
+    for ((c, &want), got) in f.chunks.iter().zip(checks).zip(actual) {
+        if want != got {
+            return Err(bad(format!(
+                "tensor `{}`: the chunk at offsets {:?} hashes to {}, the manifest says {}: the part changed after it was written; rerun rank {}",
+                ckpt.tensors[c.tensor].name,
+                c.region.offsets,
+                to_hex(got),
+                to_hex(want),
+                f.rank
+            )));
+        }
     }
     Ok(())
 }

@@ -787,3 +787,46 @@ fn a_failed_rank_run_leaves_no_part() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `finalize` re-hashes every part against the checksums its manifest lists before it
+/// writes the index: a byte changed in a part after its `--rank` run is refused, naming
+/// the part and tensor, and no index is written; rerunning that rank repairs it.
+#[test]
+fn finalize_refuses_a_part_changed_after_it_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let ck = Checkpoint::open(&src, None).unwrap();
+    let p = plan(&ck, &TargetSpec::new(2, Format::Remat)).unwrap();
+    let dst = dir.path().join("out");
+    let run = |rank: usize| {
+        let opts = ExecOptions {
+            rank: Some(rank),
+            overwrite: true,
+            ..Default::default()
+        };
+        execute(&ck, &p, &dst, &opts).unwrap();
+    };
+    run(0);
+    run(1);
+    let part = dst.join("rank-00001-of-00002.safetensors.part");
+    let len = std::fs::metadata(&part).unwrap().len() as usize;
+    flip_byte(&part, len - 1);
+    let e = remat_reshard::finalize(&ck, &p, &dst, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank-00001-of-00002.safetensors.part")
+            && e.contains("tensor `w`")
+            && e.contains("the manifest says")
+            && e.contains("rerun rank 1"),
+        "{e}"
+    );
+    assert!(!dst.join("remat.index.json").exists());
+    run(1);
+    remat_reshard::finalize(&ck, &p, &dst, false).unwrap();
+    let back = Checkpoint::open(&dst, None).unwrap();
+    assert_eq!(
+        remat_reshard::verify(&ck, &back, None).unwrap().difference,
+        None
+    );
+}
