@@ -227,12 +227,41 @@ pub(crate) fn read_remat(root: &Path) -> Result<Checkpoint> {
         info.shape = t.shape.clone();
         info.placement = Placement::parse(&t.placement);
     }
+    check_all_indexed(&index, &b)?;
     Ok(b.finish(
         root,
         format,
         index.world_size,
         Some(index.checksum.block_bytes),
     ))
+}
+
+/// Every tensor a rank file holds is a chunk the index lists in that file: one it does
+/// not list would vanish from the output (a stale index, or a file changed after it).
+fn check_all_indexed(index: &crate::index::Index, b: &Builder) -> Result<()> {
+    let mut listed: Vec<std::collections::HashSet<&str>> = vec![Default::default(); b.files.len()];
+    for t in &index.tensors {
+        for c in &t.chunks {
+            listed[c.file].insert(t.name.as_str());
+        }
+    }
+    for (file, names) in b.files.iter().zip(&listed) {
+        if let Some(e) = file
+            .header
+            .entries
+            .iter()
+            .find(|e| !names.contains(e.name.as_str()))
+        {
+            return Err(ReshardError::BadTensor {
+                path: file.path.clone(),
+                tensor: e.name.clone(),
+                what: format!(
+                    "the file holds this tensor but {INDEX_NAME} lists no chunk of it here, so it would be left out: the index is stale or the file was changed after it"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `(rank, path)` of every `*.safetensors` file in a DCP directory, sorted by rank then
@@ -430,6 +459,11 @@ pub(crate) fn read_hf(path: &Path) -> Result<Checkpoint> {
     } else {
         (path.into(), vec![HF_SINGLE_NAME.into()])
     };
+    let skipped = if path.is_dir() {
+        unlisted_hf_files(path, &names)?
+    } else {
+        Vec::new()
+    };
     for (rank, name) in names.iter().enumerate() {
         let id = b.open_file(&root.join(name), rank)?;
         let entries = b.files[id].header.entries.clone();
@@ -444,7 +478,60 @@ pub(crate) fn read_hf(path: &Path) -> Result<Checkpoint> {
     for t in b.tensors.values_mut() {
         t.placement = Some(infer_placement(t, Placement::Whole));
     }
-    Ok(b.finish(path, Format::Hf, names.len(), None))
+    let mut ckpt = b.finish(path, Format::Hf, names.len(), None);
+    ckpt.skipped = skipped;
+    Ok(ckpt)
+}
+
+/// The `*.safetensors` files of a Hugging Face directory that are not part of the
+/// checkpoint (not named by the index, or not `model.safetensors` without one). Hugging
+/// Face's loaders read only those files, so these are left out as well, but reported
+/// with the tensors they hold, like the DCP reader's skipped files: never dropped
+/// silently.
+fn unlisted_hf_files(dir: &Path, names: &[String]) -> Result<Vec<SkippedFile>> {
+    let mut skipped = Vec::new();
+    let mut entries: Vec<PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".safetensors")
+            && !name.starts_with('.')
+            && !names.contains(&name)
+            && entry.path().is_file()
+        {
+            entries.push(entry.path());
+        }
+    }
+    entries.sort();
+    for path in entries {
+        let held = match MappedFile::open(&path) {
+            Ok(f) => {
+                let n = f.header.entries.len();
+                let shown: Vec<&str> = f
+                    .header
+                    .entries
+                    .iter()
+                    .take(5)
+                    .map(|e| e.name.as_str())
+                    .collect();
+                let more = if n > shown.len() { ", ..." } else { "" };
+                format!("it holds {n} tensors ({}{more})", shown.join(", "))
+            }
+            Err(e) => format!("it is not a readable safetensors file ({e})"),
+        };
+        let by = if dir.join(HF_INDEX_NAME).is_file() {
+            format!("not named in {HF_INDEX_NAME}'s weight_map")
+        } else {
+            format!("not {HF_SINGLE_NAME}, and there is no {HF_INDEX_NAME}")
+        };
+        skipped.push(SkippedFile {
+            path,
+            reason: format!(
+                "{by}, so not part of the checkpoint (Hugging Face loads only those files); {held}"
+            ),
+        });
+    }
+    Ok(skipped)
 }
 
 /// Every tensor the `weight_map` lists is in the file it names, and in no other.
@@ -494,6 +581,11 @@ fn hf_index_files(index_path: &Path) -> Result<Vec<String>> {
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| bad("no `weight_map` object".into()))?;
+    if map.is_empty() {
+        return Err(bad(
+            "`weight_map` lists no tensors, so the checkpoint would be empty".into(),
+        ));
+    }
     let mut names: Vec<String> = Vec::new();
     for (tensor, file) in map {
         let file = file

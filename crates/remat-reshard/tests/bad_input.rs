@@ -830,3 +830,78 @@ fn finalize_refuses_a_part_changed_after_it_was_written() {
         None
     );
 }
+
+/// A tensor a remat rank file holds but the index does not list would vanish from the
+/// output: an error naming the file and tensor.
+#[test]
+fn a_rank_file_tensor_missing_from_the_index_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let remat = dir.path().join("remat");
+    common::reshard(&src, &remat, &TargetSpec::new(2, Format::Remat));
+    let (mut index, _, _) = remat_chunk(&remat, "b", 0);
+    index["tensors"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|t| t["name"] != "b");
+    std::fs::write(remat.join("remat.index.json"), index.to_string()).unwrap();
+    let e = fails(&remat);
+    assert!(
+        e.contains("rank-00000-of-00002")
+            && e.contains("tensor `b`")
+            && e.contains("lists no chunk of it here"),
+        "{e}"
+    );
+}
+
+/// A Hugging Face index whose `weight_map` is empty is an error, not an empty
+/// checkpoint; a `*.safetensors` file the index does not name is left out, as Hugging
+/// Face does, but reported with the tensors it holds.
+#[test]
+fn hugging_face_files_outside_the_weight_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let hf = dir.path().join("hf");
+    common::reshard(
+        &src,
+        &hf,
+        &TargetSpec {
+            world_size: 2,
+            format: Format::Hf,
+            rules: vec![],
+            preset: Some(remat_reshard::Preset::Simple),
+        },
+    );
+    std::fs::remove_file(hf.join("remat.index.json")).unwrap();
+    write_file(
+        &hf.join("model-00003-of-00003.safetensors"),
+        &[TensorData {
+            name: "z",
+            dtype: Dtype::U8,
+            shape: &[2],
+            data: &[1, 2],
+        }],
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    let ck = Checkpoint::open(&hf, None).unwrap();
+    assert_eq!(ck.tensors.len(), 2);
+    assert_eq!(ck.skipped.len(), 1, "{:?}", ck.skipped);
+    assert!(
+        ck.skipped[0]
+            .path
+            .ends_with("model-00003-of-00003.safetensors")
+    );
+    assert!(
+        ck.skipped[0].reason.contains("weight_map") && ck.skipped[0].reason.contains("(z)"),
+        "{}",
+        ck.skipped[0].reason
+    );
+    let index = hf.join("model.safetensors.index.json");
+    std::fs::write(&index, r#"{"metadata":{},"weight_map":{}}"#).unwrap();
+    let e = fails(&hf);
+    assert!(
+        e.contains("model.safetensors.index.json") && e.contains("lists no tensors"),
+        "{e}"
+    );
+}
