@@ -116,12 +116,8 @@ pub enum CheckpointError {
     IndexOutOfRange { index: usize, micro_batches: usize },
     #[error("micro-batch {index}: no input was kept, so its activation cannot be recomputed")]
     MissingInput { index: usize },
-    #[error("micro-batch {index}: copying the activation to store it failed: {source}")]
-    Copy {
-        index: usize,
-        #[source]
-        source: BoxError,
-    },
+    #[error("micro-batch {index}: copying the activation to store it failed: {error}")]
+    Copy { index: usize, error: BoxError },
 }
 
 /// What is known about one stored activation.
@@ -454,7 +450,7 @@ impl<A: DeepCopy, I: Activation> CheckpointManager<A, I> {
         }
         let copy = activation.deep_copy().map_err(|e| CheckpointError::Copy {
             index,
-            source: Box::new(e),
+            error: Box::new(e),
         })?;
         Ok(self.insert(index, copy))
     }

@@ -254,7 +254,7 @@ impl BlockSpec {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| SpecError::Io {
             file: file.clone(),
-            source,
+            error: source,
         })?;
         Self::parse(&text, &file)
     }

@@ -9,12 +9,11 @@ use crate::spec::SpecError;
 pub enum RunError {
     #[error(transparent)]
     Spec(#[from] SpecError),
-    #[error("op `{op}` (producing {slot}): {source}")]
+    #[error("op `{op}` (producing {slot}): {error}")]
     Kernel {
         op: String,
         slot: String,
-        #[source]
-        source: KernelError,
+        error: KernelError,
     },
     #[error("op `{op}` (producing {slot}): {reason}")]
     BadOperands {

@@ -117,7 +117,7 @@ pub fn execute(
     let kernel = |source: KernelError| RunError::Kernel {
         op: op.into(),
         slot: env.slot.into(),
-        source,
+        error: source,
     };
     let arg = |i: usize| -> RunResult<&Act> {
         inputs
