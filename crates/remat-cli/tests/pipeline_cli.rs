@@ -78,7 +78,7 @@ fn bad_pipeline_flags_are_errors() {
         ),
         (
             &["--stages", "2", "--stage-policy", "selective:x"],
-            "`x` is not a non-negative interval",
+            "`x` is not a positive interval",
         ),
     ];
     for (extra, expected) in cases {

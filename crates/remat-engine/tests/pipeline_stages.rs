@@ -142,7 +142,7 @@ fn a_stage_out_of_memory_is_reported_with_its_stage_and_node() {
         .unwrap_err();
     match &err {
         StageError::Work {
-            source: GraphStageError::Engine(EngineError::OutOfMemory { .. }),
+            error: GraphStageError::Engine(EngineError::OutOfMemory { .. }),
             ..
         } => {}
         other => panic!("expected an out-of-memory stage error, got {other}"),

@@ -87,19 +87,70 @@ fn model_config(args: &Args) -> GptConfig {
     }
 }
 
-fn batch(args: &Args, micro_batches: usize) -> Batch {
+/// The most kernel threads a stage may ask for: every stage spawns its own pool of them.
+const MAX_THREADS_PER_STAGE: usize = 256;
+
+/// The most tokens one step's batch may hold (rows x micro-batches x seq).
+const MAX_BATCH_TOKENS: usize = 1 << 24;
+
+/// Every flag checked before the model is built or a thread started.
+fn check_args(args: &Args) -> anyhow::Result<()> {
+    use super::train_pipeline::{MAX_STAGES, check_micro_batches};
+    anyhow::ensure!(
+        (1..=MAX_STAGES).contains(&args.stages),
+        "--stages {} must be between 1 and {MAX_STAGES}",
+        args.stages
+    );
+    anyhow::ensure!(
+        args.stages <= args.layers,
+        "--stages {} exceeds --layers {}: every stage needs at least one block",
+        args.stages,
+        args.layers
+    );
+    anyhow::ensure!(!args.micro_batches.is_empty(), "--micro-batches is empty");
+    for &m in &args.micro_batches {
+        check_micro_batches(m)?;
+        tokens(args, m)?;
+    }
+    anyhow::ensure!(
+        (1..=MAX_THREADS_PER_STAGE).contains(&args.threads_per_stage),
+        "--threads-per-stage {} must be between 1 and {MAX_THREADS_PER_STAGE}",
+        args.threads_per_stage
+    );
+    anyhow::ensure!(args.rows >= 1, "--rows must be at least 1");
+    anyhow::ensure!(args.seq >= 1, "--seq must be at least 1");
+    Ok(())
+}
+
+/// Tokens of a step's batch at `micro_batches`, refused past [`MAX_BATCH_TOKENS`].
+fn tokens(args: &Args, micro_batches: usize) -> anyhow::Result<usize> {
+    args.rows
+        .checked_mul(micro_batches)
+        .and_then(|rows| rows.checked_mul(args.seq))
+        .filter(|&n| n <= MAX_BATCH_TOKENS)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--rows {} x --micro-batches {micro_batches} x --seq {} is more than {MAX_BATCH_TOKENS} tokens per step",
+                args.rows,
+                args.seq
+            )
+        })
+}
+
+fn batch(args: &Args, micro_batches: usize) -> anyhow::Result<Batch> {
     let rows = args.rows * micro_batches;
+    let n = tokens(args, micro_batches)?;
     let ids = |stream: u64| -> Arc<[u32]> {
-        (0..(rows * args.seq) as u64)
+        (0..n as u64)
             .map(|i| (philox_hash(stream, i) % 256) as u32)
             .collect()
     };
-    Batch {
+    Ok(Batch {
         tokens: ids(1),
         targets: ids(2),
         batch: rows,
         seq: args.seq,
-    }
+    })
 }
 
 fn run_once(
@@ -165,8 +216,7 @@ fn strategies(memory_threshold: usize) -> [Strategy; 4] {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(args.stages >= 1, "--stages must be at least 1");
-    anyhow::ensure!(!args.micro_batches.is_empty(), "--micro-batches is empty");
+    check_args(&args)?;
     let model = Gpt::new(&MemoryPool::unbounded(), model_config(&args))?;
     let staged = StagedGpt(&model);
     println!(
@@ -183,7 +233,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let bar = ProgressBar::new(runs as u64);
     let mut tables = Vec::new();
     for &m in &args.micro_batches {
-        let micro: Arc<[Batch]> = split_batch(&batch(&args, m), m)?.into();
+        let micro: Arc<[Batch]> = split_batch(&batch(&args, m)?, m)?.into();
         let config = |schedule, strategy| PipelineConfig {
             schedule,
             micro_batches: m,

@@ -27,16 +27,16 @@ pub struct PipelineArgs {
     /// --memory-budget applies to each stage).
     #[arg(long)]
     pub stages: Option<usize>,
-    /// Micro-batches per step (they split --batch evenly).
-    #[arg(long, default_value_t = 8)]
+    /// Micro-batches per step (they split --batch evenly). Only with --stages.
+    #[arg(long, default_value_t = 8, requires = "stages")]
     pub micro_batches: usize,
-    /// Pipeline schedule: gpipe or 1f1b.
-    #[arg(long, default_value = "1f1b", value_parser = parse_schedule)]
+    /// Pipeline schedule: gpipe or 1f1b. Only with --stages.
+    #[arg(long, default_value = "1f1b", value_parser = parse_schedule, requires = "stages")]
     pub schedule: Schedule,
     /// Per-stage activation checkpointing across micro-batches: store-all, recompute-all,
     /// selective:N (keep every N-th and the first and last), memory:BYTES (keep while
-    /// under BYTES, evicting the oldest).
-    #[arg(long, default_value = "store-all", value_parser = parse_strategy)]
+    /// under BYTES, evicting the oldest). Only with --stages.
+    #[arg(long, default_value = "store-all", value_parser = parse_strategy, requires = "stages")]
     pub stage_policy: Strategy,
 }
 
@@ -45,7 +45,16 @@ fn parse_schedule(s: &str) -> Result<Schedule, String> {
         .map_err(|e: remat_engine::pipeline::schedule::ScheduleError| e.to_string())
 }
 
+/// `memory:BYTES` reads BYTES with --memory-budget's parser (TiB, any case, decimals), so
+/// the two flags accept the same sizes; the rest is the engine's parser.
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
+    if let Some(bytes) = s.strip_prefix("memory:") {
+        let bytes =
+            super::train::parse_bytes(bytes).map_err(|e| format!("stage policy `{s}`: {e}"))?;
+        let threshold_bytes = usize::try_from(bytes)
+            .map_err(|_| format!("stage policy `{s}`: {bytes} bytes is too large"))?;
+        return Ok(Strategy::MemoryBased { threshold_bytes });
+    }
     s.parse()
         .map_err(|e: remat_engine::pipeline::manager::StrategyParseError| e.to_string())
 }
@@ -105,9 +114,38 @@ impl Totals {
     }
 }
 
+/// The most pipeline stages remat runs: each stage is a thread with its own memory pool, so
+/// far more stages than cores only time-share them, and an absurd count (`--stages
+/// 18446744073709551615`) must fail here rather than in an allocation for that many blocks.
+pub const MAX_STAGES: usize = 64;
+
+/// The most micro-batches per step: the schedule and the per-stage bookkeeping grow with the
+/// count, and each micro-batch needs at least one sequence.
+pub const MAX_MICRO_BATCHES: usize = 4096;
+
+/// Checks --stages alone, before it is used to size anything (it may raise --layers).
+fn check_stages(stages: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(stages >= 1, "--stages must be at least 1");
+    anyhow::ensure!(
+        stages <= MAX_STAGES,
+        "--stages {stages} is more than remat runs ({MAX_STAGES}): each stage is a thread with its own memory pool"
+    );
+    Ok(())
+}
+
+/// Checks a micro-batch count against the sequences it splits.
+pub fn check_micro_batches(micro_batches: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=MAX_MICRO_BATCHES).contains(&micro_batches),
+        "--micro-batches {micro_batches} must be between 1 and {MAX_MICRO_BATCHES}"
+    );
+    Ok(())
+}
+
 fn check_flags(args: &Args, stages: usize) -> anyhow::Result<()> {
     let p = &args.pipeline;
-    anyhow::ensure!(stages >= 1, "--stages must be at least 1");
+    check_stages(stages)?;
+    check_micro_batches(p.micro_batches)?;
     anyhow::ensure!(
         stages <= args.layers(),
         "--stages {stages} exceeds --layers {}: every stage needs at least one block",
@@ -136,11 +174,17 @@ fn check_flags(args: &Args, stages: usize) -> anyhow::Result<()> {
         args.files.init.is_none() && args.files.dump_grads.is_none(),
         "--init and --dump-grads are for single-stage training, not with --stages"
     );
+    anyhow::ensure!(
+        args.files.swap_dir.is_none(),
+        "--swap-dir is for --policy auto (single-stage training), not with --stages: pipeline stages keep or recompute activations by --stage-policy and never swap"
+    );
     Ok(())
 }
 
 /// Runs pipelined training; called by `remat train` when `--stages` is given.
 pub fn run(args: &Args, stages: usize, task: &TaskSource<'_>) -> anyhow::Result<()> {
+    // Before --stages sizes anything: it may raise the layer count below.
+    check_stages(stages)?;
     // Every stage needs a block: without --layers, the default depth grows to the stages.
     let mut raised = args.clone();
     if args.layers.is_none() && stages > args.layers() {

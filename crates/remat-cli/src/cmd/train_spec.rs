@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::qwen3::{BlockKind, Qwen3, Qwen3Grads, StepEnv};
+use remat_engine::models::qwen3::{self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv};
 use remat_engine::pool::{Category, MemoryPool, Reservation};
 use remat_engine::spec::run::check;
 use remat_engine::spec::run::lora::LoraConfig;
@@ -192,6 +192,70 @@ fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>,
     Ok((kind, Some(spec), source))
 }
 
+/// `--block-set KEY=VALUE` may set only keys the model or the spec reads, and never the
+/// ones the task decides (`vocab_size`, `batch`, `seq_len`): those would be overwritten
+/// without a word.
+fn check_block_sets(
+    sets: &[String],
+    config: &remat_engine::spec::ModelConfig,
+    spec: &BlockSpec,
+) -> anyhow::Result<()> {
+    for assignment in sets {
+        let key = assignment
+            .split_once('=')
+            .map(|(k, _)| k.trim())
+            .with_context(|| format!("--block-set `{assignment}` is not KEY=VALUE"))?;
+        let from_task = match key {
+            "vocab_size" => Some("the task's vocabulary (--digits or --data)"),
+            "batch" => Some("--batch"),
+            "seq_len" => {
+                Some("the task's sequence length (--digits N gives 2N, or --data FILE --seq N)")
+            }
+            _ => None,
+        };
+        if let Some(flag) = from_task {
+            anyhow::bail!("--block-set {key}: `{key}` is set by {flag}, not by --block-set");
+        }
+        let known = qwen3::CONFIG_KEYS.contains(&key)
+            || config.get(key).is_some()
+            || spec.config_defaults.contains_key(key)
+            || spec_names(spec).any(|name| name == key);
+        anyhow::ensure!(
+            known,
+            "--block-set {key}: `{key}` is not a key the {} model, its config or spec `{}` reads (known: {})",
+            spec.name,
+            spec.name,
+            qwen3::CONFIG_KEYS.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Every name a spec's dims, shapes and conditions mention (a superset of the config keys
+/// it reads).
+fn spec_names(spec: &BlockSpec) -> impl Iterator<Item = &str> {
+    let texts = spec
+        .dims
+        .values()
+        .map(String::as_str)
+        .chain(spec.slots.iter().filter_map(|s| s.when.as_deref()))
+        .chain(spec.params.iter().filter_map(|p| p.when.as_deref()))
+        .chain(
+            spec.slots
+                .iter()
+                .flat_map(|s| s.shape.iter().map(String::as_str)),
+        )
+        .chain(
+            spec.params
+                .iter()
+                .flat_map(|p| p.shape.iter().map(String::as_str)),
+        );
+    texts.flat_map(|t| {
+        t.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
+    })
+}
+
 /// Runs spec-driven training with `remat train`'s common flags.
 pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
     reject_unused_flags(args)?;
@@ -214,9 +278,12 @@ fn train(
 ) -> anyhow::Result<()> {
     let sa = &args.spec_args;
     let block = kind.spec_name();
-    let (shipped_spec, mut config) =
-        load_spec_and_config(block, sa.block_config.as_deref(), &sa.block_set)?;
+    let (shipped_spec, mut config) = load_spec_and_config(block, sa.block_config.as_deref(), &[])?;
     let spec = spec.unwrap_or(shipped_spec);
+    check_block_sets(&sa.block_set, &config, &spec)?;
+    for assignment in &sa.block_set {
+        config.apply_override(assignment)?;
+    }
     config = config
         .set("vocab_size", Value::Int(task.vocab() as i64))
         .set("batch", Value::Int(args.batch as i64))
@@ -225,26 +292,33 @@ fn train(
         compile(&spec, &config, sa.mode).with_context(|| format!("compiling {spec_source}"))?;
     // Before the model exists: a spec the runtime cannot run fails in milliseconds.
     check::check_dtypes(&plan).with_context(|| format!("spec {spec_source}"))?;
+    let lora = (sa.mode == Mode::Lora).then(|| LoraConfig {
+        rank: sa.lora_rank,
+        alpha: sa.lora_alpha,
+        dropout: sa.lora_dropout,
+        targets: ["q", "k", "v", "o", "gate", "up", "down"]
+            .map(String::from)
+            .to_vec(),
+        seed: args.seed ^ 0x10ba,
+    });
+    // The parameters' bytes come from the dims alone, so an impossible model is refused by
+    // the budget before a single weight is allocated (and the weights are allocated
+    // fallibly when there is no budget).
+    let dims = Qwen3Dims::from_config(&plan.config, kind)?;
+    let param_bytes = dims
+        .param_count(lora.as_ref().map(|l| (l.rank, l.targets.as_slice())))?
+        .checked_mul(4)
+        .context("the model's parameter bytes overflow a 64-bit count")?;
+    let _params = pool
+        .reserve(param_bytes, Category::Parameters, None)
+        .map_err(|oom| oom.at("model parameters"))?;
     let mut model = Qwen3::new(kind, &plan.config, args.seed)?;
-    if sa.mode == Mode::Lora {
-        let lora = LoraConfig {
-            rank: sa.lora_rank,
-            alpha: sa.lora_alpha,
-            dropout: sa.lora_dropout,
-            targets: ["q", "k", "v", "o", "gate", "up", "down"]
-                .map(String::from)
-                .to_vec(),
-            seed: args.seed ^ 0x10ba,
-        };
+    if let Some(lora) = lora {
         model = model.with_lora(lora, false)?;
     }
     model
         .check_plan(&plan)
         .with_context(|| format!("spec {spec_source}"))?;
-    let param_bytes = 4 * (model.trainable(Mode::Full) + model.trainable(Mode::Lora)) as u64;
-    let _params = pool
-        .reserve(param_bytes, Category::Parameters, None)
-        .map_err(|oom| oom.at("model parameters"))?;
     println!(
         "{} block, spec {spec_source}, {} mode: {} layers, hidden {}, {} trainable parameters; {}{}",
         block,

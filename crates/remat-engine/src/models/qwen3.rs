@@ -63,6 +63,30 @@ impl BlockKind {
     }
 }
 
+/// Every model-config key the Qwen3 models read (Hugging Face names, plus `batch` and
+/// `seq_len`, which describe the run).
+pub const CONFIG_KEYS: &[&str] = &[
+    "vocab_size",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_layers",
+    "rms_norm_eps",
+    "rope_theta",
+    "use_qk_norm",
+    "attention_bias",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "shared_expert_intermediate_size",
+    "batch",
+    "seq_len",
+];
+
 /// Sizes and switches read from the model config (Hugging Face key names).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qwen3Dims {
@@ -119,7 +143,7 @@ impl Qwen3Dims {
             Some(_) if moe => n("shared_expert_intermediate_size")?,
             _ => 0,
         };
-        Ok(Self {
+        let dims = Self {
             vocab: n("vocab_size")?,
             hidden: n("hidden_size")?,
             heads: n("num_attention_heads")?,
@@ -138,7 +162,128 @@ impl Qwen3Dims {
             shared_intermediate: shared,
             batch: n("batch")?,
             seq: n("seq_len")?,
+        };
+        dims.check(cfg, kind)?;
+        Ok(dims)
+    }
+
+    /// Every size the model allocates or divides by must be positive, and the norm epsilon
+    /// and RoPE base finite and positive: a zero dimension would otherwise surface as an
+    /// index or slice panic deep in a kernel, and a negative epsilon as a NaN loss.
+    fn check(&self, cfg: &ModelConfig, kind: BlockKind) -> RunResult<()> {
+        let mut sizes = vec![
+            ("num_hidden_layers", self.layers),
+            ("vocab_size", self.vocab),
+            ("batch", self.batch),
+            ("seq_len", self.seq),
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("num_key_value_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+        ];
+        match kind {
+            BlockKind::Dense => sizes.push(("intermediate_size", self.intermediate)),
+            BlockKind::Moe => sizes.extend([
+                ("num_experts", self.experts),
+                ("num_experts_per_tok", self.top_k),
+                ("moe_intermediate_size", self.moe_intermediate),
+            ]),
+        }
+        if let Some((key, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(RunError::Model(format!(
+                "config {}: `{key}` = 0: every model dimension must be at least 1",
+                cfg.source
+            )));
+        }
+        for (key, value) in [("rms_norm_eps", self.eps), ("rope_theta", self.theta)] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(RunError::Model(format!(
+                    "config {}: `{key}` = {value}: must be a finite number greater than 0",
+                    cfg.source
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// How many f32 values the model's parameters hold, with LoRA adapters of `(rank,
+    /// targets)` if given, computed without allocating anything; an error when the count
+    /// overflows. Four times this is what the model's parameters take from the pool.
+    pub fn param_count(&self, lora: Option<(usize, &[String])>) -> RunResult<u64> {
+        self.checked_param_count(lora).ok_or_else(|| {
+            RunError::Model(format!(
+                "the model's parameters overflow a 64-bit count (hidden {}, {} layers, vocab {}, head_dim {}{})",
+                self.hidden,
+                self.layers,
+                self.vocab,
+                self.head_dim,
+                lora.map_or(String::new(), |(rank, _)| format!(", LoRA rank {rank}"))
+            ))
         })
+    }
+
+    fn checked_param_count(&self, lora: Option<(usize, &[String])>) -> Option<u64> {
+        let mul = |dims: &[usize]| {
+            dims.iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
+        };
+        let sum =
+            |terms: &[Option<u64>]| terms.iter().try_fold(0u64, |acc, t| acc.checked_add((*t)?));
+        let (h, q, kv) = (
+            self.hidden,
+            mul(&[self.heads, self.head_dim])?,
+            mul(&[self.kv_heads, self.head_dim])?,
+        );
+        // Rows stay in usize elsewhere: they must fit.
+        usize::try_from(q).ok()?;
+        usize::try_from(kv).ok()?;
+        let (q, kv) = (q as usize, kv as usize);
+        let bias = if self.bias { q.checked_add(2 * kv)? } else { 0 };
+        let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let mlp = match self.experts {
+            0 => mul(&[3, self.intermediate, h])?,
+            e => sum(&[
+                mul(&[e, h]),
+                mul(&[3, e, self.moe_intermediate, h]),
+                mul(&[3, self.shared_intermediate, h]),
+            ])?,
+        };
+        let per_layer = sum(&[
+            mul(&[2, h]),
+            mul(&[q, h]),
+            mul(&[2, kv, h]),
+            mul(&[h, q]),
+            Some(bias as u64),
+            Some(qk_norm as u64),
+            Some(mlp),
+        ])?;
+        let adapters = match lora {
+            None => 0,
+            Some((rank, targets)) => {
+                let (f, moe) = match self.experts {
+                    0 => (self.intermediate, false),
+                    _ => (self.shared_intermediate, true),
+                };
+                let mut total = 0u64;
+                for t in targets {
+                    let (out, inp) = match t.as_str() {
+                        "q" => (q, h),
+                        "k" | "v" => (kv, h),
+                        "o" => (h, q),
+                        "gate" | "up" if !(moe && f == 0) => (f, h),
+                        "down" if !(moe && f == 0) => (h, f),
+                        _ => continue,
+                    };
+                    total = total.checked_add(mul(&[rank, out.checked_add(inp)?])?)?;
+                }
+                total
+            }
+        };
+        sum(&[
+            mul(&[2, self.vocab, h]),
+            Some(h as u64),
+            mul(&[self.layers]).and_then(|l| l.checked_mul(per_layer.checked_add(adapters)?)),
+        ])
     }
 
     fn q_width(&self) -> usize {
@@ -155,13 +300,25 @@ impl Qwen3Dims {
 }
 
 /// Deterministic uniform values in `[-scale, scale)` from a counter-based hash.
-fn uniform(seed: u64, stream: u64, n: usize, scale: f32) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let bits = kernels::philox_hash(seed ^ (stream << 20), i) >> 40;
-            ((bits as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-        })
-        .collect()
+fn uniform(seed: u64, stream: u64, n: usize, scale: f32) -> RunResult<Vec<f32>> {
+    filled(n, |i| {
+        let bits = kernels::philox_hash(seed ^ (stream << 20), i as u64) >> 40;
+        ((bits as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+    })
+}
+
+/// `n` values from `value`, allocated fallibly: a size the machine cannot hold is an
+/// error, not an abort of the process.
+fn filled(n: usize, value: impl Fn(usize) -> f32) -> RunResult<Vec<f32>> {
+    let mut data = Vec::new();
+    data.try_reserve_exact(n).map_err(|_| {
+        RunError::Model(format!(
+            "cannot allocate a parameter of {n} values ({} bytes)",
+            (n as u128) * 4
+        ))
+    })?;
+    data.extend((0..n).map(value));
+    Ok(data)
 }
 
 /// A Qwen3-style model: token embedding, blocks, final RMSNorm, LM head.
@@ -277,48 +434,50 @@ impl Qwen3 {
     /// `seq_len` besides the Hugging Face keys.
     pub fn new(kind: BlockKind, config: &ModelConfig, seed: u64) -> RunResult<Self> {
         let dims = Qwen3Dims::from_config(config, kind)?;
+        // Checked before anything is allocated: every product below then fits in a usize.
+        dims.param_count(None)?;
         let d = &dims;
         let mut stream = 0u64;
-        let mut param = |shape: Vec<usize>, fan_in: usize| {
+        let mut param = |shape: Vec<usize>, fan_in: usize| -> RunResult<Act> {
             stream += 1;
             let n = shape.iter().product();
-            Act::new(
-                uniform(seed, stream, n, 1.0 / (fan_in as f32).sqrt()),
+            Ok(Act::new(
+                uniform(seed, stream, n, 1.0 / (fan_in as f32).sqrt())?,
                 shape,
-            )
+            ))
         };
-        let embed = param(vec![d.vocab, d.hidden], 1);
-        let lm_head = param(vec![d.vocab, d.hidden], d.hidden);
+        let embed = param(vec![d.vocab, d.hidden], 1)?;
+        let lm_head = param(vec![d.vocab, d.hidden], d.hidden)?;
         let mut layers = Vec::with_capacity(d.layers);
         for _ in 0..d.layers {
             let mut p = BTreeMap::new();
-            let ones = |n: usize| Act::new(vec![1.0; n], vec![n]);
-            p.insert("input_layernorm".into(), ones(d.hidden));
-            p.insert("post_attention_layernorm".into(), ones(d.hidden));
+            let ones = |n: usize| -> RunResult<Act> { Ok(Act::new(filled(n, |_| 1.0)?, vec![n])) };
+            p.insert("input_layernorm".into(), ones(d.hidden)?);
+            p.insert("post_attention_layernorm".into(), ones(d.hidden)?);
             p.insert(
                 "q_proj".into(),
-                param(vec![d.q_width(), d.hidden], d.hidden),
+                param(vec![d.q_width(), d.hidden], d.hidden)?,
             );
             p.insert(
                 "k_proj".into(),
-                param(vec![d.kv_width(), d.hidden], d.hidden),
+                param(vec![d.kv_width(), d.hidden], d.hidden)?,
             );
             p.insert(
                 "v_proj".into(),
-                param(vec![d.kv_width(), d.hidden], d.hidden),
+                param(vec![d.kv_width(), d.hidden], d.hidden)?,
             );
             p.insert(
                 "o_proj".into(),
-                param(vec![d.hidden, d.q_width()], d.q_width()),
+                param(vec![d.hidden, d.q_width()], d.q_width())?,
             );
             if d.bias {
-                p.insert("q_bias".into(), param(vec![d.q_width()], 16));
-                p.insert("k_bias".into(), param(vec![d.kv_width()], 16));
-                p.insert("v_bias".into(), param(vec![d.kv_width()], 16));
+                p.insert("q_bias".into(), param(vec![d.q_width()], 16)?);
+                p.insert("k_bias".into(), param(vec![d.kv_width()], 16)?);
+                p.insert("v_bias".into(), param(vec![d.kv_width()], 16)?);
             }
             if d.qk_norm {
                 // Not all ones, so a wrong QK-norm shows in the gradients.
-                let mut w = param(vec![d.head_dim], 4);
+                let mut w = param(vec![d.head_dim], 4)?;
                 w.data.iter_mut().for_each(|x| *x += 1.0);
                 p.insert("q_norm".into(), w.clone());
                 p.insert("k_norm".into(), w);
@@ -327,37 +486,40 @@ impl Qwen3 {
                 BlockKind::Dense => {
                     p.insert(
                         "gate_proj".into(),
-                        param(vec![d.intermediate, d.hidden], d.hidden),
+                        param(vec![d.intermediate, d.hidden], d.hidden)?,
                     );
                     p.insert(
                         "up_proj".into(),
-                        param(vec![d.intermediate, d.hidden], d.hidden),
+                        param(vec![d.intermediate, d.hidden], d.hidden)?,
                     );
                     p.insert(
                         "down_proj".into(),
-                        param(vec![d.hidden, d.intermediate], d.intermediate),
+                        param(vec![d.hidden, d.intermediate], d.intermediate)?,
                     );
                 }
                 BlockKind::Moe => {
                     let (e, f) = (d.experts, d.moe_intermediate);
-                    p.insert("router".into(), param(vec![e, d.hidden], d.hidden));
-                    p.insert("experts_gate".into(), param(vec![e, f, d.hidden], d.hidden));
-                    p.insert("experts_up".into(), param(vec![e, f, d.hidden], d.hidden));
-                    p.insert("experts_down".into(), param(vec![e, d.hidden, f], f));
+                    p.insert("router".into(), param(vec![e, d.hidden], d.hidden)?);
+                    p.insert(
+                        "experts_gate".into(),
+                        param(vec![e, f, d.hidden], d.hidden)?,
+                    );
+                    p.insert("experts_up".into(), param(vec![e, f, d.hidden], d.hidden)?);
+                    p.insert("experts_down".into(), param(vec![e, d.hidden, f], f)?);
                     if d.shared_intermediate > 0 {
                         let s = d.shared_intermediate;
                         p.insert(
                             "shared_gate_proj".into(),
-                            param(vec![s, d.hidden], d.hidden),
+                            param(vec![s, d.hidden], d.hidden)?,
                         );
-                        p.insert("shared_up_proj".into(), param(vec![s, d.hidden], d.hidden));
-                        p.insert("shared_down_proj".into(), param(vec![d.hidden, s], s));
+                        p.insert("shared_up_proj".into(), param(vec![s, d.hidden], d.hidden)?);
+                        p.insert("shared_down_proj".into(), param(vec![d.hidden, s], s)?);
                     }
                 }
             }
             layers.push(p);
         }
-        let final_norm = Act::new(vec![1.0; d.hidden], vec![d.hidden]);
+        let final_norm = Act::new(filled(d.hidden, |_| 1.0)?, vec![d.hidden]);
         Ok(Self {
             kind,
             dims,
@@ -379,6 +541,14 @@ impl Qwen3 {
                 cfg.rank, cfg.dropout
             )));
         }
+        // The adapters' output is scaled by alpha / rank: a NaN, infinite or non-positive
+        // alpha trains to a NaN loss (or not at all) without any other error.
+        if !(cfg.alpha.is_finite() && cfg.alpha > 0.0) {
+            return Err(RunError::Model(format!(
+                "LoRA alpha must be a finite number greater than 0 (got {})",
+                cfg.alpha
+            )));
+        }
         for t in &cfg.targets {
             if !crate::spec::ops::LORA_TARGETS.contains(&t.as_str()) {
                 return Err(RunError::Model(format!(
@@ -386,6 +556,7 @@ impl Qwen3 {
                 )));
             }
         }
+        self.dims.param_count(Some((cfg.rank, &cfg.targets)))?;
         let mut adapters = Vec::with_capacity(self.layers.len());
         let mut stream = 1000u64;
         for layer in &self.layers {
@@ -397,13 +568,13 @@ impl Qwen3 {
                 let (out, inp) = (w.shape[0], w.shape[1]);
                 stream += 2;
                 let a = Act::new(
-                    uniform(cfg.seed, stream, cfg.rank * inp, 1.0 / (inp as f32).sqrt()),
+                    uniform(cfg.seed, stream, cfg.rank * inp, 1.0 / (inp as f32).sqrt())?,
                     vec![cfg.rank, inp],
                 );
                 let b_data = if random_b {
-                    uniform(cfg.seed, stream + 1, out * cfg.rank, 0.5)
+                    uniform(cfg.seed, stream + 1, out * cfg.rank, 0.5)?
                 } else {
-                    vec![0.0; out * cfg.rank]
+                    filled(out * cfg.rank, |_| 0.0)?
                 };
                 map.insert(
                     t.clone(),
@@ -579,6 +750,14 @@ impl Qwen3 {
                 self.kind.spec_name()
             ));
         }
+        if plan.spec().outputs != ["out"] {
+            return bad(format!(
+                "spec `{}` lists block outputs {:?}; the {} model passes exactly one output, `out`, from each block to the next",
+                plan.spec().name,
+                plan.spec().outputs,
+                self.kind.spec_name()
+            ));
+        }
         if plan.layers.len() != d.layers {
             return bad(format!(
                 "plan has {} layers, the model {}",
@@ -587,6 +766,18 @@ impl Qwen3 {
             ));
         }
         check::check_dtypes(plan)?;
+        let expected = [d.batch, d.seq, d.hidden];
+        if let Some(x) = plan
+            .layers
+            .first()
+            .and_then(|l| l.inputs.iter().find(|x| x.name == "x"))
+            && x.shape != expected
+        {
+            return bad(format!(
+                "the spec's block input `x` has shape {:?}, but this run is [batch {}, seq {}, hidden {}]; a spec with fixed sizes (as `remat spec derive` writes) runs only at its own batch and sequence length: set the batch and sequence length to match it (remat train: --batch, and --digits N for sequence 2N or --data FILE --seq N), or write its dims as `batch` and `seq_len`",
+                x.shape, d.batch, d.seq, d.hidden
+            ));
+        }
         for (l, (layer_plan, params)) in plan.layers.iter().zip(&self.layers).enumerate() {
             for (spec, shape) in plan.spec().params.iter().zip(&layer_plan.params) {
                 let have = params.get(&spec.name).map(|p| &p.shape);
@@ -718,4 +909,127 @@ impl Qwen3 {
 
 fn kernel_err(what: &'static str) -> impl Fn(kernels::KernelError) -> RunError {
     move |e| RunError::Model(format!("{what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::shipped::{QWEN3, QWEN3_MOE};
+
+    fn config(kind: BlockKind, sets: &[&str]) -> ModelConfig {
+        let shipped = match kind {
+            BlockKind::Dense => &QWEN3,
+            BlockKind::Moe => &QWEN3_MOE,
+        };
+        let mut c = shipped
+            .config()
+            .unwrap()
+            .set("vocab_size", Value::Int(50))
+            .set("num_hidden_layers", Value::Int(2));
+        for s in sets {
+            c.apply_override(s).unwrap();
+        }
+        c
+    }
+
+    fn targets() -> Vec<String> {
+        ["q", "k", "v", "o", "gate", "up", "down"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    /// The count the pool is charged before building is exactly what the model holds.
+    #[test]
+    fn param_count_matches_the_built_model() {
+        for (kind, sets) in [
+            (BlockKind::Dense, &["attention_bias=true"][..]),
+            (BlockKind::Dense, &["use_qk_norm=false"]),
+            (BlockKind::Moe, &["shared_expert_intermediate_size=16"]),
+            (BlockKind::Moe, &[]),
+        ] {
+            let cfg = config(kind, sets);
+            let lora = LoraConfig {
+                rank: 3,
+                alpha: 6.0,
+                dropout: 0.0,
+                targets: targets(),
+                seed: 1,
+            };
+            let model = Qwen3::new(kind, &cfg, 0).unwrap();
+            let count = model.dims.param_count(None).unwrap();
+            assert_eq!(
+                count,
+                model.trainable(Mode::Full) as u64,
+                "{kind:?} {sets:?}"
+            );
+            let model = model.with_lora(lora, false).unwrap();
+            let with_lora = model
+                .dims
+                .param_count(Some((3, targets().as_slice())))
+                .unwrap();
+            assert_eq!(
+                with_lora,
+                (model.trainable(Mode::Full) + model.trainable(Mode::Lora)) as u64,
+                "{kind:?} {sets:?}"
+            );
+        }
+        let huge = Qwen3Dims::from_config(
+            &config(
+                BlockKind::Dense,
+                &["hidden_size=4294967296", "intermediate_size=4294967296"],
+            ),
+            BlockKind::Dense,
+        )
+        .unwrap();
+        assert!(huge.param_count(None).is_err());
+    }
+
+    /// Found by an audit: zero sizes panicked in kernels, a negative epsilon trained to NaN.
+    #[test]
+    fn zero_dims_and_bad_eps_are_refused() {
+        for (set, key) in [
+            ("num_hidden_layers=0", "num_hidden_layers"),
+            ("vocab_size=0", "vocab_size"),
+            ("seq_len=0", "seq_len"),
+            ("batch=0", "batch"),
+            ("hidden_size=0", "hidden_size"),
+            ("num_attention_heads=0", "num_attention_heads"),
+            ("num_key_value_heads=0", "num_key_value_heads"),
+            ("head_dim=0", "head_dim"),
+            ("intermediate_size=0", "intermediate_size"),
+            ("rms_norm_eps=-1", "rms_norm_eps"),
+            ("rms_norm_eps=0", "rms_norm_eps"),
+        ] {
+            let err = Qwen3Dims::from_config(&config(BlockKind::Dense, &[set]), BlockKind::Dense)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{set}: {err}");
+        }
+        let err =
+            Qwen3Dims::from_config(&config(BlockKind::Moe, &["num_experts=0"]), BlockKind::Moe)
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("num_experts"), "{err}");
+    }
+
+    /// Found by an audit: alpha NaN or infinite was accepted and trained to a NaN loss.
+    #[test]
+    fn lora_alpha_must_be_finite_and_positive() {
+        let model = Qwen3::new(BlockKind::Dense, &config(BlockKind::Dense, &[]), 0).unwrap();
+        for alpha in [f32::NAN, f32::INFINITY, 0.0, -2.0] {
+            let lora = LoraConfig {
+                rank: 2,
+                alpha,
+                dropout: 0.0,
+                targets: targets(),
+                seed: 1,
+            };
+            let err = model
+                .clone()
+                .with_lora(lora, false)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("alpha"), "{alpha}: {err}");
+        }
+    }
 }

@@ -26,12 +26,8 @@ pub struct StageResources {
 pub enum PipelineBuildError {
     #[error(transparent)]
     Partition(#[from] PartitionError),
-    #[error("stage {stage}: {source}")]
-    Engine {
-        stage: usize,
-        #[source]
-        source: EngineError,
-    },
+    #[error("stage {stage}: {error}")]
+    Engine { stage: usize, error: EngineError },
 }
 
 /// What one pipelined training step did.
@@ -76,8 +72,12 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
                     Some(b) => MemoryPool::with_budget(b),
                     None => MemoryPool::unbounded(),
                 };
-                GraphStage::new(model, s, stages, layers, pool, resources.threads)
-                    .map_err(|source| PipelineBuildError::Engine { stage: s, source })
+                GraphStage::new(model, s, stages, layers, pool, resources.threads).map_err(
+                    |source| PipelineBuildError::Engine {
+                        stage: s,
+                        error: source,
+                    },
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let optimizers = stages.iter().map(|_| None).collect();
@@ -106,7 +106,7 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
                 .begin_step(Arc::clone(&batches), step_seed)
                 .map_err(|source| StageError::Prepare {
                     stage: index,
-                    source: GraphStageError::Engine(source),
+                    error: GraphStageError::Engine(source),
                 })?;
         }
         let run = run_pipeline(&mut self.stages, config)?;
@@ -140,7 +140,10 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
     /// own parameters; the moments live in the stage's pool).
     pub fn optimizer_step(&mut self, config: AdamWConfig) -> Result<(), PipelineBuildError> {
         for (s, (stage, opt)) in self.stages.iter().zip(&mut self.optimizers).enumerate() {
-            let engine = |source| PipelineBuildError::Engine { stage: s, source };
+            let engine = |source| PipelineBuildError::Engine {
+                stage: s,
+                error: source,
+            };
             if opt.is_none() {
                 *opt = Some(
                     AdamW::new(stage.context().pool(), stage.params(), config).map_err(engine)?,

@@ -76,10 +76,13 @@ impl FromStr for Strategy {
         match s.split_once(':') {
             None if s == "store-all" => Ok(Strategy::StoreAll),
             None if s == "recompute-all" => Ok(Strategy::RecomputeAll),
+            // Keeping every 0-th micro-batch means nothing: N must be positive.
             Some(("selective", n)) => n
                 .parse()
+                .ok()
+                .filter(|&interval| interval > 0)
                 .map(|interval| Strategy::Selective { interval })
-                .map_err(|_| bad(n, "non-negative interval")),
+                .ok_or_else(|| bad(n, "positive interval (keep every N-th, N >= 1)")),
             Some(("memory", b)) => parse_bytes(b)
                 .map(|threshold_bytes| Strategy::MemoryBased { threshold_bytes })
                 .ok_or_else(|| bad(b, "byte count (e.g. 4096, 64KiB, 256MiB)")),
@@ -88,23 +91,31 @@ impl FromStr for Strategy {
     }
 }
 
-/// Parses `123`, `64KiB`, `256MiB`, `1GiB`, `10KB`, `5MB`, `2GB` (also `B`).
+/// Parses `123`, `64KiB`, `256MiB`, `1GiB`, `1TiB`, `10KB`, `5MB`, `2GB`, `1TB` (also `B`;
+/// units in any case, as `remat train --memory-budget` reads them).
 pub fn parse_bytes(text: &str) -> Option<usize> {
-    const UNITS: [(&str, usize); 7] = [
-        ("KiB", 1 << 10),
-        ("MiB", 1 << 20),
-        ("GiB", 1 << 30),
-        ("KB", 1_000),
-        ("MB", 1_000_000),
-        ("GB", 1_000_000_000),
-        ("B", 1),
+    const UNITS: [(&str, u64); 9] = [
+        ("kib", 1 << 10),
+        ("mib", 1 << 20),
+        ("gib", 1 << 30),
+        ("tib", 1 << 40),
+        ("kb", 1_000),
+        ("mb", 1_000_000),
+        ("gb", 1_000_000_000),
+        ("tb", 1_000_000_000_000),
+        ("b", 1),
     ];
-    let text = text.trim();
+    let lower = text.trim().to_ascii_lowercase();
+    let text = lower.as_str();
     let (digits, scale) = UNITS
         .iter()
         .find_map(|&(unit, scale)| text.strip_suffix(unit).map(|d| (d, scale)))
         .unwrap_or((text, 1));
-    digits.trim().parse::<usize>().ok()?.checked_mul(scale)
+    digits
+        .trim()
+        .parse::<usize>()
+        .ok()?
+        .checked_mul(usize::try_from(scale).ok()?)
 }
 
 /// Manager errors; every one names the micro-batch.
@@ -116,12 +127,8 @@ pub enum CheckpointError {
     IndexOutOfRange { index: usize, micro_batches: usize },
     #[error("micro-batch {index}: no input was kept, so its activation cannot be recomputed")]
     MissingInput { index: usize },
-    #[error("micro-batch {index}: copying the activation to store it failed: {source}")]
-    Copy {
-        index: usize,
-        #[source]
-        source: BoxError,
-    },
+    #[error("micro-batch {index}: copying the activation to store it failed: {error}")]
+    Copy { index: usize, error: BoxError },
 }
 
 /// What is known about one stored activation.
@@ -454,7 +461,7 @@ impl<A: DeepCopy, I: Activation> CheckpointManager<A, I> {
         }
         let copy = activation.deep_copy().map_err(|e| CheckpointError::Copy {
             index,
-            source: Box::new(e),
+            error: Box::new(e),
         })?;
         Ok(self.insert(index, copy))
     }

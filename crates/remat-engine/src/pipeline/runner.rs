@@ -70,24 +70,18 @@ pub struct PipelineConfig {
 /// Why a stage stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum StageError<E: std::error::Error + 'static> {
-    #[error("stage {stage}, micro-batch {micro_batch}: {source}")]
+    #[error("stage {stage}, micro-batch {micro_batch}: {error}")]
     Work {
         stage: usize,
         micro_batch: usize,
-        #[source]
-        source: E,
+        error: E,
     },
-    #[error("stage {stage}, preparing the step: {source}")]
-    Prepare {
-        stage: usize,
-        #[source]
-        source: E,
-    },
-    #[error("stage {stage}: {source}")]
+    #[error("stage {stage}, preparing the step: {error}")]
+    Prepare { stage: usize, error: E },
+    #[error("stage {stage}: {error}")]
     Checkpoint {
         stage: usize,
-        #[source]
-        source: CheckpointError,
+        error: CheckpointError,
     },
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -420,14 +414,14 @@ impl StageRunner {
         StageError::Work {
             stage: self.stage,
             micro_batch,
-            source,
+            error: source,
         }
     }
 
     fn checkpoint<E: std::error::Error>(&self, source: CheckpointError) -> StageError<E> {
         StageError::Checkpoint {
             stage: self.stage,
-            source,
+            error: source,
         }
     }
 }

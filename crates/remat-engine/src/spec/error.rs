@@ -5,12 +5,8 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum SpecError {
-    #[error("spec {file}: cannot read: {source}")]
-    Io {
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("spec {file}: cannot read: {error}")]
+    Io { file: String, error: std::io::Error },
     #[error("spec {file}: invalid {format}: {message}")]
     Parse {
         file: String,

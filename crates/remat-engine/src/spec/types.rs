@@ -94,6 +94,7 @@ impl RecomputePolicy {
 #[serde(deny_unknown_fields)]
 pub struct InputSpec {
     pub name: String,
+    #[serde(deserialize_with = "shape_entries")]
     pub shape: Vec<String>,
     #[serde(default)]
     pub dtype: Dtype,
@@ -110,6 +111,7 @@ pub struct InputSpec {
 #[serde(deny_unknown_fields)]
 pub struct ParamSpec {
     pub name: String,
+    #[serde(deserialize_with = "shape_entries")]
     pub shape: Vec<String>,
     #[serde(default)]
     pub dtype: Dtype,
@@ -125,10 +127,47 @@ pub struct ParamSpec {
 #[serde(deny_unknown_fields)]
 pub struct GlobalSpec {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "shape_entries")]
     pub shape: Vec<String>,
     #[serde(default)]
     pub description: String,
+}
+
+/// A shape entry as written: a string (`"384"`, `"B"`, `"H*Dh"`) or a bare non-negative
+/// integer (`384`), kept as its string.
+struct ShapeEntry(String);
+
+impl<'de> Deserialize<'de> for ShapeEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ShapeEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a dimension: a non-negative integer, or a string like \"384\", a dim name or a product like \"H*Dh\"",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<ShapeEntry, E> {
+                Ok(ShapeEntry(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<ShapeEntry, E> {
+                Ok(ShapeEntry(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<ShapeEntry, E> {
+                u64::try_from(v)
+                    .map(|v| ShapeEntry(v.to_string()))
+                    .map_err(|_| E::custom(format!("dimension {v} is negative")))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+fn shape_entries<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    let entries = Vec::<ShapeEntry>::deserialize(d)?;
+    Ok(entries.into_iter().map(|e| e.0).collect())
 }
 
 fn default_true() -> bool {
@@ -153,6 +192,7 @@ fn is_always(p: &RecomputePolicy) -> bool {
 pub struct SlotSpec {
     pub name: String,
     /// Named dims (`B`, `T`, `D`...), config keys, integers, or products like `H*Dh`.
+    #[serde(deserialize_with = "shape_entries")]
     pub shape: Vec<String>,
     #[serde(default)]
     pub dtype: Dtype,
@@ -254,7 +294,7 @@ impl BlockSpec {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| SpecError::Io {
             file: file.clone(),
-            source,
+            error: source,
         })?;
         Self::parse(&text, &file)
     }

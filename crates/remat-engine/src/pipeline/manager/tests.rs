@@ -377,13 +377,7 @@ fn a_failed_copy_is_a_typed_error_and_stores_nothing() {
 
 #[test]
 fn strategies_parse_and_print() {
-    for text in [
-        "store-all",
-        "recompute-all",
-        "selective:4",
-        "selective:0",
-        "memory:4096",
-    ] {
+    for text in ["store-all", "recompute-all", "selective:4", "memory:4096"] {
         let s: Strategy = text.parse().unwrap();
         assert_eq!(s.to_string(), text);
     }
@@ -401,8 +395,19 @@ fn strategies_parse_and_print() {
     );
     assert_eq!(
         "selective:x".parse::<Strategy>().unwrap_err().to_string(),
-        "stage policy `selective:x`: `x` is not a non-negative interval"
+        "stage policy `selective:x`: `x` is not a positive interval (keep every N-th, N >= 1)"
     );
+    // Found by an audit: `selective:0` was accepted; N must be positive.
+    assert!("selective:0".parse::<Strategy>().is_err());
+    for (text, bytes) in [("memory:1TiB", 1usize << 40), ("memory:12kib", 12 << 10)] {
+        assert_eq!(
+            text.parse::<Strategy>().unwrap(),
+            Strategy::MemoryBased {
+                threshold_bytes: bytes
+            },
+            "{text}"
+        );
+    }
     assert!(matches!(
         "keep".parse::<Strategy>(),
         Err(StrategyParseError::Unknown(_))

@@ -174,26 +174,62 @@ impl Plan {
 
     /// Device bytes held between forward and backward over all layers, plus the shared
     /// recompute buffers.
+    /// [`Plan::check_totals`] has checked at compile time that none of these sums overflow;
+    /// they saturate rather than wrap should a caller edit the plan afterwards.
     pub fn device_bytes(&self) -> u64 {
-        self.saved_bytes() + self.shared_buffer_bytes()
+        self.saved_bytes()
+            .saturating_add(self.shared_buffer_bytes())
     }
 
     pub fn saved_bytes(&self) -> u64 {
-        self.layers.iter().map(|l| l.bytes.saved).sum()
+        saturating_sum(self.layers.iter().map(|l| l.bytes.saved))
     }
 
     pub fn offloaded_bytes(&self) -> u64 {
-        self.layers.iter().map(|l| l.bytes.offloaded).sum()
+        saturating_sum(self.layers.iter().map(|l| l.bytes.offloaded))
     }
 
     pub fn recomputed_bytes(&self) -> u64 {
-        self.layers.iter().map(|l| l.bytes.recomputed).sum()
+        saturating_sum(self.layers.iter().map(|l| l.bytes.recomputed))
     }
 
     pub fn shared_buffer_bytes(&self) -> u64 {
-        self.shared_buffers.iter().map(|b| b.bytes).sum()
+        saturating_sum(self.shared_buffers.iter().map(|b| b.bytes))
+    }
+
+    /// Every total the plan reports fits in a u64, or an error naming the total.
+    fn check_totals(&self) -> Result<()> {
+        let overflow = |what: &str| SpecError::BadShape {
+            block: self.spec().name.clone(),
+            owner: format!("the {what} bytes of all {} layers", self.layers.len()),
+            dim: "(total)".into(),
+            reason: "overflows a 64-bit byte count".into(),
+        };
+        let saved = checked_sum(self.layers.iter().map(|l| l.bytes.saved))
+            .ok_or_else(|| overflow("saved"))?;
+        checked_sum(self.layers.iter().map(|l| l.bytes.offloaded))
+            .ok_or_else(|| overflow("offloaded"))?;
+        checked_sum(self.layers.iter().map(|l| l.bytes.recomputed))
+            .ok_or_else(|| overflow("recomputed"))?;
+        checked_sum(self.shared_buffers.iter().map(|b| b.bytes))
+            .and_then(|shared| shared.checked_add(saved))
+            .ok_or_else(|| overflow("device (saved plus shared buffer)"))?;
+        Ok(())
     }
 }
+
+fn checked_sum(mut values: impl Iterator<Item = u64>) -> Option<u64> {
+    values.try_fold(0u64, |sum, b| sum.checked_add(b))
+}
+
+fn saturating_sum(values: impl Iterator<Item = u64>) -> u64 {
+    values.fold(0, u64::saturating_add)
+}
+
+/// The most layers a plan is compiled for. Far beyond any real model (the largest open
+/// models have around a hundred), and a bound on the plan's size: each layer's plan is a
+/// few kilobytes, so `num_hidden_layers = 1000000000` must be refused, not allocated.
+pub const MAX_LAYERS: usize = 4096;
 
 /// Compiles `spec` for `config` (its `config_defaults` fill unset keys) in `mode`.
 ///
@@ -207,7 +243,12 @@ pub fn compile(spec: &BlockSpec, config: &ModelConfig, mode: Mode) -> Result<Pla
         Mode::Full => Mode::Lora,
         Mode::Lora => Mode::Full,
     };
+    // Once per distinct layer configuration, as in `plan`.
+    let mut checked = std::collections::HashSet::new();
     for layer in 0..plan.layers.len() {
+        if !checked.insert(resolved.condition_key(&plan.config, layer)?) {
+            continue;
+        }
         if let Err(cycle @ SpecError::Cycle { .. }) =
             resolved.plan_layer(&plan.config, other, layer)
         {
@@ -220,19 +261,60 @@ pub fn compile(spec: &BlockSpec, config: &ModelConfig, mode: Mode) -> Result<Pla
 impl Resolved {
     pub fn plan(&self, config: &ModelConfig, mode: Mode) -> Result<Plan> {
         let config = config.clone().with_defaults(&self.spec.config_defaults);
-        let num_layers = config.num_layers()?;
+        let num_layers = checked_layer_count(&config)?;
+        // Layers whose `when` conditions all evaluate alike get the same plan: plan each
+        // distinct combination once and copy it (a uniform stack is planned once).
+        let mut planned: HashMap<Vec<bool>, LayerPlan> = HashMap::new();
         let mut layers = Vec::with_capacity(num_layers);
         for layer in 0..num_layers {
-            layers.push(self.plan_layer(&config, mode, layer)?);
+            let key = self.condition_key(&config, layer)?;
+            let plan = match planned.get(&key) {
+                Some(same) => LayerPlan {
+                    layer,
+                    ..same.clone()
+                },
+                None => {
+                    let plan = self.plan_layer(&config, mode, layer)?;
+                    planned.insert(key, plan.clone());
+                    plan
+                }
+            };
+            layers.push(plan);
         }
         let shared_buffers = shared_buffers(&self.spec, &layers);
-        Ok(Plan {
+        let plan = Plan {
             resolved: self.clone(),
             config,
             mode,
             layers,
             shared_buffers,
-        })
+        };
+        plan.check_totals()?;
+        Ok(plan)
+    }
+
+    /// The outcome of every slot and parameter `when` in `layer`: two layers with the same
+    /// outcomes have the same plan (a plan depends on the layer index only through them).
+    pub fn condition_key(&self, config: &ModelConfig, layer: usize) -> Result<Vec<bool>> {
+        let slots = self.spec.slots.iter().enumerate().map(|(i, s)| {
+            self.eval(
+                format!("slot `{}`", s.name),
+                &s.when,
+                &self.slot_when[i],
+                config,
+                layer,
+            )
+        });
+        let params = self.spec.params.iter().enumerate().map(|(i, p)| {
+            self.eval(
+                format!("parameter `{}`", p.name),
+                &p.when,
+                &self.param_when[i],
+                config,
+                layer,
+            )
+        });
+        slots.chain(params).collect()
     }
 
     fn eval(
@@ -294,7 +376,7 @@ impl Resolved {
                 Vec::new()
             };
             let bytes = if present {
-                numel(&shape) * s.dtype.bytes()
+                shape_bytes(&spec.name, &format!("slot `{}`", s.name), &shape, s.dtype)?
             } else {
                 0
             };
@@ -322,7 +404,7 @@ impl Resolved {
         let mut inputs = Vec::with_capacity(spec.inputs.len());
         for x in &spec.inputs {
             let shape = shapes.shape(&format!("input `{}`", x.name), &x.shape)?;
-            let bytes = numel(&shape) * x.dtype.bytes();
+            let bytes = shape_bytes(&spec.name, &format!("input `{}`", x.name), &shape, x.dtype)?;
             inputs.push(InputPlan {
                 name: x.name.clone(),
                 shape,
@@ -353,7 +435,12 @@ impl Resolved {
                     .map(|(i, _)| Prefetch::Slot(i)),
             )
             .collect();
-        let bytes = layer_bytes(&slots, &inputs);
+        let bytes = layer_bytes(&slots, &inputs).ok_or_else(|| SpecError::BadShape {
+            block: spec.name.clone(),
+            owner: format!("layer {layer}"),
+            dim: "(total)".into(),
+            reason: "the bytes of its slots and inputs overflow a 64-bit byte count".into(),
+        })?;
         Ok(LayerPlan {
             layer,
             slots,
@@ -540,28 +627,63 @@ fn policy_applies(policy: RecomputePolicy, mode: Mode) -> bool {
     }
 }
 
-fn numel(shape: &[usize]) -> u64 {
-    shape.iter().map(|&d| d as u64).product()
+/// The layer count of `config`, refused past [`MAX_LAYERS`].
+fn checked_layer_count(config: &ModelConfig) -> Result<usize> {
+    let layers = config.num_layers()?;
+    if layers > MAX_LAYERS {
+        return Err(SpecError::BadConfig {
+            source_name: config.source.clone(),
+            reason: format!(
+                "layer count {layers} (num_hidden_layers) is more than remat plans ({MAX_LAYERS})"
+            ),
+        });
+    }
+    Ok(layers)
 }
 
-fn layer_bytes(slots: &[SlotPlan], inputs: &[InputPlan]) -> LayerBytes {
+/// Bytes of a tensor of `shape` and `dtype`, or an error naming `owner` when the count
+/// does not fit in 64 bits (it would otherwise wrap, and a huge slot would print as 0 B).
+fn shape_bytes(block: &str, owner: &str, shape: &[usize], dtype: Dtype) -> Result<u64> {
+    shape
+        .iter()
+        .try_fold(dtype.bytes(), |acc, &d| acc.checked_mul(d as u64))
+        .ok_or_else(|| SpecError::BadShape {
+            block: block.into(),
+            owner: owner.into(),
+            dim: format!("{shape:?}"),
+            reason: format!(
+                "{} elements of {} overflow a 64-bit byte count",
+                shape
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" x "),
+                dtype.name()
+            ),
+        })
+}
+
+/// Per-layer byte totals; `None` when one overflows.
+fn layer_bytes(slots: &[SlotPlan], inputs: &[InputPlan]) -> Option<LayerBytes> {
     let mut bytes = LayerBytes::default();
     for s in slots {
-        match s.disposition {
-            Disposition::Saved => bytes.saved += s.bytes,
-            Disposition::Recomputed => bytes.recomputed += s.bytes,
-            Disposition::Offloaded => bytes.offloaded += s.bytes,
-            Disposition::Transient | Disposition::Absent => {}
-        }
+        let total = match s.disposition {
+            Disposition::Saved => &mut bytes.saved,
+            Disposition::Recomputed => &mut bytes.recomputed,
+            Disposition::Offloaded => &mut bytes.offloaded,
+            Disposition::Transient | Disposition::Absent => continue,
+        };
+        *total = total.checked_add(s.bytes)?;
     }
     for x in inputs {
-        if x.offload {
-            bytes.offloaded += x.bytes;
+        let total = if x.offload {
+            &mut bytes.offloaded
         } else {
-            bytes.saved += x.bytes;
-        }
+            &mut bytes.saved
+        };
+        *total = total.checked_add(x.bytes)?;
     }
-    bytes
+    Some(bytes)
 }
 
 /// One buffer per `shares_with` root among recomputed slots, as large as its largest user
@@ -584,4 +706,64 @@ fn shared_buffers(spec: &BlockSpec, layers: &[LayerPlan]) -> Vec<SharedBuffer> {
             bytes,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::shipped::QWEN3;
+
+    fn config(sets: &[&str]) -> ModelConfig {
+        let mut c = QWEN3.config().unwrap().set("vocab_size", Value::Int(50));
+        for s in sets {
+            c.apply_override(s).unwrap();
+        }
+        c
+    }
+
+    /// Found by an audit: a slot of 2^32 x 2^32 x 4 f32 wrapped to 0 bytes.
+    #[test]
+    fn byte_counts_that_overflow_name_the_slot() {
+        let mut spec = QWEN3.spec().unwrap();
+        let slot = spec.slots.iter_mut().find(|s| s.name == "ln1").unwrap();
+        slot.shape = ["4294967296", "4294967296", "4"].map(String::from).to_vec();
+        let err = compile(&spec, &config(&[]), Mode::Full)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("slot `ln1`") && err.contains("overflow"),
+            "{err}"
+        );
+        let err = compile(
+            &QWEN3.spec().unwrap(),
+            &config(&["hidden_size=9223372036854775807"]),
+            Mode::Full,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("overflow"), "{err}");
+    }
+
+    /// Found by an audit: 10^9 layers were planned one by one (and allocated for).
+    #[test]
+    fn layer_counts_are_bounded_and_uniform_layers_share_a_plan() {
+        let err = compile(
+            &QWEN3.spec().unwrap(),
+            &config(&["num_hidden_layers=1000000000"]),
+            Mode::Full,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("layer count 1000000000"), "{err}");
+        let plan = compile(
+            &QWEN3.spec().unwrap(),
+            &config(&[&format!("num_hidden_layers={MAX_LAYERS}")]),
+            Mode::Lora,
+        )
+        .unwrap();
+        assert_eq!(plan.layers.len(), MAX_LAYERS);
+        let (first, last) = (&plan.layers[0], &plan.layers[MAX_LAYERS - 1]);
+        assert_eq!(last.layer, MAX_LAYERS - 1);
+        assert_eq!((&first.steps, &first.slots), (&last.steps, &last.slots));
+    }
 }

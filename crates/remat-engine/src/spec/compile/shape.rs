@@ -58,6 +58,23 @@ impl ShapeResolver<'_> {
             }
             return Ok(product);
         }
+        let is_name = factor
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && factor
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+        if !is_name {
+            return Err(format!(
+                "`{factor}` is neither a non-negative integer that fits in 64 bits nor a name (of a dim or a model-config key)"
+            ));
+        }
+        if !expand_dims && self.dims.contains_key(factor) {
+            return Err(format!(
+                "`{factor}` is a dim of the spec, but a dim's definition expands only into config keys and integers, not other dims (nor itself)"
+            ));
+        }
         match self.config.get(factor) {
             Some(super::super::types::Value::Int(i)) if *i >= 0 => Ok(*i as usize),
             Some(other) => Err(format!(

@@ -9,12 +9,11 @@ use crate::spec::SpecError;
 pub enum RunError {
     #[error(transparent)]
     Spec(#[from] SpecError),
-    #[error("op `{op}` (producing {slot}): {source}")]
+    #[error("op `{op}` (producing {slot}): {error}")]
     Kernel {
         op: String,
         slot: String,
-        #[source]
-        source: KernelError,
+        error: KernelError,
     },
     #[error("op `{op}` (producing {slot}): {reason}")]
     BadOperands {
@@ -39,7 +38,8 @@ pub enum RunError {
     },
     /// A produced tensor does not match the slot the compiled plan declares.
     #[error(
-        "layer {layer}: slot `{slot}`: the spec declares shape {declared:?} ({declared_bytes} bytes), the run produced {actual:?} ({actual_bytes} bytes)"
+        "layer {layer}: slot `{slot}`: {}",
+        describe_mismatch(.declared, *.declared_bytes, .actual, *.actual_bytes)
     )]
     ShapeMismatch {
         layer: usize,
@@ -63,6 +63,25 @@ pub enum RunError {
     Memory(crate::EngineError),
     #[error("model: {0}")]
     Model(String),
+}
+
+/// Two different shapes are named as such; the same shape with different bytes means the
+/// produced buffer does not hold that shape's values (a zero-sized dimension upstream, say).
+fn describe_mismatch(
+    declared: &[usize],
+    declared_bytes: u64,
+    actual: &[usize],
+    actual_bytes: u64,
+) -> String {
+    if declared == actual {
+        format!(
+            "the run produced a tensor labelled {actual:?} holding {actual_bytes} bytes, but that shape needs {declared_bytes} bytes: the op's output does not fill its shape"
+        )
+    } else {
+        format!(
+            "the spec declares shape {declared:?} ({declared_bytes} bytes), the run produced {actual:?} ({actual_bytes} bytes)"
+        )
+    }
 }
 
 pub type RunResult<T> = std::result::Result<T, RunError>;

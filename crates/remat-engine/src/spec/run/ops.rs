@@ -117,7 +117,7 @@ pub fn execute(
     let kernel = |source: KernelError| RunError::Kernel {
         op: op.into(),
         slot: env.slot.into(),
-        source,
+        error: source,
     };
     let arg = |i: usize| -> RunResult<&Act> {
         inputs
@@ -281,6 +281,17 @@ pub fn rope(
         return Err(KernelError::Invalid {
             kernel: "rope",
             what: format!("width {width} is not a multiple of head_dim {head_dim}"),
+        });
+    }
+    if b == 0 || t == 0 || b.checked_mul(t).and_then(|n| n.checked_mul(width)) != Some(x.data.len())
+    {
+        return Err(KernelError::Invalid {
+            kernel: "rope",
+            what: format!(
+                "shape [{b}, {t}, {width}] needs a positive batch and sequence length and {} values, got {}",
+                b.saturating_mul(t).saturating_mul(width),
+                x.data.len()
+            ),
         });
     }
     let mut y = vec![0.0; x.data.len()];
