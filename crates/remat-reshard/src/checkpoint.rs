@@ -276,8 +276,29 @@ pub fn detect(path: &Path) -> Result<Format> {
     if has_dcp_names(path)? {
         return Ok(Format::Dcp);
     }
+    if is_torch_save_dcp(path)? {
+        return Err(unknown(
+            path,
+            "this is a PyTorch distributed checkpoint in torch's own format (a pickled .metadata with torch.save-based *.distcp files), which remat recognises but does not read: save it with Hugging Face storage (torch.distributed.checkpoint's HuggingFaceStorageWriter: shard-N-model-i-of-n.safetensors), or as remat's or Hugging Face's safetensors layouts",
+        ));
+    }
     Err(unknown(
         path,
         "found no remat.index.json, model.safetensors(.index.json) or shard-*-model-*-of-*.safetensors",
     ))
+}
+
+/// Whether `dir` holds PyTorch DCP's default format: a `.metadata` file or `*.distcp`
+/// files (`__0_0.distcp`, ...).
+fn is_torch_save_dcp(dir: &Path) -> Result<bool> {
+    if dir.join(".metadata").is_file() {
+        return Ok(true);
+    }
+    for entry in std::fs::read_dir(dir).map_err(crate::error::io_err(dir))? {
+        let entry = entry.map_err(crate::error::io_err(dir))?;
+        if entry.file_name().to_string_lossy().ends_with(".distcp") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

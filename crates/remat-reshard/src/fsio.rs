@@ -17,6 +17,12 @@ impl Map {
     /// Maps `path` read-only.
     pub fn open(path: &Path) -> Result<Map> {
         let file = File::open(path).map_err(io_err(path))?;
+        // A directory opens but cannot be mapped ("No such device"): say what it is.
+        if file.metadata().map_err(io_err(path))?.is_dir() {
+            return Err(io_err(path)(std::io::Error::other(
+                "is a directory, not a safetensors file",
+            )));
+        }
         // SAFETY: the map is read-only; inputs are checkpoints nobody should be rewriting
         // while we read them. A concurrent truncation could still raise SIGBUS, which is
         // the accepted cost of memory-mapped reads.

@@ -117,6 +117,12 @@ pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index> {
             ),
         ));
     }
+    if crate::checkpoint::Format::parse(&index.layout).is_none() {
+        return Err(index_err(
+            path,
+            format!("unknown layout `{}` (remat, dcp or hf)", index.layout),
+        ));
+    }
     for f in &index.files {
         if f.name.is_empty() || f.name.contains(['/', '\\']) || f.name.starts_with('.') {
             return Err(index_err(
@@ -152,8 +158,18 @@ fn check_tensor(path: &Path, index: &Index, t: &IndexTensor) -> Result<()> {
     let dtype = Dtype::from_name(&t.dtype)
         .ok_or_else(|| tensor_err(format!("unknown dtype `{}`", t.dtype)))?;
     crate::safetensors::tensor_bytes(path, &t.name, dtype, &t.shape)?;
-    crate::target::Placement::parse(&t.placement)
+    let placement = crate::target::Placement::parse(&t.placement)
         .ok_or_else(|| tensor_err(format!("unknown placement `{}`", t.placement)))?;
+    if let crate::target::Placement::Shard(d) = placement
+        && d >= t.shape.len()
+    {
+        return Err(tensor_err(format!(
+            "placement `{}` but the tensor has {} dimensions (shape {:?})",
+            t.placement,
+            t.shape.len(),
+            t.shape
+        )));
+    }
     for c in &t.chunks {
         if c.file >= index.files.len() {
             return Err(tensor_err(format!(
@@ -236,5 +252,25 @@ mod tests {
         assert!(err(&sample().replace("a.safetensors", "../a")).contains("not a plain file name"));
         assert!(err(&sample().replace("\"sizes\":[2]", "\"sizes\":[5]")).contains("leaves shape"));
         assert!(err(&sample().replace("shard(0)", "sharded")).contains("unknown placement"));
+        assert!(
+            err(&sample().replace("shard(0)", "shard(7)"))
+                .contains("placement `shard(7)` but the tensor has 1 dimensions")
+        );
+        let scalar = sample().replace("\"shape\":[4]", "\"shape\":[]").replace(
+            "\"offsets\":[0],\"sizes\":[2],\"byte_range\":[8,16]",
+            "\"offsets\":[],\"sizes\":[],\"byte_range\":[8,12]",
+        );
+        assert!(err(&scalar).contains("placement `shard(0)` but the tensor has 0 dimensions"));
+        assert!(
+            parse_index(
+                Path::new("i.json"),
+                scalar.replace("shard(0)", "replicate").as_bytes()
+            )
+            .is_ok()
+        );
+        assert!(
+            err(&sample().replace("\"layout\":\"remat\"", "\"layout\":\"weird\""))
+                .contains("unknown layout `weird`")
+        );
     }
 }

@@ -170,7 +170,10 @@ pub(crate) fn read_remat(root: &Path) -> Result<Checkpoint> {
     let index_path = root.join(INDEX_NAME);
     let bytes = std::fs::read(&index_path).map_err(io_err(&index_path))?;
     let index = parse_index(&index_path, &bytes)?;
-    let format = Format::parse(&index.layout).unwrap_or(Format::Remat);
+    let format = Format::parse(&index.layout).ok_or_else(|| ReshardError::Index {
+        path: index_path.clone(),
+        what: format!("unknown layout `{}`", index.layout),
+    })?;
     let mut b = Builder::new();
     for f in &index.files {
         let id = b.open_file(&root.join(&f.name), f.rank)?;

@@ -208,7 +208,14 @@ fn parse_entry(path: &Path, name: String, raw: RawEntry, data_len: u64) -> Resul
             ),
         ));
     };
-    if start > end || end > data_len {
+    if start > end {
+        return Err(bad(
+            path,
+            &name,
+            format!("data_offsets [{start}, {end}): the start is after the end"),
+        ));
+    }
+    if end > data_len {
         return Err(ReshardError::DataOutOfFile {
             path: path.into(),
             tensor: name,
@@ -493,6 +500,14 @@ mod tests {
             b"xy",
         ));
         assert!(e.contains("needs 3"), "{e}");
+        let e = err(&file(
+            r#"{"w":{"dtype":"U8","shape":[4],"data_offsets":[4,0]}}"#,
+            b"xyzw",
+        ));
+        assert!(
+            e.contains("`w`") && e.contains("[4, 0): the start is after the end"),
+            "{e}"
+        );
         let e = err(&file(
             r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#,
             b"xyz",

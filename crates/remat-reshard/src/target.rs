@@ -71,6 +71,16 @@ impl Rule {
     }
 }
 
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::Place(p) => p.fmt(f),
+            Rule::Rank(r) => write!(f, "rank:{r}"),
+            Rule::Source => f.write_str("source"),
+        }
+    }
+}
+
 /// A rule applied to the tensors whose names match a glob (`*` any run, `?` one char).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NameRule {
@@ -216,6 +226,20 @@ pub fn check_world_size(m: usize) -> Result<()> {
 pub fn resolve(ckpt: &Checkpoint, spec: &TargetSpec) -> Result<Vec<TargetTensor>> {
     let m = spec.world_size;
     check_world_size(m)?;
+    // A rule that names no tensor is most likely a typo: it would change nothing.
+    if let Some(r) = spec
+        .rules
+        .iter()
+        .find(|r| !ckpt.tensors.iter().any(|t| glob_match(&r.pattern, &t.name)))
+    {
+        return Err(ReshardError::Target(format!(
+            "the placement rule `{}={}` (--place) matches no tensor of the checkpoint (its {} tensors are named like `{}`)",
+            r.pattern,
+            r.rule,
+            ckpt.tensors.len(),
+            ckpt.tensors.first().map_or("", |t| t.name.as_str())
+        )));
+    }
     // Placements first, so that the size of the plan is known before it is allocated.
     let mut placed = Vec::with_capacity(ckpt.tensors.len());
     let mut chunk_count = 0u64;

@@ -905,3 +905,88 @@ fn hugging_face_files_outside_the_weight_map() {
         "{e}"
     );
 }
+
+/// A rank file replaced by a directory is named as a directory, not "No such device".
+#[test]
+fn a_rank_file_that_is_a_directory_is_named_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let remat = dir.path().join("remat");
+    common::reshard(&src, &remat, &TargetSpec::new(2, Format::Remat));
+    let rank1 = remat.join("rank-00001-of-00002.safetensors");
+    std::fs::remove_file(&rank1).unwrap();
+    std::fs::create_dir(&rank1).unwrap();
+    let e = fails(&remat);
+    assert!(
+        e.contains("rank-00001-of-00002.safetensors") && e.contains("is a directory"),
+        "{e}"
+    );
+}
+
+/// PyTorch DCP's own format (pickled `.metadata`, torch.save-based `.distcp` files) is
+/// recognised and said to be unsupported, with what is.
+#[test]
+fn a_torch_save_dcp_checkpoint_is_recognised_as_unsupported() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("torch");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join(".metadata"), b"\x80\x04pickle").unwrap();
+    std::fs::write(src.join("__0_0.distcp"), b"PK").unwrap();
+    let e = fails(&src);
+    assert!(
+        e.contains(".distcp")
+            && e.contains("recognises but does not read")
+            && e.contains("HuggingFaceStorageWriter"),
+        "{e}"
+    );
+}
+
+/// A placement rule that matches no tensor is an error naming the rule, not ignored.
+#[test]
+fn a_placement_rule_matching_no_tensor_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let ck = Checkpoint::open(&src, None).unwrap();
+    let spec = TargetSpec {
+        world_size: 2,
+        format: Format::Remat,
+        rules: ["w=shard(1)", "layers.*.norm=replicate"]
+            .iter()
+            .map(|r| remat_reshard::NameRule::parse(r).unwrap())
+            .collect(),
+        preset: None,
+    };
+    let e = plan(&ck, &spec).unwrap_err().to_string();
+    assert!(
+        e.contains("`layers.*.norm=replicate`") && e.contains("matches no tensor"),
+        "{e}"
+    );
+}
+
+/// Index fields that do not fit the tensor are refused rather than reinterpreted.
+#[test]
+fn index_placements_and_layouts_that_do_not_fit_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = good(dir.path());
+    let remat = dir.path().join("remat");
+    common::reshard(&src, &remat, &TargetSpec::new(2, Format::Remat));
+    let index = remat.join("remat.index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    for (from, to, says) in [
+        (
+            "\"placement\": \"shard(0)\"",
+            "\"placement\": \"shard(7)\"",
+            "placement `shard(7)` but the tensor has 2 dimensions",
+        ),
+        (
+            "\"layout\": \"remat\"",
+            "\"layout\": \"weird\"",
+            "unknown layout `weird`",
+        ),
+    ] {
+        assert!(text.contains(from), "{from} not in {text}");
+        std::fs::write(&index, text.replacen(from, to, 1)).unwrap();
+        let e = fails(&remat);
+        assert!(e.contains("remat.index.json") && e.contains(says), "{e}");
+    }
+}
