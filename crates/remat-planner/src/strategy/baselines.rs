@@ -379,7 +379,7 @@ pub fn parse(name: &str) -> Option<Result<Box<dyn Strategy>, PlanError>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ir::Node;
 

@@ -263,43 +263,10 @@ fn infeasible(problem: &Problem, smallest: Option<(u64, String)>) -> PlanError {
 mod tests {
     use super::*;
     use crate::error::SimError;
-    use crate::ir::{Node, Phase};
 
     /// A training chain: `n` forward layers, the loss, `n` backward layers.
     fn chain(n: usize) -> Graph {
-        let mut nodes = Vec::new();
-        for i in 0..n {
-            nodes.push(Node {
-                name: format!("f{i}"),
-                phase: Phase::Forward,
-                compute_time: 1.0,
-                output_bytes: 10,
-                inputs: if i == 0 { vec![] } else { vec![i - 1] },
-            });
-        }
-        nodes.push(Node {
-            name: "loss".into(),
-            phase: Phase::Backward,
-            compute_time: 1.0,
-            output_bytes: 1,
-            inputs: vec![n - 1],
-        });
-        for k in 0..n {
-            let fw = n - 1 - k;
-            let mut inputs = vec![n + k];
-            if fw > 0 {
-                inputs.push(fw - 1);
-            }
-            inputs.sort_unstable();
-            nodes.push(Node {
-                name: format!("b{fw}"),
-                phase: Phase::Backward,
-                compute_time: 2.0,
-                output_bytes: 10,
-                inputs,
-            });
-        }
-        Graph::new("chain", nodes, 0, 1.0).unwrap()
+        super::baselines::tests::training_chain(n)
     }
 
     /// A strategy with a bug: its schedule is invalid.
