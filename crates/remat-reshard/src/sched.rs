@@ -29,6 +29,28 @@ struct State {
     stopped: bool,
 }
 
+impl State {
+    /// Every task queued on its file, no writers yet.
+    fn new(jobs: &[Job]) -> State {
+        let n_files = jobs.iter().map(|j| j.file + 1).max().unwrap_or(0);
+        let mut files: Vec<FileQueue> = (0..n_files)
+            .map(|_| FileQueue {
+                next: Default::default(),
+                bytes_left: 0,
+                writers: 0,
+            })
+            .collect();
+        for (i, j) in jobs.iter().enumerate() {
+            files[j.file].next.push_back(i);
+            files[j.file].bytes_left += j.bytes;
+        }
+        State {
+            files,
+            stopped: false,
+        }
+    }
+}
+
 /// Runs `work(task)` for every task on `threads` workers (rayon's pool) and returns the
 /// results in task order. After the first error no new task starts; the error of the
 /// lowest-numbered failed task is returned.
@@ -38,22 +60,7 @@ where
     E: Send,
     F: Fn(usize) -> Result<R, E> + Sync,
 {
-    let n_files = jobs.iter().map(|j| j.file + 1).max().unwrap_or(0);
-    let mut files: Vec<FileQueue> = (0..n_files)
-        .map(|_| FileQueue {
-            next: Default::default(),
-            bytes_left: 0,
-            writers: 0,
-        })
-        .collect();
-    for (i, j) in jobs.iter().enumerate() {
-        files[j.file].next.push_back(i);
-        files[j.file].bytes_left += j.bytes;
-    }
-    let state = Mutex::new(State {
-        files,
-        stopped: false,
-    });
+    let state = Mutex::new(State::new(jobs));
     let results: Mutex<Vec<Option<Result<R, E>>>> =
         Mutex::new((0..jobs.len()).map(|_| None).collect());
     let worker = || {
@@ -130,30 +137,36 @@ mod tests {
         assert_eq!(runs.load(Ordering::SeqCst), 8);
     }
 
+    /// The hand-out rule, step by step (deterministic: no threads, no timing). A worker
+    /// that finishes a task releases its file; the next take goes to the file with the
+    /// fewest writers, so two workers share a file only once the other file is empty.
     #[test]
     fn two_workers_never_share_a_file_while_another_has_work() {
-        // Files 0 and 1 with four tasks each: with two workers, each file has one writer
-        // until one of them runs out.
-        let jobs = jobs(&[0, 0, 0, 0, 1, 1, 1, 1]);
-        let active = [AtomicUsize::new(0), AtomicUsize::new(0)];
-        let shared = AtomicUsize::new(0);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        pool.install(|| {
-            run_spread::<(), (), _>(&jobs, 2, |t| {
-                let f = jobs[t].file;
-                if active[f].fetch_add(1, Ordering::SeqCst) > 0 {
-                    shared.fetch_add(1, Ordering::SeqCst);
-                }
-                std::thread::sleep(std::time::Duration::from_millis(5));
-                active[f].fetch_sub(1, Ordering::SeqCst);
-                Ok(())
-            })
-        })
-        .unwrap();
-        assert_eq!(shared.load(Ordering::SeqCst), 0);
+        let jobs = jobs(&[0, 0, 0, 1, 1, 1]);
+        let state = Mutex::new(State::new(&jobs));
+        let finish = |task: usize| {
+            state.lock().unwrap().files[jobs[task].file].writers -= 1;
+        };
+        let file = |task: Option<usize>| task.map(|t| jobs[t].file);
+        // Two workers start: one per file.
+        let a = take(&state, &jobs);
+        let b = take(&state, &jobs);
+        assert_ne!(file(a), file(b));
+        // The worker of `a` finishes, twice: each time it goes back to its own file, since
+        // the other one has a writer.
+        let mut done = a.unwrap();
+        for _ in 0..2 {
+            finish(done);
+            let next = take(&state, &jobs);
+            assert_eq!(file(next), file(a));
+            done = next.unwrap();
+        }
+        finish(done);
+        // File of `a` is now empty: its worker joins the other file, which still has a
+        // writer (the one sanctioned case of sharing).
+        let joined = take(&state, &jobs);
+        assert_eq!(file(joined), file(b));
+        assert_eq!(state.lock().unwrap().files[file(b).unwrap()].writers, 2);
     }
 
     #[test]
