@@ -124,6 +124,13 @@ pub(crate) fn hash_pieces(ckpt: &Checkpoint, checks: &SourceChecks) -> Result<()
 fn piece_checksum(ckpt: &Checkpoint, p: &Piece, block: u64) -> u64 {
     let map = &ckpt.files[p.file].map;
     let blocks = p.len.div_ceil(block);
+    if blocks == 1 {
+        // A piece of one block (most small tensors): hashed in place, without a parallel
+        // split or a page hand-back (it shares its pages with its neighbours, which the
+        // copy reads next).
+        let bytes = &map.bytes()[p.start as usize..(p.start + p.len) as usize];
+        return combine(&[block_digest(bytes)]);
+    }
     let digests: Vec<u64> = (0..blocks)
         .into_par_iter()
         .map(|k| {
