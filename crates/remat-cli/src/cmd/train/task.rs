@@ -44,12 +44,16 @@ impl Task {
             .chars()
             .map(|c| alphabet.binary_search(&c).unwrap_or(0) as u32)
             .collect();
+        // A sequence and its one-token-later target need seq + 1 characters, and the
+        // start is drawn from text.len() - seq - 1 > 0 positions: seq + 2 in all (checked:
+        // a --seq near usize::MAX would wrap around to a tiny number).
+        let need = seq.checked_add(2).filter(|&n| n <= text.len());
         anyhow::ensure!(
-            text.len() > seq + 1,
-            "--data {}: {} characters are too few for sequences of {seq} (need at least {})",
+            need.is_some(),
+            "--data {}: {} characters are too few for --seq {seq} (need at least seq + 2 = {})",
             path.display(),
             text.len(),
-            seq + 2
+            seq as u128 + 2
         );
         Ok(Task::Chars {
             text,
@@ -127,6 +131,18 @@ impl Task {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seq_near_usize_max_is_an_error_not_an_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ok.txt");
+        std::fs::write(&path, "hello world, hello remat").unwrap();
+        for seq in [usize::MAX, usize::MAX - 1, 23] {
+            let err = Task::chars(&path, seq).err().unwrap().to_string();
+            assert!(err.contains("too few") && err.contains("--seq"), "{err}");
+        }
+        assert_eq!(Task::chars(&path, 22).unwrap().seq(), 22);
+    }
 
     #[test]
     fn reversal_batches_score_only_the_reversed_half() {
