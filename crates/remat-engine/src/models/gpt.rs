@@ -193,6 +193,10 @@ impl FromStr for Checkpointing {
                 Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).map(Checkpointing::Blocks).ok_or_else(|| {
                     EngineError::Invalid(format!("policy {s:?}: blocks:N needs a positive N"))
                 }),
+                // `every:N` / `depth:N` with a bad N: the policy's own message says so.
+                None if s.starts_with("every:") || s.starts_with("depth:") => {
+                    s.parse::<Policy>().map(Checkpointing::Graph)
+                }
                 None => s.parse::<Policy>().map(Checkpointing::Graph).map_err(|_| {
                     EngineError::Invalid(format!(
                         "unknown policy {s:?} (expected store-all, recompute-all, every:N, depth:N, sqrt, per-block, blocks:N or sqrt-blocks)"
