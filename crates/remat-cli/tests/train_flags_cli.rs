@@ -129,3 +129,42 @@ fn flags_the_run_would_ignore_are_refused() {
     fails_with(&["--swap-dir", swap], &["--swap-dir", "--policy auto"]);
     fails_with(&["--mode", "lora"], &["--mode lora", "--block"]);
 }
+
+#[test]
+fn impossible_sizes_are_errors_and_the_hint_never_allocates_unboundedly() {
+    for extra in [
+        &["--batch", "1000000000000"][..],
+        &["--digits", "1000000000000"],
+        &["--layers", "1000000000000"],
+        &["--ffn", "1000000000000"],
+        &["--d-model", "1000000000000", "--heads", "2"],
+    ] {
+        let out = remat(&[&["train", "--steps", "1", "--threads", "1"], extra].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error:") || stderr.contains("\nerror:"),
+            "{stderr}"
+        );
+    }
+    // Over the budget by far: the out-of-memory error with a hint, not an abort.
+    let out = remat(&[
+        "train",
+        "--steps",
+        "1",
+        "--threads",
+        "1",
+        "--d-model",
+        "131072",
+        "--heads",
+        "1024",
+        "--memory-budget",
+        "1MiB",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("out of memory") && stderr.contains("hint:"),
+        "{stderr}"
+    );
+}

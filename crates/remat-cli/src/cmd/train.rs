@@ -174,10 +174,12 @@ impl Args {
 
     fn task(&self) -> anyhow::Result<task::Task> {
         anyhow::ensure!(self.batch >= 1, "--batch must be at least 1 (got 0)");
-        match &self.files.data {
-            Some(path) => task::Task::chars(path, self.seq),
-            None => task::Task::reverse(self.digits),
-        }
+        let task = match &self.files.data {
+            Some(path) => task::Task::chars(path, self.seq)?,
+            None => task::Task::reverse(self.digits)?,
+        };
+        task.check_batch(self.batch, self.memory_budget)?;
+        Ok(task)
     }
 }
 

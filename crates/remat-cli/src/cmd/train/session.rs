@@ -56,7 +56,10 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         }
         Err(err) => match err.downcast_ref::<EngineError>() {
             Some(oom @ EngineError::OutOfMemory { .. }) => {
-                let hint = hint::for_budget(args, task, budget.unwrap_or(u64::MAX))?;
+                // The out-of-memory error is the answer; a failed measurement only
+                // weakens the hint.
+                let hint = hint::for_budget(args, task, budget.unwrap_or(u64::MAX))
+                    .unwrap_or_else(|e| format!("could not measure the policies: {e:#}"));
                 anyhow::bail!("{oom}\nhint: {hint}")
             }
             _ => Err(err),

@@ -29,6 +29,11 @@ pub enum Task {
 impl Task {
     pub fn reverse(digits: usize) -> anyhow::Result<Task> {
         anyhow::ensure!(digits >= 2, "--digits must be at least 2 (got {digits})");
+        // The sequence is 2 x digits tokens.
+        anyhow::ensure!(
+            digits.checked_mul(2).is_some(),
+            "--digits {digits} is too large: the sequence (2 x digits) overflows"
+        );
         Ok(Task::Reverse { digits })
     }
 
@@ -60,6 +65,42 @@ impl Task {
             alphabet,
             seq,
         })
+    }
+
+    /// Checks that a batch of `batch` sequences can be built: its tokens and targets
+    /// (4 bytes each) in checked arithmetic, within `budget` when one is set (every step
+    /// holds at least the embedding of those tokens, d_model >= 2 floats each, so a batch
+    /// whose tokens exceed the budget can never run), and allocatable at all.
+    pub fn check_batch(&self, batch: usize, budget: Option<u64>) -> anyhow::Result<()> {
+        let seq = self.seq();
+        let flag = match self {
+            Task::Reverse { .. } => "--digits",
+            Task::Chars { .. } => "--seq",
+        };
+        let bytes = batch
+            .checked_mul(seq)
+            .and_then(|n| n.checked_mul(8))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--batch {batch} x sequence length {seq} ({flag}) is more tokens than a \
+                     process can address"
+                )
+            })?;
+        if let Some(budget) = budget.filter(|&b| bytes as u64 > b) {
+            anyhow::bail!(
+                "--batch {batch} x sequence length {seq} ({flag}): the batch's tokens and \
+                 targets alone take {bytes} bytes, more than --memory-budget {budget}"
+            );
+        }
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(bytes).map_err(|e| {
+            anyhow::anyhow!(
+                "--batch {batch} x sequence length {seq} ({flag}): cannot allocate the \
+                 batch's {bytes} bytes of tokens and targets: {e}"
+            )
+        })?;
+        Ok(())
     }
 
     pub fn vocab(&self) -> usize {
