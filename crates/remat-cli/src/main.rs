@@ -4,6 +4,7 @@
 //! commands grow independently.
 
 mod cmd;
+mod fsutil;
 
 use clap::{Parser, Subcommand};
 

@@ -44,13 +44,54 @@ pub struct AdamW {
     step: u64,
 }
 
+/// The largest learning rate [`AdamWConfig::validate`] accepts. Adam moves every weight by
+/// about `lr` per step whatever the gradient's scale, so above 1 a step moves weights by
+/// more than their whole range (initializations are ~0.02): the run diverges at once.
+pub const MAX_LR: f64 = 1.0;
+
+impl AdamWConfig {
+    /// Checks every hyper-parameter; an error names the field, its value and the range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, value: f64, range: &str| {
+            Err(EngineError::Optimizer(format!(
+                "AdamW {field} {value} is invalid: it must be {range}"
+            )))
+        };
+        if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= MAX_LR) {
+            return bad("lr", self.lr, &format!("a number in (0, {MAX_LR}]"));
+        }
+        for (field, beta) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return bad(field, beta, "in [0, 1)");
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return bad("eps", self.eps, "a finite number > 0");
+        }
+        // Decoupled decay multiplies weights by 1 - lr * weight_decay: keep it in [0, 1].
+        if !(self.weight_decay.is_finite()
+            && self.weight_decay >= 0.0
+            && self.lr * self.weight_decay <= 1.0)
+        {
+            return bad(
+                "weight_decay",
+                self.weight_decay,
+                "finite, >= 0 and at most 1 / lr",
+            );
+        }
+        Ok(())
+    }
+}
+
 impl AdamW {
-    /// Allocates the two moment buffers of every parameter from `pool`.
+    /// Allocates the two moment buffers of every parameter from `pool` (after checking
+    /// `config`: a NaN or absurd learning rate is an error, not a NaN loss).
     pub fn new(
         pool: &Arc<MemoryPool>,
         params: Vec<(String, Tensor)>,
         config: AdamWConfig,
     ) -> Result<Self> {
+        config.validate()?;
         let mut m = Vec::with_capacity(params.len());
         let mut v = Vec::with_capacity(params.len());
         for (name, p) in &params {
@@ -201,6 +242,83 @@ mod tests {
         let mut opt = AdamW::new(&pool, vec![("p".into(), p.clone())], cfg).unwrap();
         opt.step(&[Some(g)]).unwrap();
         assert!((p.to_vec::<f64>().unwrap()[0] - 2.0 * 0.95).abs() < 1e-12);
+    }
+
+    #[test]
+    fn invalid_hyper_parameters_are_errors_naming_the_field() {
+        let pool = MemoryPool::unbounded();
+        let p = Tensor::from_vec(&pool, "p", &[1], vec![2.0f32], Category::Parameters).unwrap();
+        let cases = [
+            (
+                "lr",
+                AdamWConfig {
+                    lr: f64::NAN,
+                    ..Default::default()
+                },
+            ),
+            (
+                "lr",
+                AdamWConfig {
+                    lr: f64::INFINITY,
+                    ..Default::default()
+                },
+            ),
+            (
+                "lr",
+                AdamWConfig {
+                    lr: -1.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "lr",
+                AdamWConfig {
+                    lr: 0.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "lr",
+                AdamWConfig {
+                    lr: 1e308,
+                    ..Default::default()
+                },
+            ),
+            (
+                "beta1",
+                AdamWConfig {
+                    beta1: 1.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "beta2",
+                AdamWConfig {
+                    beta2: f64::NAN,
+                    ..Default::default()
+                },
+            ),
+            (
+                "eps",
+                AdamWConfig {
+                    eps: 0.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "weight_decay",
+                AdamWConfig {
+                    weight_decay: -0.1,
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (field, cfg) in cases {
+            let err = AdamW::new(&pool, vec![("p".into(), p.clone())], cfg)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("AdamW {field} ")), "{field}: {err}");
+        }
     }
 
     #[test]

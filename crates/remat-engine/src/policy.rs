@@ -98,14 +98,21 @@ impl FromStr for Policy {
                 "unknown policy {s:?} (expected store-all, recompute-all, every:N, depth:N or sqrt)"
             ))
         };
-        let number = |v: &str| v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(bad);
+        // A known form with a bad N says what N must be (like `blocks:N`), not "unknown".
+        let number = |form: &str, v: &str| {
+            v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "policy {s:?}: {form}:N needs a positive whole number N (got {v:?})"
+                ))
+            })
+        };
         match s {
             "store-all" => Ok(Policy::StoreAll),
             "recompute-all" => Ok(Policy::RecomputeAll),
             "sqrt" => Ok(Policy::Sqrt),
             _ => match s.split_once(':') {
-                Some(("every", n)) => Ok(Policy::EveryN(number(n)?)),
-                Some(("depth", n)) => Ok(Policy::ByDepth(number(n)?)),
+                Some(("every", n)) => Ok(Policy::EveryN(number("every", n)?)),
+                Some(("depth", n)) => Ok(Policy::ByDepth(number("depth", n)?)),
                 _ => Err(bad()),
             },
         }
@@ -121,7 +128,13 @@ mod tests {
         for s in ["store-all", "recompute-all", "every:3", "depth:2", "sqrt"] {
             assert_eq!(s.parse::<Policy>().unwrap().to_string(), s);
         }
-        assert!("every:0".parse::<Policy>().is_err());
+        for bad in ["every:0", "depth:0", "every:x", "depth:-1"] {
+            let err = bad.parse::<Policy>().unwrap_err().to_string();
+            assert!(
+                err.contains("needs a positive whole number N") && !err.contains("unknown"),
+                "{err}"
+            );
+        }
         assert!(
             "often"
                 .parse::<Policy>()

@@ -1,7 +1,6 @@
 //! `remat profile`: record a training step of an engine model into the planner's graph IR.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -226,6 +225,8 @@ pub fn profile_model(
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Before profiling: a directory or device at --out would only fail at the end.
+    crate::fsutil::check_target("--out", &args.out)?;
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_message(format!(
         "profiling {} ({} runs)",
@@ -236,7 +237,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (_, _, _, _, profile) = profile_model(&args.model, args.runs)?;
     spinner.finish_and_clear();
     let g = &profile.graph;
-    write_atomically(
+    crate::fsutil::write_atomically(
+        "--out",
         &args.out,
         remat_planner::import::remat_json::to_json(g).as_bytes(),
     )?;
@@ -266,30 +268,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         g.base_time() / profile.time_scale * 1e3,
         profile.time_scale
     );
-    Ok(())
-}
-
-/// Writes to a temporary name beside `path`, syncs, then renames over `path`.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} has no file name", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let mut file =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(bytes)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    file.sync_all()
-        .with_context(|| format!("syncing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }

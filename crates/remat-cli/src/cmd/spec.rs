@@ -99,21 +99,10 @@ fn derive(args: DeriveArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Temporary name, fsync, rename: a reader never sees a half-written spec.
+/// Temporary name, fsync, rename: a reader never sees a half-written spec (see
+/// `crate::fsutil`).
 fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("out")
-    ));
-    let mut file =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(bytes)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    file.sync_all()
-        .with_context(|| format!("syncing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
+    crate::fsutil::write_atomically("--out", path, bytes)
 }
 
 /// Loads SPEC (a path or a shipped block name) and its config with overrides applied.

@@ -60,13 +60,15 @@ pub struct Args {
     pub policy: super::train_auto::PolicyChoice,
     /// Byte budget of the memory pool (parameters, gradients, optimizer state,
     /// activations, temporaries), e.g. 256MiB, 2GiB, 1048576.
-    #[arg(long, value_parser = parse_budget)]
+    // Hyphen values reach the parser, which says "negative" rather than clap's
+    // "unexpected argument '-5'".
+    #[arg(long, value_parser = parse_budget, allow_hyphen_values = true)]
     pub memory_budget: Option<u64>,
     /// Training steps.
     #[arg(long, default_value_t = 800)]
     pub steps: u64,
-    /// AdamW learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    /// AdamW learning rate, in (0, 1].
+    #[arg(long, default_value_t = 3e-3, value_parser = parse_lr, allow_negative_numbers = true)]
     pub lr: f64,
     /// Seed of the initialization, the data and dropout.
     #[arg(long, default_value_t = 0)]
@@ -74,8 +76,8 @@ pub struct Args {
     /// Worker threads (gradients are bit-exact for a given thread count).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Print the loss every N steps (default: about 15 lines per run).
-    #[arg(long)]
+    /// Print the loss every N steps, N >= 1 (default: about 15 lines per run).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub log_every: Option<u64>,
     /// Run a few steps under every policy and print one comparison table.
     #[arg(long)]
@@ -110,6 +112,23 @@ pub struct FileArgs {
 pub(crate) fn parse_policy(s: &str) -> Result<Checkpointing, String> {
     s.parse()
         .map_err(|e: remat_engine::EngineError| e.to_string())
+}
+
+/// A learning rate: finite, > 0 and at most [`remat_engine::optim::MAX_LR`] (NaN, a
+/// negative or an overflowing rate would train to a NaN loss and exit successfully).
+fn parse_lr(s: &str) -> Result<f64, String> {
+    let lr: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    let max = remat_engine::optim::MAX_LR;
+    if lr.is_finite() && lr > 0.0 && lr <= max {
+        Ok(lr)
+    } else {
+        Err(format!(
+            "learning rate {s} is out of range: it must be a number in (0, {max}]"
+        ))
+    }
 }
 
 fn parse_budget(s: &str) -> Result<u64, String> {
@@ -155,11 +174,54 @@ impl Args {
 
     fn task(&self) -> anyhow::Result<task::Task> {
         anyhow::ensure!(self.batch >= 1, "--batch must be at least 1 (got 0)");
-        match &self.files.data {
-            Some(path) => task::Task::chars(path, self.seq),
-            None => task::Task::reverse(self.digits),
-        }
+        let task = match &self.files.data {
+            Some(path) => task::Task::chars(path, self.seq)?,
+            None => task::Task::reverse(self.digits)?,
+        };
+        task.check_batch(self.batch, self.memory_budget)?;
+        Ok(task)
     }
+}
+
+/// Refuses flags the fixed-policy GPT loops (`session`, `--compare`) would silently ignore.
+fn check_gpt_flags(args: &Args) -> anyhow::Result<()> {
+    if args.files.swap_dir.is_some() {
+        anyhow::bail!(
+            "--swap-dir is only used with --policy auto (which swaps activations); \
+             a fixed --policy never swaps: drop --swap-dir or use --policy auto"
+        );
+    }
+    if args.spec_args.mode != remat_engine::spec::compile::Mode::Full {
+        anyhow::bail!(
+            "--mode {} trains a spec-driven block: it needs --block (or --spec); \
+             the built-in GPT always trains every weight",
+            args.spec_args.mode.name()
+        );
+    }
+    if !args.compare {
+        return Ok(());
+    }
+    if args.files.dump_grads.is_some() {
+        anyhow::bail!(
+            "--dump-grads cannot be combined with --compare: --compare runs every policy and \
+             writes no file (drop --compare to dump the first step's gradients)"
+        );
+    }
+    let wanted = args.checkpointing()?;
+    let default = Checkpointing::Graph(remat_engine::Policy::StoreAll);
+    if wanted != default && Checkpointing::all().contains(&wanted) {
+        anyhow::bail!(
+            "--policy {wanted} has no effect with --compare, which already runs every built-in \
+             policy ({}); drop --policy, or give one outside that list (e.g. every:2) to add \
+             it as a row",
+            Checkpointing::all()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -181,6 +243,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         return super::train_pipeline::run(&args, stages, &source);
     }
+    check_gpt_flags(&args)?;
     if args.compare {
         compare::run(&args, &task)
     } else {

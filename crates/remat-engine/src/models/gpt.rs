@@ -101,7 +101,44 @@ impl GptConfig {
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("dropout {} is outside [0, 1)", self.dropout));
         }
+        self.param_bytes()?;
         Ok(())
+    }
+
+    /// Bytes of the f32 parameters, computed with checked arithmetic: an error (naming the
+    /// sizes) when they exceed what one process can address, instead of a wrapped count.
+    pub fn param_bytes(&self) -> Result<u64> {
+        let (d, f, v) = (self.d_model, self.ffn_hidden, self.vocab);
+        let too_big = || {
+            EngineError::Invalid(format!(
+                "GPT config: vocab {v}, d_model {d}, n_layers {}, n_heads {}, n_kv_heads {} and \
+                 ffn_hidden {f} need more parameter bytes than a process can address \
+                 ({} bytes at most)",
+                self.n_layers,
+                self.n_heads,
+                self.n_kv_heads,
+                isize::MAX
+            ))
+        };
+        let kv = self
+            .n_kv_heads
+            .checked_mul(self.head_dim())
+            .ok_or_else(too_big)?;
+        let mul = |a: usize, b: usize| a.checked_mul(b).ok_or_else(too_big);
+        let add = |a: usize, b: usize| a.checked_add(b).ok_or_else(too_big);
+        // Per block: two norms, q and o [d, d], k and v [d, kv], gate/up/down [d, f].
+        let mut block = mul(2, d)?;
+        block = add(block, mul(2, mul(d, d)?)?)?;
+        block = add(block, mul(2, mul(d, kv)?)?)?;
+        block = add(block, mul(3, mul(d, f)?)?)?;
+        let blocks = mul(self.n_layers, block)?;
+        // Embedding, final norm, head.
+        let total = add(add(blocks, mul(2, mul(v, d)?)?)?, d)?;
+        let bytes = mul(total, 4)?;
+        if bytes > isize::MAX as usize {
+            return Err(too_big());
+        }
+        Ok(bytes as u64)
     }
 
     /// Parameter count.
@@ -193,6 +230,10 @@ impl FromStr for Checkpointing {
                 Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).map(Checkpointing::Blocks).ok_or_else(|| {
                     EngineError::Invalid(format!("policy {s:?}: blocks:N needs a positive N"))
                 }),
+                // `every:N` / `depth:N` with a bad N: the policy's own message says so.
+                None if s.starts_with("every:") || s.starts_with("depth:") => {
+                    s.parse::<Policy>().map(Checkpointing::Graph)
+                }
                 None => s.parse::<Policy>().map(Checkpointing::Graph).map_err(|_| {
                     EngineError::Invalid(format!(
                         "unknown policy {s:?} (expected store-all, recompute-all, every:N, depth:N, sqrt, per-block, blocks:N or sqrt-blocks)"
@@ -319,14 +360,12 @@ pub struct Gpt {
 }
 
 /// Uniform values with standard deviation `std` (Philox stream `stream` of `seed`).
-fn init_values(n: usize, seed: u64, stream: u64, std: f64) -> Vec<f32> {
+fn init_values(n: usize, seed: u64, stream: u64, std: f64) -> impl Iterator<Item = f32> {
     let half_width = std * 3f64.sqrt();
-    (0..n as u64)
-        .map(|i| {
-            let u = (philox_hash(seed, (stream << 40) | i) >> 11) as f64 / (1u64 << 53) as f64;
-            ((2.0 * u - 1.0) * half_width) as f32
-        })
-        .collect()
+    (0..n as u64).map(move |i| {
+        let u = (philox_hash(seed, (stream << 40) | i) >> 11) as f64 / (1u64 << 53) as f64;
+        ((2.0 * u - 1.0) * half_width) as f32
+    })
 }
 
 impl Gpt {
@@ -334,21 +373,50 @@ impl Gpt {
     /// `down_proj`) scaled by `1/sqrt(2L)` as in GPT-2; deterministic in `init_seed`.
     pub fn new(pool: &Arc<MemoryPool>, config: GptConfig) -> Result<Self> {
         config.validate()?;
+        // Before building any weight: an impossible model under a budget is the pool's
+        // out-of-memory error at once, not an abort allocating the first huge tensor.
+        let need = config.param_bytes()?;
+        let stats = pool.stats();
+        if let Some(budget) = stats.budget
+            && stats.live.saturating_add(need) > budget
+        {
+            return Err(crate::pool::PoolOom {
+                category: Category::Parameters,
+                requested: need,
+                live: stats.live,
+                budget,
+            }
+            .at("parameters (all of the model's weights)"));
+        }
         let c = &config;
         let (d, kv, f) = (c.d_model, c.n_kv_heads * c.head_dim(), c.ffn_hidden);
         let mut stream = 0u64;
         let mut param = |name: &str, shape: &[usize], std: Option<f64>| -> Result<Tensor> {
             let n = shape.iter().product();
             stream += 1;
-            let data = match std {
-                Some(s) => init_values(n, c.init_seed, stream, s),
-                None => vec![1.0f32; n],
-            };
+            let mut data = Vec::new();
+            // Fallible: an unbudgeted model too large for this machine is an error.
+            data.try_reserve_exact(n).map_err(|e| {
+                EngineError::Invalid(format!(
+                    "cannot allocate {} bytes for parameter {name} {shape:?}: {e}",
+                    n as u128 * 4
+                ))
+            })?;
+            match std {
+                Some(s) => data.extend(init_values(n, c.init_seed, stream, s)),
+                None => data.resize(n, 1.0f32),
+            }
             Tensor::from_vec(pool, name, shape, data, Category::Parameters)
         };
         let resid = 0.02 / (2.0 * c.n_layers as f64).sqrt();
         let embed = param("model.embed_tokens.weight", &[c.vocab, d], Some(0.02))?;
-        let mut blocks = Vec::with_capacity(c.n_layers);
+        let mut blocks = Vec::new();
+        blocks.try_reserve_exact(c.n_layers).map_err(|e| {
+            EngineError::Invalid(format!(
+                "cannot allocate the list of {} blocks: {e}",
+                c.n_layers
+            ))
+        })?;
         for i in 0..c.n_layers {
             let n = |t: &str| format!("model.layers.{i}.{t}");
             blocks.push(BlockWeights {

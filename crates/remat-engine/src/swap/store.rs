@@ -91,6 +91,9 @@ impl SwapFile {
             .create_new(true)
             .open(&path)
             .map_err(|source| io_err(&path, "create", source))?;
+        // Unlinked at once: the open handle and the mappings keep the bytes, and no exit
+        // path (an error, a panic, a kill) can leave the file behind in `dir`.
+        std::fs::remove_file(&path).map_err(|source| io_err(&path, "unlink", source))?;
         Ok(SwapFile {
             path,
             file,
@@ -114,9 +117,17 @@ impl SwapFile {
             return Ok((off, size));
         }
         let off = self.end;
-        self.file
-            .set_len(off + size)
-            .map_err(|source| io_err(&self.path, "grow", source))?;
+        // Really reserve the blocks: a sparse `set_len` succeeds on a full filesystem and
+        // the first write through the mapping then dies of SIGBUS.
+        if let Err(source) = reserve_space(&self.file, off, size) {
+            // Give back whatever a partial reservation took (best effort).
+            let _ = self.file.set_len(self.end);
+            return Err(io_err(
+                &self.path,
+                "reserving disk space for a region",
+                source,
+            ));
+        }
         self.end = off + size;
         Ok((off, size))
     }
@@ -152,10 +163,18 @@ impl SwapFile {
     }
 }
 
-impl Drop for SwapFile {
-    fn drop(&mut self) {
-        // The swap file is scratch space: nothing in it outlives the store.
-        let _ = std::fs::remove_file(&self.path);
+/// Allocates `len` bytes of `file` from `offset` (growing it), or fails with the OS error
+/// (ENOSPC on a full filesystem, EFBIG past the largest file).
+fn reserve_space(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let too_large = || std::io::Error::from_raw_os_error(libc::EFBIG);
+    let off = libc::off_t::try_from(offset).map_err(|_| too_large())?;
+    let len = libc::off_t::try_from(len).map_err(|_| too_large())?;
+    off.checked_add(len).ok_or_else(too_large)?;
+    // SAFETY: a plain system call on a file descriptor this store owns.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), off, len) } {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
     }
 }
 
@@ -415,6 +434,36 @@ mod tests {
         store.release(s).unwrap();
         let err = store.release(s).unwrap_err().to_string();
         assert!(err.contains("no slot #0"), "{err}");
+    }
+
+    #[test]
+    fn the_swap_file_is_unlinked_as_soon_as_it_is_created() {
+        let dir = std::env::temp_dir().join(format!("remat-swap-unlink-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = HostStore::on_disk(&dir).unwrap();
+        let slot = store.put(&pattern(5000, 3), "t").unwrap();
+        // Nothing in the directory while the store is alive: a crash cannot leave a file.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let mut out = vec![0u8; 5000];
+        store.read(slot, &mut out).unwrap();
+        assert_eq!(out, pattern(5000, 3));
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_region_past_the_largest_file_is_an_error_not_a_sparse_file() {
+        let dir = std::env::temp_dir().join(format!("remat-swap-huge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = HostStore::on_disk(&dir).unwrap();
+        // 2^62 bytes: no filesystem reserves that; set_len would have made it sparse.
+        let err = store.reserve(1 << 62, "layers.0.mlp").err().unwrap();
+        let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(text.contains("reserving disk space"), "{text}");
+        assert_eq!(store.stats().file_bytes, 0);
+        assert_eq!(store.stats().live_bytes, 0);
+        drop(store);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -4,6 +4,9 @@
 /// `M/MB`, `MiB`, `G/GB`, `GiB`, `T/TB`, `TiB` (case-insensitive, spaces allowed).
 pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     let s = text.trim();
+    if s.starts_with('-') {
+        anyhow::bail!("memory size {text:?} is negative: a size is a positive number of bytes");
+    }
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
         .unwrap_or(s.len());
@@ -11,6 +14,18 @@ pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
         s[..split].replace('_', ""),
         s[split..].trim().to_ascii_lowercase(),
     );
+    // Plain byte counts are read as integers, exactly: a float would round
+    // 18446744073709551616 (2^64, one past u64::MAX) down into range.
+    if matches!(unit.as_str(), "" | "b") && !num.contains('.') && !num.is_empty() {
+        return match num.parse::<u64>() {
+            Ok(0) => anyhow::bail!("memory size {text:?} is out of range (at least 1 byte)"),
+            Ok(bytes) => Ok(bytes),
+            Err(_) => anyhow::bail!(
+                "memory size {text:?} is out of range (at most {} bytes)",
+                u64::MAX
+            ),
+        };
+    }
     let value: f64 = num
         .parse()
         .map_err(|_| anyhow::anyhow!("memory size {text:?}: {num:?} is not a number"))?;
@@ -29,7 +44,8 @@ pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
         ),
     };
     let bytes = value * scale;
-    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+    // `u64::MAX as f64` is 2^64, itself out of range: hence `>=`.
+    if !bytes.is_finite() || bytes < 1.0 || bytes >= u64::MAX as f64 {
         anyhow::bail!("memory size {text:?} is out of range");
     }
     Ok(bytes.round() as u64)
@@ -75,6 +91,33 @@ mod tests {
                 .contains("not a number")
         );
         assert!(parse_bytes("0").is_err());
+        assert_eq!(parse_bytes("18446744073709551615").unwrap(), u64::MAX);
+    }
+
+    #[test]
+    fn negative_and_too_large_sizes_say_so() {
+        for s in ["-5MiB", " -1", "-0.5GiB"] {
+            let err = parse_bytes(s).unwrap_err().to_string();
+            assert!(err.contains("negative"), "{s}: {err}");
+        }
+        for s in [
+            "18446744073709551616",
+            "99999999999999999999999",
+            "16EiB",
+            "20000000TiB",
+        ] {
+            let err = parse_bytes(s).unwrap_err().to_string();
+            assert!(
+                err.contains("out of range") || err.contains("unknown unit"),
+                "{s}: {err}"
+            );
+        }
+        assert!(
+            parse_bytes("20000000TiB")
+                .unwrap_err()
+                .to_string()
+                .contains("out of range")
+        );
     }
 
     #[test]

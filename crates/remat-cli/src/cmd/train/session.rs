@@ -23,6 +23,10 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         args.steps > 0,
         "--steps must be at least 1 (got 0): there is nothing to train or time"
     );
+    if let Some(path) = &args.files.dump_grads {
+        // Before training: a directory or device there would only fail after the step.
+        hf::check_target(path).context("--dump-grads")?;
+    }
     let config = args.model_config(task.vocab());
     let ckpt = args.checkpointing()?;
     let budget = args.budget()?;
@@ -52,7 +56,10 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         }
         Err(err) => match err.downcast_ref::<EngineError>() {
             Some(oom @ EngineError::OutOfMemory { .. }) => {
-                let hint = hint::for_budget(args, task, budget.unwrap_or(u64::MAX))?;
+                // The out-of-memory error is the answer; a failed measurement only
+                // weakens the hint.
+                let hint = hint::for_budget(args, task, budget.unwrap_or(u64::MAX))
+                    .unwrap_or_else(|e| format!("could not measure the policies: {e:#}"));
                 anyhow::bail!("{oom}\nhint: {hint}")
             }
             _ => Err(err),
@@ -140,7 +147,8 @@ fn dump_grads(
         .zip(grads)
         .filter_map(|((name, _), g)| g.clone().map(|g| (name, g)))
         .collect();
-    hf::save_tensors(path, &named).with_context(|| format!("--dump-grads {}", path.display()))?;
+    // The error names the path already.
+    hf::save_tensors(path, &named).context("--dump-grads")?;
     println!(
         "wrote the first step's gradients ({} tensors) to {}",
         named.len(),

@@ -29,6 +29,11 @@ pub enum Task {
 impl Task {
     pub fn reverse(digits: usize) -> anyhow::Result<Task> {
         anyhow::ensure!(digits >= 2, "--digits must be at least 2 (got {digits})");
+        // The sequence is 2 x digits tokens.
+        anyhow::ensure!(
+            digits.checked_mul(2).is_some(),
+            "--digits {digits} is too large: the sequence (2 x digits) overflows"
+        );
         Ok(Task::Reverse { digits })
     }
 
@@ -44,18 +49,58 @@ impl Task {
             .chars()
             .map(|c| alphabet.binary_search(&c).unwrap_or(0) as u32)
             .collect();
+        // A sequence and its one-token-later target need seq + 1 characters, and the
+        // start is drawn from text.len() - seq - 1 > 0 positions: seq + 2 in all (checked:
+        // a --seq near usize::MAX would wrap around to a tiny number).
+        let need = seq.checked_add(2).filter(|&n| n <= text.len());
         anyhow::ensure!(
-            text.len() > seq + 1,
-            "--data {}: {} characters are too few for sequences of {seq} (need at least {})",
+            need.is_some(),
+            "--data {}: {} characters are too few for --seq {seq} (need at least seq + 2 = {})",
             path.display(),
             text.len(),
-            seq + 2
+            seq as u128 + 2
         );
         Ok(Task::Chars {
             text,
             alphabet,
             seq,
         })
+    }
+
+    /// Checks that a batch of `batch` sequences can be built: its tokens and targets
+    /// (4 bytes each) in checked arithmetic, within `budget` when one is set (every step
+    /// holds at least the embedding of those tokens, d_model >= 2 floats each, so a batch
+    /// whose tokens exceed the budget can never run), and allocatable at all.
+    pub fn check_batch(&self, batch: usize, budget: Option<u64>) -> anyhow::Result<()> {
+        let seq = self.seq();
+        let flag = match self {
+            Task::Reverse { .. } => "--digits",
+            Task::Chars { .. } => "--seq",
+        };
+        let bytes = batch
+            .checked_mul(seq)
+            .and_then(|n| n.checked_mul(8))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--batch {batch} x sequence length {seq} ({flag}) is more tokens than a \
+                     process can address"
+                )
+            })?;
+        if let Some(budget) = budget.filter(|&b| bytes as u64 > b) {
+            anyhow::bail!(
+                "--batch {batch} x sequence length {seq} ({flag}): the batch's tokens and \
+                 targets alone take {bytes} bytes, more than --memory-budget {budget}"
+            );
+        }
+        let mut probe: Vec<u8> = Vec::new();
+        probe.try_reserve_exact(bytes).map_err(|e| {
+            anyhow::anyhow!(
+                "--batch {batch} x sequence length {seq} ({flag}): cannot allocate the \
+                 batch's {bytes} bytes of tokens and targets: {e}"
+            )
+        })?;
+        Ok(())
     }
 
     pub fn vocab(&self) -> usize {
@@ -127,6 +172,18 @@ impl Task {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seq_near_usize_max_is_an_error_not_an_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ok.txt");
+        std::fs::write(&path, "hello world, hello remat").unwrap();
+        for seq in [usize::MAX, usize::MAX - 1, 23] {
+            let err = Task::chars(&path, seq).err().unwrap().to_string();
+            assert!(err.contains("too few") && err.contains("--seq"), "{err}");
+        }
+        assert_eq!(Task::chars(&path, 22).unwrap().seq(), 22);
+    }
 
     #[test]
     fn reversal_batches_score_only_the_reversed_half() {

@@ -11,8 +11,9 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::{Dtype, SafeTensorError, SafeTensors, tensor::TensorView};
 
 use super::Gpt;
 use crate::tensor::Tensor;
@@ -46,8 +47,69 @@ pub enum HfError {
         tensor: String,
         dtype: String,
     },
+    #[error("{path}: tensor {tensor} has a non-finite value {value} at element {index}")]
+    NonFinite {
+        path: PathBuf,
+        tensor: String,
+        index: usize,
+        value: f32,
+    },
+    #[error(
+        "{path}: {} tensor(s) the model does not have: {} (a checkpoint of a different model? \
+         check --layers, --d-model, --heads and --kv-heads; the model has no biases)",
+        tensors.len(),
+        tensors.join(", ")
+    )]
+    Unused { path: PathBuf, tensors: Vec<String> },
+    #[error("{path}: {reason}")]
+    Target { path: PathBuf, reason: String },
+    /// Like `Io`, the OS error is part of the message, not a `source()`.
+    #[error("{path}: {action} the temporary file {tmp}: {error}")]
+    Temp {
+        path: PathBuf,
+        tmp: PathBuf,
+        action: &'static str,
+        error: std::io::Error,
+    },
     #[error("tensor {tensor}: {message}")]
     Engine { tensor: String, message: String },
+}
+
+/// A sentence for each way a safetensors file can be malformed (the crate's own `Display`
+/// is its `Debug` name). Its `InvalidOffset` names a tensor that is not reliably the one at
+/// fault (an overlap involves two), so no tensor is named for it.
+fn format_message(e: &SafeTensorError) -> String {
+    use SafeTensorError as E;
+    match e {
+        E::InvalidHeader => "the header is not valid UTF-8".into(),
+        E::InvalidHeaderStart => "the header does not start with '{'".into(),
+        E::InvalidHeaderDeserialization => "the header is not a valid safetensors JSON index \
+             (each tensor needs dtype, shape and data_offsets)"
+            .into(),
+        E::HeaderTooLarge => "the header length in the first 8 bytes is larger than the \
+             safetensors limit of 100 MB"
+            .into(),
+        E::HeaderTooSmall => "the file is shorter than the 8 bytes of the header length".into(),
+        E::InvalidHeaderLength => {
+            "the header length in the first 8 bytes reaches past the end of the file".into()
+        }
+        E::TensorNotFound(name) => format!("tensor {name} is missing"),
+        E::TensorInvalidInfo => "a tensor's byte range (data_offsets) does not match the size \
+             of its shape and dtype"
+            .into(),
+        E::InvalidOffset(_) => "the tensors' data_offsets overlap or leave a gap: in file \
+             order each tensor must start where the previous one ends"
+            .into(),
+        E::IoError(error) => error.to_string(),
+        E::JsonError(error) => format!("the header JSON is invalid: {error}"),
+        E::InvalidTensorView(dtype, shape, len) => {
+            format!("{len} bytes cannot hold a {dtype:?} tensor of shape {shape:?}")
+        }
+        E::MetadataIncompleteBuffer => "the tensor data does not end where the file ends \
+             (the file is truncated, or has bytes after the last tensor)"
+            .into(),
+        E::ValidationOverflow => "a tensor's shape is so large that its byte size overflows".into(),
+    }
 }
 
 /// Whether the engine stores `name` transposed relative to Hugging Face (`nn.Linear`).
@@ -109,9 +171,10 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
     })?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::Format {
         path: path.into(),
-        message: e.to_string(),
+        message: format_message(&e),
     })?;
     let mut staged = Vec::new();
+    let mut used = std::collections::HashSet::new();
     for (name, t) in gpt.params() {
         let (source, tied) = match st.tensor(&name) {
             Ok(v) => (v, false),
@@ -146,11 +209,45 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
                 found: source.shape().to_vec(),
             });
         }
+        used.insert(if tied {
+            "model.embed_tokens.weight".to_string()
+        } else {
+            name.clone()
+        });
         let mut data = to_f32(path, &name, &source)?;
+        if let Some((index, &value)) = data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            // A NaN or infinite weight makes every loss NaN from the first step.
+            let tensor = if tied {
+                "model.embed_tokens.weight".to_string()
+            } else {
+                name
+            };
+            return Err(HfError::NonFinite {
+                path: path.into(),
+                tensor,
+                index,
+                value,
+            });
+        }
         if is_linear(&name) {
             data = transpose(&data, expected[0], expected[1]);
         }
         staged.push((name, t, data));
+    }
+    // Tensors the model does not read mean the file is for another model (more layers,
+    // biases): loading the rest would silently train something else.
+    let mut unused: Vec<String> = st
+        .names()
+        .into_iter()
+        .filter(|n| !used.contains(n.as_str()))
+        .cloned()
+        .collect();
+    if !unused.is_empty() {
+        unused.sort();
+        return Err(HfError::Unused {
+            path: path.into(),
+            tensors: unused,
+        });
     }
     for (name, t, data) in staged {
         let engine = |e: crate::EngineError| HfError::Engine {
@@ -168,6 +265,7 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
 /// Writes `(name, tensor)` pairs (engine layout, f32) to `path` in Hugging Face layout:
 /// to a temporary file, synced, then renamed, so a reader never sees a partial file.
 pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfError> {
+    check_target(path)?;
     let mut buffers = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         let engine = |e: crate::EngineError| HfError::Engine {
@@ -200,22 +298,336 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfE
     write_atomically(path, &encoded)
 }
 
+/// Refuses `path` as an output file when it ends in `/`, has no file name (`.`, `..`), or
+/// exists and is not a regular file (a directory, a device such as `/dev/full`, or a symlink
+/// to one). Call it before the work that produces the file; [`save_tensors`] calls it too.
+pub fn check_target(path: &Path) -> Result<(), HfError> {
+    let refuse = |reason: &str| {
+        Err(HfError::Target {
+            path: path.into(),
+            reason: reason.into(),
+        })
+    };
+    let text = path.as_os_str().as_encoded_bytes();
+    if text.is_empty() {
+        return refuse("the output path is empty");
+    }
+    if text.ends_with(b"/") {
+        return refuse("ends in '/', so it names a directory, not a file");
+    }
+    if !matches!(path.file_name(), Some(n) if n != "." && n != "..") {
+        return refuse("names a directory, not a file");
+    }
+    // `metadata` follows symlinks: a link to a regular file is replaced by the rename, a
+    // link to a directory or device is refused like the thing itself.
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(meta) if meta.is_dir() => refuse("exists and is a directory, not a regular file"),
+        Ok(_) => refuse(
+            "exists and is not a regular file (a device, FIFO or socket); refusing to replace it",
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(HfError::Io {
+            path: path.into(),
+            error,
+        }),
+    }
+}
+
+/// The N of the next temporary name.
+static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
+
+/// Writes to a unique temporary file beside `path` (`create_new`: never follows or
+/// clobbers an existing file or symlink), syncs, renames over `path`; the temporary is
+/// removed on every error, so `path` is untouched or the complete new file.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), HfError> {
-    let io = |error| HfError::Io {
+    write_with(path, |f| f.write_all(bytes))
+}
+
+fn write_with(
+    path: &Path,
+    fill: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> Result<(), HfError> {
+    check_target(path)?;
+    let (tmp, mut file) = create_temp(path)?;
+    let temp = |action: &'static str, error| HfError::Temp {
         path: path.into(),
+        tmp: tmp.clone(),
+        action,
         error,
     };
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut f = fs::File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(io)?;
+    let result = fill(&mut file)
+        .map_err(|e| temp("writing", e))
+        .and_then(|()| file.sync_all().map_err(|e| temp("syncing", e)))
+        .and_then(|()| {
+            drop(file);
+            fs::rename(&tmp, path).map_err(|e| temp("renaming to it", e))
+        });
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         // Persist the rename itself; some filesystems refuse to sync a directory.
         let _ = fs::File::open(dir).and_then(|d| d.sync_all());
     }
     Ok(())
+}
+
+/// Creates `.NAME.tmp-PID-N` beside `path`, trying the next N while a name is taken.
+fn create_temp(path: &Path) -> Result<(PathBuf, fs::File), HfError> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default();
+    let mut last = None;
+    for _ in 0..64 {
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(
+            ".tmp-{}-{}",
+            std::process::id(),
+            NEXT_TEMP.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tmp = dir.join(tmp_name);
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some((tmp, error));
+            }
+            Err(error) => {
+                return Err(HfError::Temp {
+                    path: path.into(),
+                    tmp,
+                    action: "creating",
+                    error,
+                });
+            }
+        }
+    }
+    let (tmp, error) =
+        last.unwrap_or_else(|| (dir.into(), std::io::ErrorKind::AlreadyExists.into()));
+    Err(HfError::Temp {
+        path: path.into(),
+        tmp,
+        action: "creating (64 names taken; the last tried)",
+        error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("remat-hf-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn refuses_directories_devices_slashes_and_links_to_them_leaving_nothing() {
+        let dir = scratch("targets");
+        let sub = dir.join("sub");
+        fs::create_dir(&sub).unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink("/dev/full", &link).unwrap();
+        let slash = PathBuf::from(format!("{}/", dir.join("new").display()));
+        for (path, needle) in [
+            (sub.clone(), "directory"),
+            (slash, "ends in '/'"),
+            (PathBuf::from("."), "names a directory"),
+            (PathBuf::from("/dev/full"), "not a regular file"),
+            (link, "not a regular file"),
+        ] {
+            let err = write_atomically(&path, b"x").unwrap_err().to_string();
+            assert!(err.contains(needle), "{}: {err}", path.display());
+        }
+        assert_eq!(entries(&dir), ["link", "sub"]);
+        use std::os::unix::fs::FileTypeExt;
+        assert!(
+            fs::metadata("/dev/full")
+                .unwrap()
+                .file_type()
+                .is_char_device()
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_write_removes_the_temporary_and_names_it() {
+        let dir = scratch("enospc");
+        let out = dir.join("g.safetensors");
+        fs::write(&out, b"old").unwrap();
+        let err = write_with(&out, |f| {
+            f.write_all(b"partial")?;
+            Err(std::io::Error::other("no space left on device (injected)"))
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("g.safetensors") && err.contains(".tmp-"),
+            "{err}"
+        );
+        assert_eq!(fs::read(&out).unwrap(), b"old");
+        assert_eq!(entries(&dir), ["g.safetensors"]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn tiny(n_layers: usize) -> Gpt {
+        let config = super::super::GptConfig {
+            vocab: 5,
+            d_model: 4,
+            n_layers,
+            n_heads: 2,
+            n_kv_heads: 2,
+            ffn_hidden: 4,
+            rope_theta: 10000.0,
+            norm_eps: 1e-5,
+            dropout: 0.0,
+            init_seed: 1,
+        };
+        Gpt::new(&crate::MemoryPool::unbounded(), config).unwrap()
+    }
+
+    /// A safetensors file from a raw JSON header and data bytes.
+    fn raw(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    #[test]
+    fn malformed_files_get_a_sentence_not_a_debug_name() {
+        let dir = scratch("format");
+        let path = dir.join("bad.safetensors");
+        let gpt = tiny(1);
+        let f32s = r#""dtype":"F32","shape":[4]"#;
+        let cases: [(Vec<u8>, &str); 5] = [
+            (
+                [u64::MAX.to_le_bytes().as_slice(), b"{}"].concat(),
+                "larger than the safetensors limit",
+            ),
+            (
+                raw(
+                    &format!(r#"{{"a":{{{f32s},"data_offsets":[0,12]}}}}"#),
+                    &[0; 12],
+                ),
+                "does not match the size of its shape and dtype",
+            ),
+            (
+                raw(
+                    &format!(r#"{{"a":{{{f32s},"data_offsets":[0,16]}}}}"#),
+                    &[0; 20],
+                ),
+                "the file is truncated, or has bytes after the last tensor",
+            ),
+            (
+                raw(
+                    &format!(
+                        r#"{{"model.norm.weight":{{{f32s},"data_offsets":[8,24]}},"lm_head.weight":{{{f32s},"data_offsets":[0,16]}}}}"#
+                    ),
+                    &[0; 24],
+                ),
+                "overlap or leave a gap",
+            ),
+            (b"1234".to_vec(), "shorter than the 8 bytes"),
+        ];
+        for (bytes, needle) in cases {
+            fs::write(&path, bytes).unwrap();
+            let err = load_params(&gpt, &path).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+            for debug_name in [
+                "HeaderTooLarge",
+                "TensorInvalidInfo",
+                "InvalidOffset",
+                "Metadata",
+            ] {
+                assert!(!err.contains(debug_name), "{err}");
+            }
+            // The crate names lm_head for an overlap of model.norm; name neither.
+            assert!(!err.contains("lm_head"), "{err}");
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn non_finite_weights_are_refused_naming_the_tensor() {
+        let dir = scratch("nan");
+        let path = dir.join("nan.safetensors");
+        let src = tiny(1);
+        for bad in [f32::NAN, f32::INFINITY] {
+            src.final_norm.write().as_mut_slice::<f32>().unwrap()[2] = bad;
+            save_tensors(&path, &src.params()).unwrap();
+            let dst = tiny(1);
+            let before = dst.final_norm.to_vec::<f32>().unwrap();
+            let err = load_params(&dst, &path).unwrap_err();
+            assert!(matches!(err, HfError::NonFinite { index: 2, .. }), "{err}");
+            assert!(err.to_string().contains("model.norm.weight"), "{err}");
+            assert_eq!(dst.final_norm.to_vec::<f32>().unwrap(), before);
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn tensors_the_model_does_not_have_are_refused_naming_them() {
+        let dir = scratch("extra");
+        let path = dir.join("extra.safetensors");
+        // A 2-layer checkpoint into a 1-layer model.
+        save_tensors(&path, &tiny(2).params()).unwrap();
+        let err = load_params(&tiny(1), &path).unwrap_err().to_string();
+        assert!(
+            err.contains("9 tensor(s)") && err.contains("model.layers.1.mlp.up_proj.weight"),
+            "{err}"
+        );
+        // A bias the model does not have.
+        let gpt = tiny(1);
+        let mut named = gpt.params();
+        named.push((
+            "model.layers.0.self_attn.q_proj.bias".into(),
+            gpt.final_norm.clone(),
+        ));
+        save_tensors(&path, &named).unwrap();
+        let err = load_params(&gpt, &path).unwrap_err().to_string();
+        assert!(
+            err.contains("model.layers.0.self_attn.q_proj.bias"),
+            "{err}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_symlink_at_the_old_temporary_name_is_not_followed() {
+        let dir = scratch("tmplink");
+        let victim = dir.join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let out = dir.join("g.safetensors");
+        // The name the old writer used, and this process's next few names.
+        std::os::unix::fs::symlink(&victim, dir.join("g.safetensors.tmp")).unwrap();
+        let n = NEXT_TEMP.load(Ordering::Relaxed);
+        for k in n..n + 4 {
+            let name = dir.join(format!(".g.safetensors.tmp-{}-{k}", std::process::id()));
+            std::os::unix::fs::symlink(&victim, name).unwrap();
+        }
+        write_atomically(&out, b"new").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(fs::read(&out).unwrap(), b"new");
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -98,3 +98,63 @@ fn initial_loss_is_near_log_vocab() {
     assert!((out.loss - (13f64).ln()).abs() < 0.05, "loss {}", out.loss);
     assert!(out.grads.iter().all(Option::is_some));
 }
+
+#[test]
+fn huge_models_are_errors_naming_the_sizes_not_aborts() {
+    // Overflowing parameter counts.
+    for cfg in [
+        GptConfig {
+            d_model: 1 << 62,
+            n_heads: 2,
+            n_kv_heads: 2,
+            ..tiny()
+        },
+        GptConfig {
+            n_layers: 1 << 60,
+            ..tiny()
+        },
+        GptConfig {
+            ffn_hidden: 1 << 62,
+            ..tiny()
+        },
+        GptConfig {
+            vocab: 1 << 62,
+            ..tiny()
+        },
+    ] {
+        let err = Gpt::new(&MemoryPool::unbounded(), cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("more parameter bytes than a process can address"),
+            "{err}"
+        );
+    }
+    // Representable but far over a budget: the pool's error before any weight is built.
+    let cfg = GptConfig {
+        d_model: 1 << 20,
+        n_heads: 2,
+        n_kv_heads: 2,
+        ..tiny()
+    };
+    let pool = MemoryPool::with_budget(1 << 20);
+    let err = Gpt::new(&pool, cfg.clone()).unwrap_err();
+    assert!(matches!(err, EngineError::OutOfMemory { .. }), "{err}");
+    assert!(err.to_string().contains("node parameters"), "{err}");
+    assert_eq!(pool.stats().peak, 0);
+    // Without a budget, more than the machine can map: a typed error, not an abort.
+    let cfg = GptConfig {
+        vocab: 1 << 40,
+        d_model: 1 << 12,
+        n_heads: 2,
+        n_kv_heads: 2,
+        ..tiny()
+    };
+    let err = Gpt::new(&MemoryPool::unbounded(), cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot allocate") && err.contains("model.embed_tokens.weight"),
+        "{err}"
+    );
+}
