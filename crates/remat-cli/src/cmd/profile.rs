@@ -74,26 +74,32 @@ impl ModelArgs {
         }
     }
 
-    pub fn gpt_config(&self) -> GptConfig {
-        GptConfig {
+    pub fn gpt_config(&self) -> anyhow::Result<GptConfig> {
+        let ffn_hidden = self.d_model.checked_mul(4).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--d-model {}: the MLP's hidden width (4 x d_model) overflows",
+                self.d_model
+            )
+        })?;
+        Ok(GptConfig {
             vocab: self.vocab,
             d_model: self.d_model,
             n_layers: self.layers,
             n_heads: self.heads,
             n_kv_heads: self.heads,
-            ffn_hidden: 4 * self.d_model,
+            ffn_hidden,
             dropout: self.dropout,
             ..GptConfig::bench()
-        }
+        })
     }
 
     /// Builds the model's parameters and a deterministic batch in `pool`.
     pub fn build(&self, pool: &Arc<MemoryPool>) -> anyhow::Result<BuiltModel> {
         match self.model.as_str() {
             "gpt" => {
-                let model = Gpt::new(pool, self.gpt_config())?;
+                let model = Gpt::new(pool, self.gpt_config()?)?;
                 Ok(BuiltModel::Gpt {
-                    batch: synthetic_batch(self.batch, self.seq, self.vocab),
+                    batch: synthetic_batch(self.batch, self.seq, self.vocab)?,
                     model,
                 })
             }
@@ -179,15 +185,26 @@ impl BuiltModel {
 }
 
 /// Tokens of a fixed pattern: costs and memory of a step do not depend on the values.
-pub fn synthetic_batch(batch: usize, seq: usize, vocab: usize) -> Batch {
-    let n = batch * seq;
-    let tok = |i: usize, s: usize| ((i * 7919 + s) % vocab.max(1)) as u32;
-    Batch {
-        tokens: (0..n).map(|i| tok(i, 3)).collect::<Vec<_>>().into(),
-        targets: (0..n).map(|i| tok(i + 1, 3)).collect::<Vec<_>>().into(),
+/// A batch whose token count overflows, or that this machine cannot allocate, is an error
+/// naming the flags, not an abort.
+pub fn synthetic_batch(batch: usize, seq: usize, vocab: usize) -> anyhow::Result<Batch> {
+    let too_big = || {
+        anyhow::anyhow!("--batch {batch} x --seq {seq} tokens cannot be allocated on this machine")
+    };
+    let n = batch.checked_mul(seq).ok_or_else(too_big)?;
+    let tok = |i: usize, s: usize| (i.wrapping_mul(7919).wrapping_add(s) % vocab.max(1)) as u32;
+    let column = |shift: usize| -> anyhow::Result<Vec<u32>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| too_big())?;
+        v.extend((0..n).map(|i| tok(i + shift, 3)));
+        Ok(v)
+    };
+    Ok(Batch {
+        tokens: column(0)?.into(),
+        targets: column(1)?.into(),
         batch,
         seq,
-    }
+    })
 }
 
 #[derive(clap::Args)]
@@ -269,4 +286,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         profile.time_scale
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_too_large_to_hold_are_errors_naming_the_flags() {
+        let err = synthetic_batch(usize::MAX, 2, 256).unwrap_err().to_string();
+        assert!(err.contains("--batch") && err.contains("--seq"), "{err}");
+        let err = synthetic_batch(1 << 40, 1 << 20, 256)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot be allocated"), "{err}");
+        let ok = synthetic_batch(2, 3, 5).unwrap();
+        assert_eq!(ok.tokens.len(), 6);
+        assert!(ok.tokens.iter().all(|&t| t < 5));
+    }
+
+    #[test]
+    fn a_width_whose_mlp_overflows_is_an_error() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            model: ModelArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["x", "--d-model", "4611686018427387904"]);
+        let err = cli.unwrap().model.gpt_config().unwrap_err().to_string();
+        assert!(
+            err.contains("--d-model") && err.contains("overflows"),
+            "{err}"
+        );
+    }
 }
