@@ -1,253 +1,42 @@
-//! Writing output files safely: [`check_target`] refuses a path that cannot be a regular
-//! file before the work that produces it starts; [`write_atomically`] writes a unique
-//! temporary file beside the target (`create_new`, so it never follows or clobbers
-//! anything already there), syncs it, renames it over the target, and removes it on every
-//! error path, so the user's path is either untouched or the complete new file.
-//!
-//! The engine writes safetensors the same way (`remat_engine::models::gpt::hf`); it cannot
-//! depend on the CLI, so the logic exists there too.
+//! Output files of the CLI, written through [`remat_engine::output_file`] (checked before
+//! the work, unique temporary, synced, renamed, nothing left behind on error); errors are
+//! prefixed with the flag the path came from.
 
-use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
-use anyhow::Context;
+use remat_engine::output_file::{self, OutputFileError};
 
-/// Refuses `path` as an output file when it ends in `/`, has no file name (`.`, `..`), or
-/// exists and is not a regular file (a directory, a device such as `/dev/full`, a FIFO, or a
-/// symlink to one of those). `flag` (e.g. `--out`) names where the path came from.
+fn with_flag(flag: &str) -> impl FnOnce(OutputFileError) -> anyhow::Error + '_ {
+    move |e| anyhow::anyhow!("{flag} {e}")
+}
+
+/// Refuses `path` for `flag` (e.g. `--out`) when it cannot be a regular output file.
 pub fn check_target(flag: &str, path: &Path) -> anyhow::Result<()> {
-    let shown = path.display();
-    let text = path.as_os_str().as_encoded_bytes();
-    if text.is_empty() {
-        anyhow::bail!("{flag}: the output path is empty");
-    }
-    if text.ends_with(b"/") {
-        anyhow::bail!("{flag} {shown}: ends in '/', so it names a directory, not a file");
-    }
-    if !matches!(path.file_name(), Some(n) if n != "." && n != "..") {
-        anyhow::bail!("{flag} {shown}: names a directory, not a file");
-    }
-    // `metadata` follows symlinks: a link to a regular file is fine (the rename replaces
-    // the link), a link to a directory or device is refused like the thing itself.
-    match fs::metadata(path) {
-        Ok(meta) if meta.is_file() => Ok(()),
-        Ok(meta) => anyhow::bail!(
-            "{flag} {shown}: exists and is {}, not a regular file; refusing to replace it",
-            kind(&meta)
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("{flag} {shown}: cannot inspect the path")),
-    }
+    output_file::check_target(path).map_err(with_flag(flag))
 }
 
-fn kind(meta: &fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    let t = meta.file_type();
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_char_device() || t.is_block_device() {
-        "a device"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "a special file"
-    }
-}
-
-/// Writes `bytes` to `path` atomically (see the module comment). Errors name `flag`,
-/// `path`, and the temporary file where one is involved.
+/// Writes `bytes` to `path` atomically; errors name `flag`, `path` and any temporary.
 pub fn write_atomically(flag: &str, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    write_with(flag, path, |f| f.write_all(bytes))
-}
-
-/// [`write_atomically`] with the body written by `fill` (tests inject failures here).
-fn write_with(
-    flag: &str,
-    path: &Path,
-    fill: impl FnOnce(&mut File) -> std::io::Result<()>,
-) -> anyhow::Result<()> {
-    check_target(flag, path)?;
-    let (tmp, mut file) = create_temp(flag, path)?;
-    let shown = path.display();
-    let result = fill(&mut file)
-        .with_context(|| {
-            format!(
-                "{flag} {shown}: writing the temporary file {}",
-                tmp.display()
-            )
-        })
-        .and_then(|()| {
-            file.sync_all().with_context(|| {
-                format!(
-                    "{flag} {shown}: syncing the temporary file {}",
-                    tmp.display()
-                )
-            })
-        })
-        .and_then(|()| {
-            drop(file);
-            fs::rename(&tmp, path).with_context(|| {
-                format!(
-                    "{flag} {shown}: renaming the temporary file {} to it",
-                    tmp.display()
-                )
-            })
-        });
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-        return result;
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        // Persist the rename itself; some filesystems refuse to sync a directory.
-        let _ = File::open(dir).and_then(|d| d.sync_all());
-    }
-    Ok(())
-}
-
-/// The N of the next temporary name.
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// Creates `.NAME.tmp-PID-N` beside `path` with `create_new` (never an existing file or
-/// symlink), trying the next N while the name is taken.
-fn create_temp(flag: &str, path: &Path) -> anyhow::Result<(PathBuf, File)> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or_default();
-    for _ in 0..64 {
-        let mut tmp_name = OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(
-            ".tmp-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let tmp = dir.join(tmp_name);
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(file) => return Ok((tmp, file)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(e).with_context(|| {
-                    format!(
-                        "{flag} {}: creating the temporary file {}",
-                        path.display(),
-                        tmp.display()
-                    )
-                });
-            }
-        }
-    }
-    anyhow::bail!(
-        "{flag} {}: 64 temporary names in {} are all taken",
-        path.display(),
-        dir.display()
-    )
+    output_file::write_atomically(path, bytes).map_err(with_flag(flag))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entries(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-
     #[test]
-    fn writes_replaces_and_leaves_no_temporary() {
+    fn errors_name_the_flag_and_the_path() {
         let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("g.json");
-        write_atomically("--out", &out, b"one").unwrap();
-        write_atomically("--out", &out, b"two").unwrap();
-        assert_eq!(fs::read(&out).unwrap(), b"two");
-        assert_eq!(entries(dir.path()), ["g.json"]);
-    }
-
-    #[test]
-    fn refuses_directories_devices_and_trailing_slashes_before_writing() {
-        let dir = tempfile::tempdir().unwrap();
-        let sub = dir.path().join("sub");
-        fs::create_dir(&sub).unwrap();
-        let slash = format!("{}/", dir.path().join("new").display());
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&sub, &link).unwrap();
-        let cases: [(&Path, &str); 6] = [
-            (&sub, "a directory"),
-            (Path::new(&slash), "ends in '/'"),
-            (Path::new("."), "names a directory"),
-            (&dir.path().join(".."), "names a directory"),
-            (Path::new("/dev/full"), "a device"),
-            (&link, "a directory"),
-        ];
-        for (path, needle) in cases {
-            let err = format!("{:#}", write_atomically("--out", path, b"x").unwrap_err());
-            assert!(
-                err.contains("--out") && err.contains(needle),
-                "{}: {err}",
-                path.display()
-            );
-        }
-        assert_eq!(entries(dir.path()), ["link", "sub"]);
-        assert!(entries(&sub).is_empty());
-        use std::os::unix::fs::FileTypeExt;
+        let err = write_atomically("--out", dir.path(), b"x")
+            .unwrap_err()
+            .to_string();
         assert!(
-            fs::metadata("/dev/full")
-                .unwrap()
-                .file_type()
-                .is_char_device()
-        );
-    }
-
-    #[test]
-    fn a_failed_write_removes_the_temporary_and_keeps_the_old_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("spec.toml");
-        fs::write(&out, b"old").unwrap();
-        let err = write_with("--out", &out, |f| {
-            f.write_all(b"partial")?;
-            Err(std::io::Error::other("no space left on device (injected)"))
-        })
-        .unwrap_err();
-        let err = format!("{err:#}");
-        assert!(
-            err.contains("--out") && err.contains("spec.toml") && err.contains(".tmp-"),
+            err.starts_with("--out ") && err.contains("a directory"),
             "{err}"
         );
-        assert_eq!(fs::read(&out).unwrap(), b"old");
-        assert_eq!(entries(dir.path()), ["spec.toml"]);
-    }
-
-    #[test]
-    fn a_symlink_or_directory_at_a_temporary_name_is_never_followed() {
-        let dir = tempfile::tempdir().unwrap();
-        let victim = dir.path().join("victim");
-        fs::write(&victim, b"keep").unwrap();
-        // Occupy the next few temporary names of this process with a symlink and a
-        // directory: create_new skips them instead of writing through or failing.
-        let out = dir.path().join("out.json");
-        let n = NEXT.load(Ordering::Relaxed);
-        for k in n..n + 8 {
-            let name = dir
-                .path()
-                .join(format!(".out.json.tmp-{}-{k}", std::process::id()));
-            if k % 2 == 0 {
-                std::os::unix::fs::symlink(&victim, &name).unwrap();
-            } else {
-                fs::create_dir(&name).unwrap();
-            }
-        }
-        write_atomically("--out", &out, b"new").unwrap();
-        assert_eq!(fs::read(&victim).unwrap(), b"keep");
-        assert_eq!(fs::read(&out).unwrap(), b"new");
+        let err = check_target("--dump-grads", Path::new("/dev/full"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("--dump-grads /dev/full: "), "{err}");
     }
 }

@@ -102,6 +102,7 @@ pub mod models;
 pub mod op;
 pub mod ops;
 pub mod optim;
+pub mod output_file;
 pub mod pipeline;
 pub mod plan_exec;
 pub mod policy;

@@ -9,13 +9,12 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use safetensors::{Dtype, SafeTensorError, SafeTensors, tensor::TensorView};
 
 use super::Gpt;
+use crate::output_file;
 use crate::tensor::Tensor;
 
 /// What can go wrong reading or writing a safetensors file; every variant names the file.
@@ -61,16 +60,8 @@ pub enum HfError {
         tensors.join(", ")
     )]
     Unused { path: PathBuf, tensors: Vec<String> },
-    #[error("{path}: {reason}")]
-    Target { path: PathBuf, reason: String },
-    /// Like `Io`, the OS error is part of the message, not a `source()`.
-    #[error("{path}: {action} the temporary file {tmp}: {error}")]
-    Temp {
-        path: PathBuf,
-        tmp: PathBuf,
-        action: &'static str,
-        error: std::io::Error,
-    },
+    #[error(transparent)]
+    Output(#[from] output_file::OutputFileError),
     #[error("tensor {tensor}: {message}")]
     Engine { tensor: String, message: String },
 }
@@ -295,198 +286,24 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfE
         path: path.into(),
         message: e.to_string(),
     })?;
-    write_atomically(path, &encoded)
+    Ok(output_file::write_atomically(path, &encoded)?)
 }
 
-/// Refuses `path` as an output file when it ends in `/`, has no file name (`.`, `..`), or
-/// exists and is not a regular file (a directory, a device such as `/dev/full`, or a symlink
-/// to one). Call it before the work that produces the file; [`save_tensors`] calls it too.
+/// Refuses `path` as an output file (see [`crate::output_file::check_target`]). Call it
+/// before the work that produces the file; [`save_tensors`] calls it too.
 pub fn check_target(path: &Path) -> Result<(), HfError> {
-    let refuse = |reason: &str| {
-        Err(HfError::Target {
-            path: path.into(),
-            reason: reason.into(),
-        })
-    };
-    let text = path.as_os_str().as_encoded_bytes();
-    if text.is_empty() {
-        return refuse("the output path is empty");
-    }
-    if text.ends_with(b"/") {
-        return refuse("ends in '/', so it names a directory, not a file");
-    }
-    if !matches!(path.file_name(), Some(n) if n != "." && n != "..") {
-        return refuse("names a directory, not a file");
-    }
-    // `metadata` follows symlinks: a link to a regular file is replaced by the rename, a
-    // link to a directory or device is refused like the thing itself.
-    match fs::metadata(path) {
-        Ok(meta) if meta.is_file() => Ok(()),
-        Ok(meta) if meta.is_dir() => refuse("exists and is a directory, not a regular file"),
-        Ok(_) => refuse(
-            "exists and is not a regular file (a device, FIFO or socket); refusing to replace it",
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(error) => Err(HfError::Io {
-            path: path.into(),
-            error,
-        }),
-    }
-}
-
-/// The N of the next temporary name.
-static NEXT_TEMP: AtomicU64 = AtomicU64::new(0);
-
-/// Writes to a unique temporary file beside `path` (`create_new`: never follows or
-/// clobbers an existing file or symlink), syncs, renames over `path`; the temporary is
-/// removed on every error, so `path` is untouched or the complete new file.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), HfError> {
-    write_with(path, |f| f.write_all(bytes))
-}
-
-fn write_with(
-    path: &Path,
-    fill: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
-) -> Result<(), HfError> {
-    check_target(path)?;
-    let (tmp, mut file) = create_temp(path)?;
-    let temp = |action: &'static str, error| HfError::Temp {
-        path: path.into(),
-        tmp: tmp.clone(),
-        action,
-        error,
-    };
-    let result = fill(&mut file)
-        .map_err(|e| temp("writing", e))
-        .and_then(|()| file.sync_all().map_err(|e| temp("syncing", e)))
-        .and_then(|()| {
-            drop(file);
-            fs::rename(&tmp, path).map_err(|e| temp("renaming to it", e))
-        });
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        // Persist the rename itself; some filesystems refuse to sync a directory.
-        let _ = fs::File::open(dir).and_then(|d| d.sync_all());
-    }
-    Ok(())
-}
-
-/// Creates `.NAME.tmp-PID-N` beside `path`, trying the next N while a name is taken.
-fn create_temp(path: &Path) -> Result<(PathBuf, fs::File), HfError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or_default();
-    let mut last = None;
-    for _ in 0..64 {
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(
-            ".tmp-{}-{}",
-            std::process::id(),
-            NEXT_TEMP.fetch_add(1, Ordering::Relaxed)
-        ));
-        let tmp = dir.join(tmp_name);
-        match fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
-            Ok(file) => return Ok((tmp, file)),
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
-                last = Some((tmp, error));
-            }
-            Err(error) => {
-                return Err(HfError::Temp {
-                    path: path.into(),
-                    tmp,
-                    action: "creating",
-                    error,
-                });
-            }
-        }
-    }
-    let (tmp, error) =
-        last.unwrap_or_else(|| (dir.into(), std::io::ErrorKind::AlreadyExists.into()));
-    Err(HfError::Temp {
-        path: path.into(),
-        tmp,
-        action: "creating (64 names taken; the last tried)",
-        error,
-    })
+    Ok(output_file::check_target(path)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entries(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("remat-hf-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir
-    }
-
-    #[test]
-    fn refuses_directories_devices_slashes_and_links_to_them_leaving_nothing() {
-        let dir = scratch("targets");
-        let sub = dir.join("sub");
-        fs::create_dir(&sub).unwrap();
-        let link = dir.join("link");
-        std::os::unix::fs::symlink("/dev/full", &link).unwrap();
-        let slash = PathBuf::from(format!("{}/", dir.join("new").display()));
-        for (path, needle) in [
-            (sub.clone(), "directory"),
-            (slash, "ends in '/'"),
-            (PathBuf::from("."), "names a directory"),
-            (PathBuf::from("/dev/full"), "not a regular file"),
-            (link, "not a regular file"),
-        ] {
-            let err = write_atomically(&path, b"x").unwrap_err().to_string();
-            assert!(err.contains(needle), "{}: {err}", path.display());
-        }
-        assert_eq!(entries(&dir), ["link", "sub"]);
-        use std::os::unix::fs::FileTypeExt;
-        assert!(
-            fs::metadata("/dev/full")
-                .unwrap()
-                .file_type()
-                .is_char_device()
-        );
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_failed_write_removes_the_temporary_and_names_it() {
-        let dir = scratch("enospc");
-        let out = dir.join("g.safetensors");
-        fs::write(&out, b"old").unwrap();
-        let err = write_with(&out, |f| {
-            f.write_all(b"partial")?;
-            Err(std::io::Error::other("no space left on device (injected)"))
-        })
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("g.safetensors") && err.contains(".tmp-"),
-            "{err}"
-        );
-        assert_eq!(fs::read(&out).unwrap(), b"old");
-        assert_eq!(entries(&dir), ["g.safetensors"]);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     fn tiny(n_layers: usize) -> Gpt {
@@ -609,25 +426,6 @@ mod tests {
             err.contains("model.layers.0.self_attn.q_proj.bias"),
             "{err}"
         );
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_symlink_at_the_old_temporary_name_is_not_followed() {
-        let dir = scratch("tmplink");
-        let victim = dir.join("victim");
-        fs::write(&victim, b"keep").unwrap();
-        let out = dir.join("g.safetensors");
-        // The name the old writer used, and this process's next few names.
-        std::os::unix::fs::symlink(&victim, dir.join("g.safetensors.tmp")).unwrap();
-        let n = NEXT_TEMP.load(Ordering::Relaxed);
-        for k in n..n + 4 {
-            let name = dir.join(format!(".g.safetensors.tmp-{}-{k}", std::process::id()));
-            std::os::unix::fs::symlink(&victim, name).unwrap();
-        }
-        write_atomically(&out, b"new").unwrap();
-        assert_eq!(fs::read(&victim).unwrap(), b"keep");
-        assert_eq!(fs::read(&out).unwrap(), b"new");
         fs::remove_dir_all(&dir).unwrap();
     }
 }
