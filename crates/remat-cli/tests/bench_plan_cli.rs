@@ -1,17 +1,8 @@
 //! `remat bench plan --graphs DIR`: graphs are all loaded before benching, and `--only`
 //! must match something. Only the failing paths run here (a full bench is not a test).
 
-use std::process::Command;
-
-fn remat(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
-        .args(args)
-        .output()
-        .expect("runs remat");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
-}
+mod common;
+use common::remat_text as remat;
 
 const GOOD: &str = r#"{"format": "remat-graph", "version": 1, "name": "good", "nodes": [
   {"name": "f0", "phase": "forward", "compute_time": 1, "output_bytes": 100, "inputs": []},

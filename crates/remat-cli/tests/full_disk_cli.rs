@@ -2,6 +2,9 @@
 //! behind. Needs an 8 KiB tmpfs, which needs root (mount); without it each test says it
 //! is skipped and passes.
 
+mod common;
+use common::remat;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -41,13 +44,6 @@ impl Drop for FullDisk {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.dir.path()).output();
     }
-}
-
-fn remat(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_remat"))
-        .args(args)
-        .output()
-        .expect("run remat")
 }
 
 fn assert_clean_failure(out: &Output, needles: &[&str]) {

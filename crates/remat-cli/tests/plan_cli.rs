@@ -1,7 +1,9 @@
 //! `remat plan` end to end on a small graph in remat's schema.
 
+mod common;
+use common::remat_text as remat;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// An 8-layer training chain, 1 MiB activations, written in remat's JSON schema.
 fn write_graph(dir: &Path) -> PathBuf {
@@ -39,16 +41,6 @@ fn write_graph(dir: &Path) -> PathBuf {
     let path = dir.join("mlp8.json");
     std::fs::write(&path, text).expect("writes the graph");
     path
-}
-
-fn remat(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
-        .args(args)
-        .output()
-        .expect("runs remat");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
 }
 
 #[test]

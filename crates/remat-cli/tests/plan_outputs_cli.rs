@@ -1,8 +1,10 @@
 //! `remat plan` output paths and budget parsing, end to end: errors come before planning,
 //! name the user's path, and leave nothing behind.
 
+mod common;
+use common::remat_text as remat;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// A 4-layer training chain in remat's schema.
 fn write_graph(dir: &Path) -> PathBuf {
@@ -15,16 +17,6 @@ fn write_graph(dir: &Path) -> PathBuf {
     let path = dir.join("c4.json");
     std::fs::write(&path, text).expect("writes the graph");
     path
-}
-
-fn remat(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_remat"))
-        .args(args)
-        .output()
-        .expect("runs remat");
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
 }
 
 fn listing(dir: &Path) -> Vec<String> {

@@ -1,6 +1,9 @@
 //! `remat train` end to end on tiny configurations.
 
-use std::process::{Command, Output};
+mod common;
+use common::remat;
+
+use std::process::Output;
 
 const TINY: &[&str] = &[
     "--layers",
@@ -16,13 +19,6 @@ const TINY: &[&str] = &[
     "--threads",
     "1",
 ];
-
-fn remat(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_remat"))
-        .args(args)
-        .output()
-        .expect("run remat")
-}
 
 fn text(o: &Output) -> (String, String) {
     (

@@ -1,7 +1,8 @@
 //! `remat train` refuses bad or meaningless flags with a message naming the flag, instead
 //! of panicking, hanging or silently ignoring them.
 
-use std::process::{Command, Output};
+mod common;
+use common::remat;
 
 const TINY: &[&str] = &[
     "train",
@@ -20,13 +21,6 @@ const TINY: &[&str] = &[
     "--steps",
     "1",
 ];
-
-fn remat(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_remat"))
-        .args(args)
-        .output()
-        .expect("run remat")
-}
 
 /// Runs `TINY` plus `extra`; asserts a clean failure (exit 1 or clap's 2, no panic) whose
 /// stderr contains every one of `needles`, and returns stderr.
