@@ -258,7 +258,7 @@ fn dump_grads_then_init_and_character_data() {
     assert!(
         text(&out)
             .0
-            .contains("wrote the first step's gradients (21 tensors)"),
+            .contains("wrote the first step's gradients (21 tensors) and its batch and loss"),
         "{}",
         text(&out).0
     );

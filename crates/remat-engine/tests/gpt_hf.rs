@@ -1,8 +1,13 @@
 //! `--init` / `--dump-grads` file format: Hugging Face names, `[out, in]` Linear layouts.
 
 use remat_engine::MemoryPool;
-use remat_engine::models::gpt::hf::{HfError, hf_shape, load_params, save_tensors};
-use remat_engine::models::gpt::{Gpt, GptConfig};
+use std::sync::Arc;
+
+use remat_engine::kernels::IGNORE_INDEX;
+use remat_engine::models::gpt::hf::{
+    HfError, StepRecord, hf_shape, load_params, save_step, save_tensors,
+};
+use remat_engine::models::gpt::{Batch, Gpt, GptConfig};
 use safetensors::SafeTensors;
 
 fn config(seed: u64) -> GptConfig {
@@ -137,6 +142,79 @@ fn a_file_without_lm_head_is_read_as_tied_embeddings() {
     );
     // Head [d, vocab] = embedding [vocab, d] transposed.
     assert_eq!(h[3 * 11 + 7], e[7 * 8 + 3]);
+}
+
+/// A dump records its step: the batch (skipped targets as PyTorch's -100), the loss and the
+/// model as a Hugging Face config; and it still loads as parameters.
+#[test]
+fn a_gradient_dump_records_its_batch_loss_and_model() {
+    let dir = tempdir("step");
+    let path = dir.join("grads.safetensors");
+    let pool = MemoryPool::unbounded();
+    let a = Gpt::new(&pool, config(1)).unwrap();
+    let batch = Batch {
+        tokens: Arc::from(vec![1u32, 2, 3, 4, 5, 6]),
+        targets: Arc::from(vec![IGNORE_INDEX, 3, 4, IGNORE_INDEX, 10, 0]),
+        batch: 2,
+        seq: 3,
+    };
+    let record = StepRecord {
+        batch: &batch,
+        loss: 2.25,
+        config: &a.config,
+    };
+    save_step(&path, &a.params(), &record).unwrap();
+
+    let bytes = std::fs::read(&path).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = header.metadata().as_ref().unwrap();
+    assert_eq!(meta["remat.loss"], "2.25");
+    assert_eq!(meta["remat.dropout"], "0.0");
+    let hf: serde_json::Value = serde_json::from_str(&meta["remat.hf_config"]).unwrap();
+    assert_eq!(hf["vocab_size"], 11);
+    assert_eq!(hf["hidden_size"], 8);
+    assert_eq!(hf["num_key_value_heads"], 1);
+    assert_eq!(hf["intermediate_size"], 12);
+    assert_eq!(hf["tie_word_embeddings"], false);
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ints = |name: &str| {
+        let t = st.tensor(name).unwrap();
+        assert_eq!(
+            (t.dtype(), t.shape()),
+            (safetensors::Dtype::I64, &[2, 3][..])
+        );
+        t.data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ints("remat.input_ids"), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(ints("remat.labels"), [-100, 3, 4, -100, 10, 0]);
+
+    // The step record is not a parameter: the dump loads as one model's parameters.
+    let b = Gpt::new(&pool, config(2)).unwrap();
+    load_params(&b, &path).unwrap();
+    assert_eq!(
+        a.params()[0].1.to_vec::<f32>().unwrap(),
+        b.params()[0].1.to_vec::<f32>().unwrap()
+    );
+
+    // A batch whose buffers disagree with its shape is refused before anything is written.
+    let bad = Batch {
+        batch: 3,
+        ..batch.clone()
+    };
+    let err = save_step(
+        &dir.join("bad.safetensors"),
+        &a.params(),
+        &StepRecord {
+            batch: &bad,
+            ..record
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("remat.input_ids"), "{err}");
+    assert!(!dir.join("bad.safetensors").exists());
 }
 
 fn tempdir(name: &str) -> std::path::PathBuf {

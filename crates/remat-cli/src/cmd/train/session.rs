@@ -113,7 +113,12 @@ pub fn train(
         let start = Instant::now();
         let out = gpt.forward_backward(&ctx, &batch, ckpt, args.seed ^ (step << 32))?;
         if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
-            dump_grads(&gpt, &out.grads, path)?;
+            let record = hf::StepRecord {
+                batch: &batch,
+                loss: out.loss,
+                config: &gpt.config,
+            };
+            dump_grads(&gpt, &out.grads, &record, path)?;
         }
         // On the step's own --threads pool (AdamW splits large tensors over it).
         ctx.install(|| opt.step(&out.grads))?;
@@ -139,6 +144,7 @@ pub fn train(
 fn dump_grads(
     gpt: &Gpt,
     grads: &[Option<remat_engine::Tensor>],
+    record: &hf::StepRecord<'_>,
     path: &std::path::Path,
 ) -> anyhow::Result<()> {
     let named: Vec<_> = gpt
@@ -148,9 +154,9 @@ fn dump_grads(
         .filter_map(|((name, _), g)| g.clone().map(|g| (name, g)))
         .collect();
     // The error names the path already.
-    hf::save_tensors(path, &named).context("--dump-grads")?;
+    hf::save_step(path, &named, record).context("--dump-grads")?;
     println!(
-        "wrote the first step's gradients ({} tensors) to {}",
+        "wrote the first step's gradients ({} tensors) and its batch and loss to {}",
         named.len(),
         path.display()
     );

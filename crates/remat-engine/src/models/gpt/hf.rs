@@ -6,6 +6,15 @@
 //! so those are transposed on the way in and out. Files are written as f32; reading accepts
 //! f32, f64, bf16 and f16. A file without `lm_head.weight` is read as a tied-embedding
 //! model (Qwen's small checkpoints): the head is the embedding's transpose.
+//!
+//! A gradient dump ([`save_step`]) also records its step, so that another framework can
+//! replay it: the batch as `remat.input_ids` and `remat.labels` (I64 `[batch, seq]`, labels
+//! already shifted: label `t` is the target of position `t`; skipped targets are -100, as in
+//! PyTorch; the loss is the mean cross-entropy over the other labels), and in the header's `__metadata__`
+//! `remat.loss` (the step's loss), `remat.dropout` and `remat.hf_config` (the model as a
+//! Hugging Face `LlamaConfig` JSON). Tensors under `remat.` are not parameters:
+//! [`load_params`] skips them, so a dump still loads as parameters of the same shapes.
+//! `scripts/check_against_hf.py` replays a dump in `transformers`' `LlamaForCausalLM`.
 
 use std::collections::HashMap;
 use std::fs;
@@ -13,7 +22,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensorError, SafeTensors, tensor::TensorView};
 
-use super::Gpt;
+use super::{Batch, Gpt, GptConfig};
+use crate::kernels::IGNORE_INDEX;
 use crate::output_file;
 use crate::tensor::Tensor;
 
@@ -226,11 +236,12 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
         staged.push((name, t, data));
     }
     // Tensors the model does not read mean the file is for another model (more layers,
-    // biases): loading the rest would silently train something else.
+    // biases): loading the rest would silently train something else. A dump's step
+    // record (`remat.*`) is not a parameter.
     let mut unused: Vec<String> = st
         .names()
         .into_iter()
-        .filter(|n| !used.contains(n.as_str()))
+        .filter(|n| !used.contains(n.as_str()) && !n.starts_with(RECORD_PREFIX))
         .cloned()
         .collect();
     if !unused.is_empty() {
@@ -256,8 +267,117 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
 /// Writes `(name, tensor)` pairs (engine layout, f32) to `path` in Hugging Face layout:
 /// to a temporary file, synced, then renamed, so a reader never sees a partial file.
 pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfError> {
+    write_file(path, tensors, Vec::new(), None)
+}
+
+/// `torch.nn.functional.cross_entropy`'s default `ignore_index`: how a dump writes the
+/// engine's skipped targets ([`IGNORE_INDEX`]).
+pub const TORCH_IGNORE_INDEX: i64 = -100;
+
+/// Names under this prefix are a dump's step record, never parameters.
+pub const RECORD_PREFIX: &str = "remat.";
+
+/// What a gradient dump records about the step that produced it (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub struct StepRecord<'a> {
+    pub batch: &'a Batch,
+    pub loss: f64,
+    pub config: &'a GptConfig,
+}
+
+/// Writes a step's gradients (engine layout, f32) like [`save_tensors`], plus the step's
+/// record: its batch as I64 tensors and its loss and model in the header's metadata.
+pub fn save_step(
+    path: &Path,
+    grads: &[(String, Tensor)],
+    record: &StepRecord<'_>,
+) -> Result<(), HfError> {
+    let b = record.batch;
+    let ids = |name: &str, values: &[u32], ignored: i64| -> Result<RawTensor, HfError> {
+        if values.len() != b.batch * b.seq {
+            return Err(HfError::Engine {
+                tensor: format!("{RECORD_PREFIX}{name}"),
+                message: format!(
+                    "the batch holds {} values, not batch {} x seq {}",
+                    values.len(),
+                    b.batch,
+                    b.seq
+                ),
+            });
+        }
+        let bytes = values
+            .iter()
+            .map(|&v| {
+                if v == IGNORE_INDEX {
+                    ignored
+                } else {
+                    i64::from(v)
+                }
+            })
+            .flat_map(i64::to_le_bytes)
+            .collect();
+        Ok((
+            format!("{RECORD_PREFIX}{name}"),
+            Dtype::I64,
+            vec![b.batch, b.seq],
+            bytes,
+        ))
+    };
+    // A skipped target is PyTorch's `ignore_index` default (-100) in the file; inputs have
+    // none (a marker there is kept as the value itself, which no vocabulary reaches).
+    let extra = vec![
+        ids("input_ids", &b.tokens, i64::from(IGNORE_INDEX))?,
+        ids("labels", &b.targets, TORCH_IGNORE_INDEX)?,
+    ];
+    let metadata = HashMap::from([
+        (format!("{RECORD_PREFIX}loss"), format!("{:?}", record.loss)),
+        (
+            format!("{RECORD_PREFIX}dropout"),
+            format!("{:?}", record.config.dropout),
+        ),
+        (
+            format!("{RECORD_PREFIX}hf_config"),
+            hf_config_json(record.config),
+        ),
+    ]);
+    write_file(path, grads, extra, Some(metadata))
+}
+
+/// The model as a Hugging Face `LlamaConfig` (the block is Llama's: RMSNorm, rotate-half
+/// RoPE, SwiGLU, no biases, an untied head).
+fn hf_config_json(c: &GptConfig) -> String {
+    serde_json::json!({
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": c.vocab,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.ffn_hidden,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim(),
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "mlp_bias": false,
+        "tie_word_embeddings": false,
+        "max_position_embeddings": 4096,
+    })
+    .to_string()
+}
+
+/// A tensor ready to serialize: name, dtype, shape, little-endian bytes.
+type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+fn write_file(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    mut extra: Vec<RawTensor>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), HfError> {
     check_target(path)?;
-    let mut buffers = Vec::with_capacity(tensors.len());
+    let mut buffers = Vec::with_capacity(tensors.len() + extra.len());
     for (name, t) in tensors {
         let engine = |e: crate::EngineError| HfError::Engine {
             tensor: name.clone(),
@@ -269,12 +389,13 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfE
             data = transpose(&data, t.shape()[0], t.shape()[1]);
         }
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        buffers.push((name.clone(), shape, bytes));
+        buffers.push((name.clone(), Dtype::F32, shape, bytes));
     }
+    buffers.append(&mut extra);
     let views = buffers
         .iter()
-        .map(|(name, shape, bytes)| {
-            TensorView::new(Dtype::F32, shape.clone(), bytes)
+        .map(|(name, dtype, shape, bytes)| {
+            TensorView::new(*dtype, shape.clone(), bytes)
                 .map(|v| (name.clone(), v))
                 .map_err(|e| HfError::Format {
                     path: path.into(),
@@ -282,7 +403,7 @@ pub fn save_tensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<(), HfE
                 })
         })
         .collect::<Result<HashMap<_, _>, _>>()?;
-    let encoded = safetensors::serialize(views, &None).map_err(|e| HfError::Format {
+    let encoded = safetensors::serialize(views, &metadata).map_err(|e| HfError::Format {
         path: path.into(),
         message: e.to_string(),
     })?;
