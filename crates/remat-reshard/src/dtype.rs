@@ -2,8 +2,10 @@
 
 use std::fmt;
 
-/// Every dtype the safetensors format defines. Sub-byte types (F4, F6) are packed; a split
-/// of them must fall on byte boundaries, checked when planning.
+/// Every dtype the safetensors format defines (0.8: PyTorch's `float8_e4m3fnuz` and
+/// `float8_e5m2fnuz` are written as `F8_E4M3FNUZ` and `F8_E5M2FNUZ`, DCP's Hugging Face
+/// writer included). Sub-byte types (F4, F6) are packed; a split of them must fall on byte
+/// boundaries, checked when planning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dtype {
     Bool,
@@ -15,6 +17,8 @@ pub enum Dtype {
     F8E5M2,
     F8E4M3,
     F8E8M0,
+    F8E4M3Fnuz,
+    F8E5M2Fnuz,
     I16,
     U16,
     F16,
@@ -28,7 +32,7 @@ pub enum Dtype {
     U64,
 }
 
-const NAMES: [(Dtype, &str, u64); 20] = [
+const NAMES: [(Dtype, &str, u64); 22] = [
     (Dtype::Bool, "BOOL", 8),
     (Dtype::F4, "F4", 4),
     (Dtype::F6E2M3, "F6_E2M3", 6),
@@ -38,6 +42,8 @@ const NAMES: [(Dtype, &str, u64); 20] = [
     (Dtype::F8E5M2, "F8_E5M2", 8),
     (Dtype::F8E4M3, "F8_E4M3", 8),
     (Dtype::F8E8M0, "F8_E8M0", 8),
+    (Dtype::F8E4M3Fnuz, "F8_E4M3FNUZ", 8),
+    (Dtype::F8E5M2Fnuz, "F8_E5M2FNUZ", 8),
     (Dtype::I16, "I16", 16),
     (Dtype::U16, "U16", 16),
     (Dtype::F16, "F16", 16),
