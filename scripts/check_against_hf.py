@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Replays one `remat train` step in Hugging Face `transformers` and compares the gradients.
 
-remat's GPT is the Llama block (RMSNorm, rotate-half RoPE, SwiGLU, no biases, untied head),
-so with the same weights and batch, `LlamaForCausalLM` must give the same loss and the same
-gradients up to float rounding. This script:
+remat's GPT is the Llama block (RMSNorm, rotate-half RoPE, SwiGLU, no biases, untied head)
+and `remat train --block qwen3|qwen3-moe` trains Qwen3 / Qwen3-MoE blocks, so with the
+same weights and batch, `transformers`' model of the dumped config must give the same loss
+and the same gradients up to float rounding. This script:
 
 1. runs `remat train --steps 1 --dump-grads` once to learn the model and the batch (a dump
    records its batch as `remat.input_ids` / `remat.labels` and the model as a Hugging Face
    config in its metadata);
-2. builds a `LlamaForCausalLM` of that config with random weights (norm weights perturbed
+2. builds the `transformers` causal LM of that config with random weights (norm weights perturbed
    away from 1, so that a layout mix-up cannot hide behind ones), saves them, and runs
    `remat train --init` on them with `--dump-grads`;
 3. computes the same step in PyTorch in float32 and in float64, and reports, per tensor,
@@ -22,7 +23,8 @@ losses differ by more than that.
 Needs `torch`, `transformers` and `safetensors` (not part of remat's CI):
     python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers safetensors
     /tmp/hf/bin/python scripts/check_against_hf.py --remat target/release/remat -- --layers 3
-Arguments after `--` go to `remat train` (model sizes, --data, --seed, --threads ...).
+    /tmp/hf/bin/python scripts/check_against_hf.py -- --block qwen3-moe
+Arguments after `--` go to `remat train` (model sizes, --block, --data, --seed, ...).
 """
 
 import argparse
@@ -36,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def run_remat(remat, args):
@@ -56,6 +58,27 @@ def read_dump(path):
     return meta, tensors
 
 
+def as_released(tensors):
+    """Tensors under the names released checkpoints use (and remat reads and writes):
+    transformers 5 keeps a MoE layer's experts fused, `mlp.experts.gate_up_proj`
+    `[experts, 2 * moe_intermediate, hidden]` (gate rows first) and `mlp.experts.down_proj`
+    `[experts, hidden, moe_intermediate]`; checkpoints hold one tensor per expert."""
+    out = {}
+    for name, t in tensors.items():
+        prefix = name.rsplit("experts.", 1)[0] + "experts."
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = gate[e]
+                out[f"{prefix}{e}.up_proj.weight"] = up[e]
+        elif name.endswith("mlp.experts.down_proj"):
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = t[e]
+        else:
+            out[name] = t
+    return out
+
+
 def hf_step(model, input_ids, labels):
     """Loss and gradients of one step: mean cross-entropy over the labels not -100."""
     model.zero_grad(set_to_none=True)
@@ -63,7 +86,7 @@ def hf_step(model, input_ids, labels):
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    return loss.item(), grads
+    return loss.item(), as_released(grads)
 
 
 def rel_err(x, ref):
@@ -90,17 +113,28 @@ def main():
     meta, _ = read_dump(probe)
     if float(meta["remat.dropout"]) != 0.0:
         sys.exit("the step used dropout: Llama has none, so the gradients cannot match")
-    config = LlamaConfig(**json.loads(meta["remat.hf_config"]))
-    config._attn_implementation = "eager"
+    fields = json.loads(meta["remat.hf_config"])
+    for key, what in (("remat_shared_expert", "a shared expert"), ("remat_attention_bias", "attention biases")):
+        if key in fields:
+            sys.exit(f"the model has {what}: {fields[key]}")
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    print(f"model: {type(config).__name__} {json.dumps(fields, sort_keys=True)}")
 
     torch.manual_seed(opts.seed)
-    model = LlamaForCausalLM(config).float()
+    # Eager attention and experts: the fused kernels have no float64 path on CPU.
+    config._experts_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(0.1 * torch.randn_like(p))
+            elif "experts" in name:
+                # transformers leaves fused expert weights to checkpoint loading (the
+                # module's init fills them with zeros or noise, depending on the version).
+                torch.nn.init.normal_(p, std=0.05)
     init = work / "init.safetensors"
-    save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(init))
+    weights = as_released({n: p.detach() for n, p in model.named_parameters()})
+    save_file({n: t.contiguous() for n, t in weights.items()}, str(init))
 
     grads_path = work / "grads.safetensors"
     run_remat(opts.remat, [*opts.remat_args, "--init", str(init), "--dump-grads", str(grads_path)])
@@ -142,7 +176,7 @@ def main():
     if failures:
         print("MISMATCH:\n  " + "\n  ".join(failures))
         return 1
-    print("remat's step matches transformers' LlamaForCausalLM")
+    print(f"remat's step matches transformers' {type(model).__name__}")
     return 0
 
 

@@ -148,10 +148,6 @@ fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
         Some("--stages")
     } else if args.compare {
         Some("--compare")
-    } else if args.files.init.is_some() {
-        Some("--init")
-    } else if args.files.dump_grads.is_some() {
-        Some("--dump-grads")
     } else if args.files.swap_dir.is_some() {
         Some("--swap-dir")
     } else {
@@ -313,6 +309,19 @@ fn train(
         .reserve(param_bytes, Category::Parameters, None)
         .map_err(|oom| oom.at("model parameters"))?;
     let mut model = Qwen3::new(kind, &plan.config, args.seed)?;
+    if let Some(path) = &args.files.init {
+        // The error names the file and the tensor.
+        qwen3::hf::load_params(&mut model, path).context("--init")?;
+        println!("loaded parameters from {}", path.display());
+    }
+    if let Some(path) = &args.files.dump_grads {
+        anyhow::ensure!(
+            sa.mode == Mode::Full,
+            "--dump-grads needs --mode full: under LoRA the step computes adapter gradients only"
+        );
+        // Before training: a directory or device there would only fail after the step.
+        remat_engine::models::gpt::hf::check_target(path).context("--dump-grads")?;
+    }
     if let Some(lora) = lora {
         model = model.with_lora(lora, false)?;
     }
@@ -360,6 +369,16 @@ fn train(
         let (grads, stats) = model
             .step(&plan, &batch.tokens, &batch.targets, env)
             .with_context(|| format!("step {step}"))?;
+        if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
+            qwen3::hf::save_grads(path, &model, &grads, &batch, f64::from(stats.loss))
+                .context("--dump-grads")?;
+            bar.suspend(|| {
+                println!(
+                    "wrote the first step's gradients and its batch and loss to {}",
+                    path.display()
+                )
+            });
+        }
         apply(&mut opt, &mut model, &grads, sa.mode).with_context(|| format!("step {step}"))?;
         drop(grads);
         first.get_or_insert(stats.loss);
@@ -371,7 +390,9 @@ fn train(
         bar.set_message(format!("loss {:.4}", stats.loss));
         bar.inc(1);
         if step % log_every == 0 || step + 1 == args.steps {
-            bar.println(format!("step {step:>5}  loss {:.4}", stats.loss));
+            // Through `suspend`: `bar.println` prints nothing when stderr is not a
+            // terminal (indicatif hides the bar), so piped runs lost every loss line.
+            bar.suspend(|| println!("step {step:>5}  loss {:.4}", stats.loss));
         }
     }
     bar.finish_and_clear();

@@ -8,6 +8,7 @@
 
 mod backward;
 mod forward;
+pub mod hf;
 mod inspect;
 
 use std::collections::BTreeMap;

@@ -64,12 +64,16 @@ pub enum HfError {
         value: f32,
     },
     #[error(
-        "{path}: {} tensor(s) the model does not have: {} (a checkpoint of a different model? \
-         check --layers, --d-model, --heads and --kv-heads; the model has no biases)",
+        "{path}: {} tensor(s) the model does not have: {} (a checkpoint of a different model? {hint})",
         tensors.len(),
         tensors.join(", ")
     )]
-    Unused { path: PathBuf, tensors: Vec<String> },
+    Unused {
+        path: PathBuf,
+        tensors: Vec<String>,
+        /// What to check, in the terms of the command that built the model.
+        hint: &'static str,
+    },
     #[error(transparent)]
     Output(#[from] output_file::OutputFileError),
     #[error("tensor {tensor}: {message}")]
@@ -79,7 +83,7 @@ pub enum HfError {
 /// A sentence for each way a safetensors file can be malformed (the crate's own `Display`
 /// is its `Debug` name). Its `InvalidOffset` names a tensor that is not reliably the one at
 /// fault (an overlap involves two), so no tensor is named for it.
-fn format_message(e: &SafeTensorError) -> String {
+pub(crate) fn format_message(e: &SafeTensorError) -> String {
     use SafeTensorError as E;
     match e {
         E::InvalidHeader => "the header is not valid UTF-8".into(),
@@ -137,7 +141,7 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-fn to_f32(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Vec<f32>, HfError> {
+pub(crate) fn to_f32(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Vec<f32>, HfError> {
     let bytes = view.data();
     let chunks = |n: usize| bytes.chunks_exact(n);
     Ok(match view.dtype() {
@@ -249,6 +253,7 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
         return Err(HfError::Unused {
             path: path.into(),
             tensors: unused,
+            hint: "check --layers, --d-model, --heads and --kv-heads; the model has no biases",
         });
     }
     for (name, t, data) in staged {
@@ -292,7 +297,80 @@ pub fn save_step(
     grads: &[(String, Tensor)],
     record: &StepRecord<'_>,
 ) -> Result<(), HfError> {
-    let b = record.batch;
+    let (extra, metadata) = step_record_parts(
+        record.batch,
+        record.loss,
+        record.config.dropout,
+        hf_config_json(record.config),
+    )?;
+    write_file(path, grads, extra, Some(metadata))
+}
+
+/// The model as a Hugging Face `LlamaConfig` (the block is Llama's: RMSNorm, rotate-half
+/// RoPE, SwiGLU, no biases, an untied head).
+fn hf_config_json(c: &GptConfig) -> String {
+    serde_json::json!({
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": c.vocab,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.ffn_hidden,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim(),
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "mlp_bias": false,
+        "tie_word_embeddings": false,
+        "max_position_embeddings": 4096,
+    })
+    .to_string()
+}
+
+/// A tensor ready to serialize: name, dtype, shape, little-endian bytes.
+pub(crate) type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+fn write_file(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    mut extra: Vec<RawTensor>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), HfError> {
+    let mut buffers = Vec::with_capacity(tensors.len() + extra.len());
+    for (name, t) in tensors {
+        let engine = |e: crate::EngineError| HfError::Engine {
+            tensor: name.clone(),
+            message: e.to_string(),
+        };
+        let mut data = t.to_vec::<f32>().map_err(engine)?;
+        let shape = hf_shape(name, t.shape());
+        if is_linear(name) && t.shape().len() == 2 {
+            data = transpose(&data, t.shape()[0], t.shape()[1]);
+        }
+        buffers.push(raw_f32(name.clone(), shape, &data));
+    }
+    buffers.append(&mut extra);
+    write_raw(path, buffers, metadata)
+}
+
+/// `f32` values as a little-endian tensor named `name` of `shape`.
+pub(crate) fn raw_f32(name: String, shape: Vec<usize>, data: &[f32]) -> RawTensor {
+    let bytes = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    (name, Dtype::F32, shape, bytes)
+}
+
+/// The batch of `record` as I64 tensors and the step's metadata, with `hf_config` (JSON) as
+/// the model's Hugging Face config.
+pub(crate) fn step_record_parts(
+    batch: &Batch,
+    loss: f64,
+    dropout: f32,
+    hf_config: String,
+) -> Result<(Vec<RawTensor>, HashMap<String, String>), HfError> {
+    let b = batch;
     let ids = |name: &str, values: &[u32], ignored: i64| -> Result<RawTensor, HfError> {
         if values.len() != b.batch * b.seq {
             return Err(HfError::Engine {
@@ -330,68 +408,20 @@ pub fn save_step(
         ids("labels", &b.targets, TORCH_IGNORE_INDEX)?,
     ];
     let metadata = HashMap::from([
-        (format!("{RECORD_PREFIX}loss"), format!("{:?}", record.loss)),
-        (
-            format!("{RECORD_PREFIX}dropout"),
-            format!("{:?}", record.config.dropout),
-        ),
-        (
-            format!("{RECORD_PREFIX}hf_config"),
-            hf_config_json(record.config),
-        ),
+        (format!("{RECORD_PREFIX}loss"), format!("{loss:?}")),
+        (format!("{RECORD_PREFIX}dropout"), format!("{dropout:?}")),
+        (format!("{RECORD_PREFIX}hf_config"), hf_config),
     ]);
-    write_file(path, grads, extra, Some(metadata))
+    Ok((extra, metadata))
 }
 
-/// The model as a Hugging Face `LlamaConfig` (the block is Llama's: RMSNorm, rotate-half
-/// RoPE, SwiGLU, no biases, an untied head).
-fn hf_config_json(c: &GptConfig) -> String {
-    serde_json::json!({
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": c.vocab,
-        "hidden_size": c.d_model,
-        "intermediate_size": c.ffn_hidden,
-        "num_hidden_layers": c.n_layers,
-        "num_attention_heads": c.n_heads,
-        "num_key_value_heads": c.n_kv_heads,
-        "head_dim": c.head_dim(),
-        "rope_theta": c.rope_theta,
-        "rms_norm_eps": c.norm_eps,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "mlp_bias": false,
-        "tie_word_embeddings": false,
-        "max_position_embeddings": 4096,
-    })
-    .to_string()
-}
-
-/// A tensor ready to serialize: name, dtype, shape, little-endian bytes.
-type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
-
-fn write_file(
+/// Serializes `buffers` with `metadata` and writes them atomically to `path`.
+pub(crate) fn write_raw(
     path: &Path,
-    tensors: &[(String, Tensor)],
-    mut extra: Vec<RawTensor>,
+    buffers: Vec<RawTensor>,
     metadata: Option<HashMap<String, String>>,
 ) -> Result<(), HfError> {
     check_target(path)?;
-    let mut buffers = Vec::with_capacity(tensors.len() + extra.len());
-    for (name, t) in tensors {
-        let engine = |e: crate::EngineError| HfError::Engine {
-            tensor: name.clone(),
-            message: e.to_string(),
-        };
-        let mut data = t.to_vec::<f32>().map_err(engine)?;
-        let shape = hf_shape(name, t.shape());
-        if is_linear(name) && t.shape().len() == 2 {
-            data = transpose(&data, t.shape()[0], t.shape()[1]);
-        }
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        buffers.push((name.clone(), Dtype::F32, shape, bytes));
-    }
-    buffers.append(&mut extra);
     let views = buffers
         .iter()
         .map(|(name, dtype, shape, bytes)| {
