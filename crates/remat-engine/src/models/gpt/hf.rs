@@ -167,17 +167,72 @@ pub(crate) fn to_f32(path: &Path, name: &str, view: &TensorView<'_>) -> Result<V
     })
 }
 
+/// The bytes of the safetensors file at `path`.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, HfError> {
+    fs::read(path).map_err(|error| HfError::Io {
+        path: path.into(),
+        error,
+    })
+}
+
+/// The safetensors view of `bytes`, read from `path`.
+pub(crate) fn parse<'b>(path: &Path, bytes: &'b [u8]) -> Result<SafeTensors<'b>, HfError> {
+    SafeTensors::deserialize(bytes).map_err(|e| HfError::Format {
+        path: path.into(),
+        message: format_message(&e),
+    })
+}
+
+/// [`to_f32`], refusing a NaN or infinite value (one makes every loss NaN from the first
+/// step); errors name `tensor`.
+pub(crate) fn finite_f32(
+    path: &Path,
+    tensor: &str,
+    view: &TensorView<'_>,
+) -> Result<Vec<f32>, HfError> {
+    let data = to_f32(path, tensor, view)?;
+    match data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        Some((index, &value)) => Err(HfError::NonFinite {
+            path: path.into(),
+            tensor: tensor.into(),
+            index,
+            value,
+        }),
+        None => Ok(data),
+    }
+}
+
+/// Tensors the model does not read mean the file is for another model (more layers,
+/// biases): loading the rest would silently train something else. A dump's step record
+/// (`remat.*`) is not a parameter.
+pub(crate) fn check_unused(
+    path: &Path,
+    st: &SafeTensors<'_>,
+    used: &std::collections::HashSet<String>,
+    hint: &'static str,
+) -> Result<(), HfError> {
+    let mut unused: Vec<String> = st
+        .names()
+        .into_iter()
+        .filter(|n| !used.contains(n.as_str()) && !n.starts_with(RECORD_PREFIX))
+        .cloned()
+        .collect();
+    if unused.is_empty() {
+        return Ok(());
+    }
+    unused.sort();
+    Err(HfError::Unused {
+        path: path.into(),
+        tensors: unused,
+        hint,
+    })
+}
+
 /// Overwrites the model's parameters with the tensors of `path` (all checked first: on
 /// error no parameter has changed).
 pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
-    let bytes = fs::read(path).map_err(|error| HfError::Io {
-        path: path.into(),
-        error,
-    })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::Format {
-        path: path.into(),
-        message: format_message(&e),
-    })?;
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
     let mut staged = Vec::new();
     let mut used = std::collections::HashSet::new();
     for (name, t) in gpt.params() {
@@ -219,43 +274,23 @@ pub fn load_params(gpt: &Gpt, path: &Path) -> Result<(), HfError> {
         } else {
             name.clone()
         });
-        let mut data = to_f32(path, &name, &source)?;
-        if let Some((index, &value)) = data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            // A NaN or infinite weight makes every loss NaN from the first step.
-            let tensor = if tied {
-                "model.embed_tokens.weight".to_string()
-            } else {
-                name
-            };
-            return Err(HfError::NonFinite {
-                path: path.into(),
-                tensor,
-                index,
-                value,
-            });
-        }
+        let read_as = if tied {
+            "model.embed_tokens.weight"
+        } else {
+            name.as_str()
+        };
+        let mut data = finite_f32(path, read_as, &source)?;
         if is_linear(&name) {
             data = transpose(&data, expected[0], expected[1]);
         }
         staged.push((name, t, data));
     }
-    // Tensors the model does not read mean the file is for another model (more layers,
-    // biases): loading the rest would silently train something else. A dump's step
-    // record (`remat.*`) is not a parameter.
-    let mut unused: Vec<String> = st
-        .names()
-        .into_iter()
-        .filter(|n| !used.contains(n.as_str()) && !n.starts_with(RECORD_PREFIX))
-        .cloned()
-        .collect();
-    if !unused.is_empty() {
-        unused.sort();
-        return Err(HfError::Unused {
-            path: path.into(),
-            tensors: unused,
-            hint: "check --layers, --d-model, --heads and --kv-heads; the model has no biases",
-        });
-    }
+    check_unused(
+        path,
+        &st,
+        &used,
+        "check --layers, --d-model, --heads and --kv-heads; the model has no biases",
+    )?;
     for (name, t, data) in staged {
         let engine = |e: crate::EngineError| HfError::Engine {
             tensor: name.clone(),

@@ -15,15 +15,12 @@
 //! ([`crate::models::gpt::hf`]): the batch, the loss, and the model as a Hugging Face config.
 
 use std::collections::HashSet;
-use std::fs;
 use std::path::Path;
-
-use safetensors::SafeTensors;
 
 use super::{BlockKind, Qwen3, Qwen3Dims, Qwen3Grads};
 use crate::models::gpt::Batch;
 use crate::models::gpt::hf::{
-    HfError, RECORD_PREFIX, RawTensor, format_message, raw_f32, step_record_parts, to_f32,
+    HfError, RawTensor, check_unused, finite_f32, parse, raw_f32, read_file, step_record_parts,
     write_raw,
 };
 
@@ -149,14 +146,8 @@ fn grad_of<'g>(grads: &'g Qwen3Grads, source: &Source) -> Option<&'g [f32]> {
 /// f32, f64, bf16 or f16, and finite; a tensor the model does not have is an error, except
 /// a gradient dump's step record (`remat.*`).
 pub fn load_params(model: &mut Qwen3, path: &Path) -> Result<(), HfError> {
-    let bytes = fs::read(path).map_err(|error| HfError::Io {
-        path: path.into(),
-        error,
-    })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| HfError::Format {
-        path: path.into(),
-        message: format_message(&e),
-    })?;
+    let bytes = read_file(path)?;
+    let st = parse(path, &bytes)?;
     let mut staged = Vec::new();
     let mut used = HashSet::new();
     for b in bindings(model)? {
@@ -172,33 +163,17 @@ pub fn load_params(model: &mut Qwen3, path: &Path) -> Result<(), HfError> {
                 found: view.shape().to_vec(),
             });
         }
-        let data = to_f32(path, &b.name, &view)?;
-        if let Some((index, &value)) = data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(HfError::NonFinite {
-                path: path.into(),
-                tensor: b.name,
-                index,
-                value,
-            });
-        }
+        let data = finite_f32(path, &b.name, &view)?;
         used.insert(b.name.clone());
         staged.push((b, data));
     }
-    let mut unused: Vec<String> = st
-        .names()
-        .into_iter()
-        .filter(|n| !used.contains(n.as_str()) && !n.starts_with(RECORD_PREFIX))
-        .cloned()
-        .collect();
-    if !unused.is_empty() {
-        unused.sort();
-        return Err(HfError::Unused {
-            path: path.into(),
-            tensors: unused,
-            hint: "check the block config (--block-config, --block-set): its sizes, \
-                   attention_bias (q, k and v only) and use_qk_norm",
-        });
-    }
+    check_unused(
+        path,
+        &st,
+        &used,
+        "check the block config (--block-config, --block-set): its sizes, \
+         attention_bias (q, k and v only) and use_qk_norm",
+    )?;
     for (b, data) in staged {
         let target = param_mut(model, &b.source).ok_or_else(|| HfError::Engine {
             tensor: b.name.clone(),
