@@ -12,14 +12,14 @@
 //! `mlp.shared_expert.{gate,up,down}_proj.weight`.
 //!
 //! A gradient dump also records its step exactly as the GPT's does
-//! ([`crate::models::gpt::hf`]): the batch, the loss, and the model as a Hugging Face config.
+//! ([`crate::models::gpt::hf`], through [`crate::models::hf_file`]): the batch, the loss, and the model as a Hugging Face config.
 
 use std::collections::HashSet;
 use std::path::Path;
 
 use super::{BlockKind, Qwen3, Qwen3Dims, Qwen3Grads};
 use crate::models::gpt::Batch;
-use crate::models::gpt::hf::{
+use crate::models::hf_file::{
     HfError, RawTensor, check_unused, finite_f32, parse, raw_f32, read_file, step_record_parts,
     write_raw,
 };
