@@ -1,5 +1,5 @@
 //! Elementwise loops shared by the basic ops: split over rayon chunks when large enough to
-//! pay for it, each chunk run through [`vectorized`] (AVX2 where the CPU has it). Every
+//! pay for it, each chunk run through `kernels::simd::vectorized` (AVX2 where the CPU has it). Every
 //! element is computed independently, so neither the chunking nor the vector width ever
 //! changes a bit.
 

@@ -3,9 +3,9 @@
 //!
 //! Reads remat's sharded layout (see [`index`] for the index format), PyTorch DCP with
 //! Hugging Face storage and Hugging Face layouts; plans every target chunk as box
-//! intersections with the source pieces ([`plan`]); executes the plan from memory maps
+//! intersections with the source pieces ([`plan()`]); executes the plan from memory maps
 //! through bounded buffers, in parallel, crash-safe ([`exec`]); and verifies two layouts
-//! hold the same tensors ([`verify`]).
+//! hold the same tensors ([`verify()`]).
 //!
 //! ```no_run
 //! use remat_reshard::{Checkpoint, ExecOptions, Format, TargetSpec, execute, plan};

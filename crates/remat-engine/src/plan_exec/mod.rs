@@ -1,9 +1,9 @@
-//! Execute a planner [`Plan`](remat_planner::Plan) in the engine: one training step run by
+//! Execute a planner [`remat_planner::Plan`] in the engine: one training step run by
 //! the plan's explicit schedule (`Compute` / `Free` / `SwapOut` / `SwapIn`), not by the
 //! graph's own retention policies.
 //!
 //! The pieces:
-//! - [`Layout`]: the step of an engine [`Graph`](crate::graph::Graph) unrolled into planner
+//! - [`Layout`]: the step of an engine [`crate::graph::Graph`] unrolled into planner
 //!   items (forward ops, backward ops, op workspaces), one tensor each. Its items are the
 //!   nodes of the planner graph the profiler ([`crate::profile`]) emits, so a plan made for
 //!   that graph indexes them directly.

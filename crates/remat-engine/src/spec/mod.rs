@@ -8,7 +8,7 @@
 //! full fine-tuning; `never`), whether it goes to the host store (`offload`), and when it
 //! exists at all (`when`, a condition on the model config and `layer`).
 //!
-//! [`compile`] turns a spec and a [`ModelConfig`] into a [`Plan`]: per layer, each slot's
+//! [`compile()`] turns a spec and a [`ModelConfig`] into a [`Plan`]: per layer, each slot's
 //! [`Disposition`], the ordered recompute [`Step`]s and the saved / recomputed / offloaded
 //! bytes.
 

@@ -16,7 +16,7 @@ use crate::error::PlanError;
 use crate::strategy::{Planned, Problem, Strategy, plan_from_steps};
 
 /// Inner-loop iterations one table fill may take: about a quarter of a second in a
-/// release build, so a plan (at most [`MAX_SOLVES`] fills) stays around a second.
+/// release build, so a plan (at most `MAX_SOLVES` fills) stays around a second.
 pub const MAX_WORK: f64 = 1.5e8;
 /// Most memory units when rounding is lossy: one unit is then under 0.03% of the budget,
 /// and more would cost table memory and time for nothing visible.

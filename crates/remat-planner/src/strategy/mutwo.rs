@@ -18,7 +18,7 @@
 //! stop test then uses the very numbers the plan is judged by.
 //!
 //! Swap-out deviation: a swap whose copy-out would still be running in the peak interval
-//! is not taken (see [`Scheduler::copy_out_clears_peak`]).
+//! is not taken (see `Scheduler::copy_out_clears_peak`).
 //!
 //! Single-model deviation: Algorithm C's cases 2-3 also overlap a swap with forward nodes of
 //! *another* model fused into the same step; with one model there are none, so only backward

@@ -174,7 +174,7 @@ impl Plan {
 
     /// Device bytes held between forward and backward over all layers, plus the shared
     /// recompute buffers.
-    /// [`Plan::check_totals`] has checked at compile time that none of these sums overflow;
+    /// `Plan::check_totals` has checked at compile time that none of these sums overflow;
     /// they saturate rather than wrap should a caller edit the plan afterwards.
     pub fn device_bytes(&self) -> u64 {
         self.saved_bytes()

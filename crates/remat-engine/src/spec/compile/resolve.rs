@@ -42,7 +42,7 @@ pub struct Recipe {
     pub group: Option<String>,
 }
 
-/// A spec whose structure has been checked; plan it per layer with [`super::plan_layer`].
+/// A spec whose structure has been checked; plan it per layer with [`Resolved::plan_layer`].
 #[derive(Debug, Clone)]
 pub struct Resolved {
     pub spec: BlockSpec,
