@@ -283,7 +283,7 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()>
     Ok(())
 }
 
-/// One row; a strategy without a plan gets "n/a [k]" and footnote k says why.
+/// One row; a strategy without a plan gets "n/a \[k\]" and footnote k says why.
 fn compare_row(
     graph: &Graph,
     budget: String,

@@ -54,7 +54,7 @@ pub struct Args {
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
     /// Checkpointing: store-all, recompute-all, every:N, depth:N, sqrt (node segments),
-    /// per-block, blocks:N, sqrt-blocks; or auto[:STRATEGY] (profile, plan for
+    /// per-block, blocks:N, sqrt-blocks; or auto or auto:STRATEGY (profile, plan for
     /// --memory-budget, execute the plan: see `train_auto`).
     #[arg(long, default_value = "store-all", value_parser = super::train_auto::parse_policy_choice)]
     pub policy: super::train_auto::PolicyChoice,
