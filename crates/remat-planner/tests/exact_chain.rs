@@ -1,32 +1,16 @@
 //! The chain DP on training graphs: its schedules validate in the simulator, which agrees
 //! with the DP on time and stays under the budget.
 
+mod common;
+
+use common::{Rng, node};
+
 use remat_planner::exact::chain::solve_chain;
 use remat_planner::exact::chain_graph::chain_of;
 use remat_planner::exact::chain_strategy::ChainDp;
 use remat_planner::{Graph, Node, Phase, PlanError, Problem, Strategy, simulate_steps};
 
 const BANDWIDTH: f64 = 16e9;
-
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
-fn node(name: String, phase: Phase, time: u64, bytes: u64, inputs: Vec<usize>) -> Node {
-    Node {
-        name,
-        phase,
-        compute_time: time as f64,
-        output_bytes: bytes,
-        inputs,
-    }
-}
 
 /// A sequential network's training graph shaped like Checkmate's VGG graphs: `layer_k`
 /// reads `layer_{k-1}`; `layer_k_backward` reads the layer's input and output and the

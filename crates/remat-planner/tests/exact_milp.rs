@@ -1,33 +1,18 @@
 //! Checkmate's MILP (feature `milp`): its schedules validate in the simulator, it is never
 //! beaten by the other strategies, and it proves budgets below the floor infeasible.
+
 #![cfg(feature = "milp")]
+
+mod common;
+
+use common::{Rng, graphs_dir, node};
 
 use remat_planner::exact::chain_strategy::ChainDp;
 use remat_planner::exact::evict::Evict;
 use remat_planner::exact::milp::{MilpError, MilpOptions, solve_milp};
-use remat_planner::{Graph, Node, Phase, Problem, Strategy, simulate_steps};
+use remat_planner::{Graph, Phase, Problem, Strategy, simulate_steps};
 
 const BANDWIDTH: f64 = 16e9;
-
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
-fn node(name: String, phase: Phase, time: u64, bytes: u64, inputs: Vec<usize>) -> Node {
-    Node {
-        name,
-        phase,
-        compute_time: time as f64,
-        output_bytes: bytes,
-        inputs,
-    }
-}
 
 /// A small training graph: a forward pass where each layer reads the previous one and,
 /// when `skips`, sometimes an older one (a U-Net-like skip); a loss; and a backward pass in
@@ -242,28 +227,6 @@ fn milp_never_recomputes_a_pinned_node() {
     let solution = solve_milp(&pinned, 30, &MilpOptions::default()).unwrap();
     assert_eq!(computes(&solution.steps), 1);
     simulate_steps(&pinned, &solution.steps, BANDWIDTH).unwrap();
-}
-
-/// `../shared/graphs` beside the checkout, or `$REMAT_SHARED_DIR/graphs` (for worktrees).
-fn graphs_dir() -> Option<std::path::PathBuf> {
-    let beside = std::path::PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/graphs"
-    ));
-    let from_env =
-        std::env::var_os("REMAT_SHARED_DIR").map(|d| std::path::PathBuf::from(d).join("graphs"));
-    let dir = if beside.is_dir() {
-        beside
-    } else {
-        from_env.unwrap_or(beside)
-    };
-    if dir.is_dir() {
-        eprintln!("reading shared graphs from {}", dir.display());
-        Some(dir)
-    } else {
-        eprintln!("skipping: {} is absent", dir.display());
-        None
-    }
 }
 
 /// Minutes of HiGHS on the real graphs: run by hand with `--ignored` (the benchmark

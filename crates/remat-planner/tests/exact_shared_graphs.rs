@@ -1,7 +1,9 @@
 //! The exact and fast strategies on the profiled graphs of ../shared/graphs (skipped, saying
 //! so, when the directory is absent).
 
-use std::path::PathBuf;
+mod common;
+
+use common::graphs_dir;
 
 use remat_planner::exact::chain_strategy::ChainDp;
 use remat_planner::exact::evict::Evict;
@@ -9,27 +11,6 @@ use remat_planner::import::{ImportOptions, load};
 use remat_planner::{Graph, PlanError, Problem, Strategy};
 
 const BANDWIDTH: f64 = 16e9;
-
-/// `../shared/graphs` beside the checkout, or `$REMAT_SHARED_DIR/graphs` (for worktrees).
-fn graphs_dir() -> Option<PathBuf> {
-    let beside = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/graphs"
-    ));
-    let from_env = std::env::var_os("REMAT_SHARED_DIR").map(|d| PathBuf::from(d).join("graphs"));
-    let dir = if beside.is_dir() {
-        beside
-    } else {
-        from_env.unwrap_or(beside)
-    };
-    if dir.is_dir() {
-        eprintln!("reading shared graphs from {}", dir.display());
-        Some(dir)
-    } else {
-        eprintln!("skipping: {} is absent", dir.display());
-        None
-    }
-}
 
 fn load_graph(dir: &std::path::Path, file: &str) -> Option<Graph> {
     let path = dir.join(file);

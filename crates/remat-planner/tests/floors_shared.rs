@@ -3,31 +3,13 @@
 //! store-all peak's middle ground MuTWO finds a valid plan. Skipped, saying so, when the
 //! shared folder is absent.
 
-use std::path::PathBuf;
+mod common;
+
+use common::graphs_dir;
 
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::strategy::{Problem, plan_best, registry};
 use remat_planner::{PlanError, lookup, simulate};
-
-fn graphs_dir() -> Option<PathBuf> {
-    let beside = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/graphs"
-    ));
-    let from_env = std::env::var_os("REMAT_SHARED_DIR").map(|d| PathBuf::from(d).join("graphs"));
-    let dir = if beside.is_dir() {
-        beside
-    } else {
-        from_env.unwrap_or(beside)
-    };
-    if dir.is_dir() {
-        println!("reading shared graphs from {}", dir.display());
-        Some(dir)
-    } else {
-        println!("skipping: {} is absent", dir.display());
-        None
-    }
-}
 
 const TRAINING: [&str; 4] = [
     "vgg16-b256-train.json",

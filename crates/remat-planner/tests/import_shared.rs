@@ -1,31 +1,11 @@
 //! Every graph of `../shared/graphs` loads, with the node counts and floors its README states.
 //! Skipped, saying so, when the shared folder is absent.
 
-use std::path::PathBuf;
+mod common;
+
+use common::graphs_dir;
 
 use remat_planner::import::{ImportOptions, load};
-
-/// `../shared/graphs` beside the checkout, or `$REMAT_SHARED_DIR/graphs` (for worktrees
-/// that do not sit beside it).
-fn graphs_dir() -> Option<PathBuf> {
-    let beside = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/graphs"
-    ));
-    let from_env = std::env::var_os("REMAT_SHARED_DIR").map(|d| PathBuf::from(d).join("graphs"));
-    let dir = if beside.is_dir() {
-        beside
-    } else {
-        from_env.unwrap_or(beside)
-    };
-    if dir.is_dir() {
-        println!("reading shared graphs from {}", dir.display());
-        Some(dir)
-    } else {
-        println!("skipping: {} is absent", dir.display());
-        None
-    }
-}
 
 /// (file, nodes, links, floor / store-all peak as the README rounds it)
 const GRAPHS: [(&str, usize, usize, Option<f64>); 5] = [
