@@ -16,8 +16,16 @@ const W1: u32 = 0xBB67_AE85;
 /// with key `seed` and counter `(counter, 0)`; returns the first 64 output bits.
 #[inline]
 pub fn philox_hash(seed: u64, counter: u64) -> u64 {
-    let mut c = [counter as u32, (counter >> 32) as u32, 0u32, 0u32];
-    let mut k = [seed as u32, (seed >> 32) as u32];
+    let c = philox4x32_10(
+        [counter as u32, (counter >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    );
+    u64::from(c[0]) | (u64::from(c[1]) << 32)
+}
+
+/// The full Philox4x32-10 block: ten rounds of two 32x32->64 multiplies and a key bump.
+#[inline]
+fn philox4x32_10(mut c: [u32; 4], mut k: [u32; 2]) -> [u32; 4] {
     for round in 0..10 {
         if round > 0 {
             k[0] = k[0].wrapping_add(W0);
@@ -32,7 +40,7 @@ pub fn philox_hash(seed: u64, counter: u64) -> u64 {
             p0 as u32,
         ];
     }
-    u64::from(c[0]) | (u64::from(c[1]) << 32)
+    c
 }
 
 /// 24-bit threshold: an element is kept when its top 24 random bits are `>= threshold`, so
@@ -114,26 +122,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn philox_matches_the_published_known_answer() {
-        // Random123 kat_vectors: philox4x32-10, counter 0, key 0 -> 6627e8d5 e169c58d ...
-        let mut c = [0u32; 4];
-        let mut k = [0u32; 2];
-        for round in 0..10 {
-            if round > 0 {
-                k[0] = k[0].wrapping_add(W0);
-                k[1] = k[1].wrapping_add(W1);
-            }
-            let p0 = u64::from(M0) * u64::from(c[0]);
-            let p1 = u64::from(M1) * u64::from(c[2]);
-            c = [
-                (p1 >> 32) as u32 ^ c[1] ^ k[0],
-                p1 as u32,
-                (p0 >> 32) as u32 ^ c[3] ^ k[1],
-                p0 as u32,
-            ];
+    fn philox_matches_the_published_known_answers() {
+        // Random123's kat_vectors for philox4x32-10: (counter, key) -> output.
+        let kat: [([u32; 4], [u32; 2], [u32; 4]); 3] = [
+            (
+                [0; 4],
+                [0; 2],
+                [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8],
+            ),
+            (
+                [u32::MAX; 4],
+                [u32::MAX; 2],
+                [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd],
+            ),
+            (
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0],
+                [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1],
+            ),
+        ];
+        for (counter, key, want) in kat {
+            assert_eq!(
+                philox4x32_10(counter, key),
+                want,
+                "counter {counter:x?} key {key:x?}"
+            );
         }
-        assert_eq!(c, [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        // The dropout hash is the first two words with the counter's high half zero.
         assert_eq!(philox_hash(0, 0), 0xe169_c58d_6627_e8d5);
+        let seed = 0x299f_31d0_a409_3822u64;
+        let c = philox4x32_10([7, 1, 0, 0], [seed as u32, (seed >> 32) as u32]);
+        assert_eq!(
+            philox_hash(seed, (1 << 32) | 7),
+            u64::from(c[0]) | (u64::from(c[1]) << 32)
+        );
     }
 
     #[test]
