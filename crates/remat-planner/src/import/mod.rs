@@ -48,13 +48,13 @@ pub fn parse(file: &str, text: &str, options: ImportOptions) -> Result<Graph, Im
     })?;
     if object.get("format").and_then(Value::as_str) == Some(remat_json::FORMAT) {
         remat_json::from_value(file, object)
-    } else if object.contains_key("links") {
+    } else if object.contains_key("links") || object.contains_key("edges") {
         networkx::from_value(file, object, options)
     } else {
         Err(ImportError::Schema {
             file: file.to_string(),
             what: format!(
-                "neither a remat graph (\"format\": \"{}\") nor networkx node-link JSON (\"links\")",
+                "neither a remat graph (\"format\": \"{}\") nor networkx node-link JSON (\"links\" or \"edges\")",
                 remat_json::FORMAT
             ),
         })

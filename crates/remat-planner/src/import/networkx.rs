@@ -14,6 +14,9 @@
 //! The schema is chosen once per file, from the fields the nodes use (any training field
 //! makes it a training graph), so a node missing a field is told the field of the file's
 //! schema. A cycle is reported as such, with its path, before any order is checked.
+//!
+//! The link list is `links` or, as networkx 3.4 and later can write it, `edges`. An
+//! undirected graph (`"directed": false`) is refused: its links have no reading direction.
 
 use std::collections::HashMap;
 
@@ -46,10 +49,13 @@ pub(crate) fn from_value(
         .get("nodes")
         .and_then(Value::as_array)
         .ok_or_else(|| schema("field `nodes` is missing or not an array"))?;
-    let links = object
-        .get("links")
-        .and_then(Value::as_array)
-        .ok_or_else(|| schema("field `links` is not an array"))?;
+    if object.get("directed") == Some(&Value::Bool(false)) {
+        return Err(schema(
+            "the graph is undirected (`directed` is false): a data-flow graph needs links \
+             that say which node reads which",
+        ));
+    }
+    let links = link_list(object).map_err(|what| schema(&what))?;
     let training = is_training(nodes);
     let raw = nodes
         .iter()
@@ -81,6 +87,23 @@ pub(crate) fn from_value(
         topological_order(&raw, &edges)
     };
     build(file, object, raw, &edges, &order, options)
+}
+
+/// The link list: `links`, as Checkmate's and Moccasin's files and networkx before 3.4
+/// write it, or `edges`, the name networkx 3.4 introduced (`node_link_data(G, edges=...)`)
+/// and makes its default later. Both at once is ambiguous.
+fn link_list(object: &Map<String, Value>) -> Result<&Vec<Value>, String> {
+    let (key, value) = match (object.get("links"), object.get("edges")) {
+        (Some(_), Some(_)) => {
+            return Err("has both `links` and `edges`: which one lists the links?".into());
+        }
+        (Some(v), None) => ("links", v),
+        (None, Some(v)) => ("edges", v),
+        (None, None) => return Err("field `links` (or `edges`) is missing".into()),
+    };
+    value
+        .as_array()
+        .ok_or_else(|| format!("field `{key}` is not an array"))
 }
 
 /// Fields only Checkmate's training schema uses.
@@ -399,6 +422,35 @@ mod tests {
         let cyclic = text.replace(r#"{"0": 0, "1": 2}"#, r#"{"0": 1, "1": 2}"#);
         let err = parse("r.json", &cyclic, ImportOptions::default()).unwrap_err();
         assert!(err.to_string().contains("cycle"), "{err}");
+    }
+
+    #[test]
+    fn links_may_be_called_edges_as_networkx_3_4_writes_them() {
+        let edges = TRAIN.replace("\"links\"", "\"edges\"");
+        let g = parse("t.json", &edges, ImportOptions::default()).unwrap();
+        assert_eq!(g.node(2).inputs, vec![0, 1]);
+        let both = TRAIN.replace("\"links\"", "\"edges\": [], \"links\"");
+        let err = parse("t.json", &both, ImportOptions::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("both `links` and `edges`"),
+            "{err}"
+        );
+        let neither = TRAIN.replace("\"links\"", "\"arcs\"");
+        let err = parse("t.json", &neither, ImportOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("\"links\" or \"edges\""), "{err}");
+        let not_array = TRAIN.replace("\"links\": [", "\"edges\": 3, \"unused\": [");
+        let err = parse("t.json", &not_array, ImportOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("`edges` is not an array"), "{err}");
+    }
+
+    #[test]
+    fn an_undirected_graph_is_refused() {
+        let undirected = TRAIN.replace("\"directed\": true", "\"directed\": false");
+        let err = parse("t.json", &undirected, ImportOptions::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("t.json") && err.to_string().contains("undirected"),
+            "{err}"
+        );
     }
 
     #[test]
