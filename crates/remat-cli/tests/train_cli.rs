@@ -249,8 +249,8 @@ fn too_small_a_budget_is_an_out_of_memory_error_with_a_hint() {
 
 #[test]
 fn dump_grads_then_init_and_character_data() {
-    let dir = std::env::temp_dir().join(format!("remat-train-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let grads = dir.join("grads.safetensors");
     let g = grads.to_str().unwrap();
     let out = remat(&[&["train", "--steps", "1", "--dump-grads", g], TINY].concat());

@@ -27,7 +27,8 @@ fn config(seed: u64) -> GptConfig {
 
 #[test]
 fn save_then_load_round_trips_in_hf_layout() {
-    let dir = tempdir("roundtrip");
+    let tmp = tempdir("roundtrip");
+    let dir = tmp.path().to_path_buf();
     let path = dir.join("params.safetensors");
     let pool = MemoryPool::unbounded();
     let a = Gpt::new(&pool, config(1)).unwrap();
@@ -79,7 +80,8 @@ fn save_then_load_round_trips_in_hf_layout() {
 
 #[test]
 fn wrong_shapes_and_missing_tensors_are_named() {
-    let dir = tempdir("errors");
+    let tmp = tempdir("errors");
+    let dir = tmp.path().to_path_buf();
     let path = dir.join("small.safetensors");
     let pool = MemoryPool::unbounded();
     let small = Gpt::new(&pool, config(1)).unwrap();
@@ -124,7 +126,8 @@ fn wrong_shapes_and_missing_tensors_are_named() {
 
 #[test]
 fn a_file_without_lm_head_is_read_as_tied_embeddings() {
-    let dir = tempdir("tied");
+    let tmp = tempdir("tied");
+    let dir = tmp.path().to_path_buf();
     let path = dir.join("tied.safetensors");
     let pool = MemoryPool::unbounded();
     let a = Gpt::new(&pool, config(1)).unwrap();
@@ -148,7 +151,8 @@ fn a_file_without_lm_head_is_read_as_tied_embeddings() {
 /// model as a Hugging Face config; and it still loads as parameters.
 #[test]
 fn a_gradient_dump_records_its_batch_loss_and_model() {
-    let dir = tempdir("step");
+    let tmp = tempdir("step");
+    let dir = tmp.path().to_path_buf();
     let path = dir.join("grads.safetensors");
     let pool = MemoryPool::unbounded();
     let a = Gpt::new(&pool, config(1)).unwrap();
@@ -217,8 +221,10 @@ fn a_gradient_dump_records_its_batch_loss_and_model() {
     assert!(!dir.join("bad.safetensors").exists());
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("remat-gpt-hf-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory, removed with everything in it when the returned guard drops.
+fn tempdir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("remat-gpt-hf-{name}-"))
+        .tempdir()
+        .unwrap()
 }
