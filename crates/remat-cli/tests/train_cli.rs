@@ -120,7 +120,7 @@ fn compare_prints_every_policy_with_identical_gradients() {
     }
     assert!(stdout.contains("grads bit-identical"), "{stdout}");
     assert!(
-        stdout.contains("1 warm-up + 2 timed steps per policy (median)"),
+        stdout.contains("1 warm-up + 2 timed steps per policy, repeated up to 0.4 s (median)"),
         "{stdout}"
     );
 }
