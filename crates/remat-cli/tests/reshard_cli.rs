@@ -221,3 +221,26 @@ fn verify_names_the_first_differing_tensor_and_element() {
     let e = fails(&["reshard", "verify", &src, &out]);
     assert!(e.contains("layers.0.w"), "{e}");
 }
+
+#[test]
+fn a_parent_of_checkpoints_is_refused_with_the_ones_inside_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path().join("runs");
+    let inner = parent.join("step-100");
+    std::fs::create_dir_all(&inner).unwrap();
+    std::fs::create_dir_all(parent.join("logs")).unwrap();
+    source(&inner);
+    let out = p(tmp.path(), "out");
+    let e = fails(&["reshard", &p(tmp.path(), "runs"), &out, "-w", "2"]);
+    assert!(
+        e.contains("not a checkpoint remat can read")
+            && e.contains("one level down")
+            && e.contains("step-100/")
+            && !e.contains("logs"),
+        "{e}"
+    );
+    assert!(!Path::new(&out).exists());
+    // An empty directory gets no such hint.
+    let e = fails(&["reshard", &p(&parent, "logs"), &out, "-w", "2"]);
+    assert!(!e.contains("one level down"), "{e}");
+}

@@ -282,10 +282,46 @@ pub fn detect(path: &Path) -> Result<Format> {
             "this is a PyTorch distributed checkpoint in torch's own format (a pickled .metadata with torch.save-based *.distcp files), which remat recognises but does not read: save it with Hugging Face storage (torch.distributed.checkpoint's HuggingFaceStorageWriter: shard-N-model-i-of-n.safetensors), or as remat's or Hugging Face's safetensors layouts",
         ));
     }
-    Err(unknown(
-        path,
+    let mut what = String::from(
         "found no remat.index.json, model.safetensors(.index.json) or shard-*-model-*-of-*.safetensors",
-    ))
+    );
+    let inner = checkpoint_subdirs(path);
+    if !inner.is_empty() {
+        what.push_str(&format!(
+            "; the checkpoints are one level down: {} (pass one of them)",
+            inner.join(", ")
+        ));
+    }
+    Err(unknown(path, &what))
+}
+
+/// Subdirectories of `dir` (sorted, at most [`SUBDIR_HINTS`]) that hold a layout
+/// [`detect`] reads, for the hint when `dir` itself is their parent. Unreadable entries are
+/// passed over: this only adds to an error already being reported.
+fn checkpoint_subdirs(dir: &Path) -> Vec<String> {
+    const SUBDIR_HINTS: usize = 5;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .filter(|p| {
+            p.join(INDEX_NAME).is_file()
+                || p.join(HF_INDEX_NAME).is_file()
+                || p.join(HF_SINGLE_NAME).is_file()
+                || has_dcp_names(p).unwrap_or(false)
+        })
+        .map(|p| format!("{}/", p.display()))
+        .collect();
+    found.sort();
+    if found.len() > SUBDIR_HINTS {
+        let more = found.len() - SUBDIR_HINTS;
+        found.truncate(SUBDIR_HINTS);
+        found.push(format!("and {more} more"));
+    }
+    found
 }
 
 /// Whether `dir` holds PyTorch DCP's default format: a `.metadata` file or `*.distcp`
