@@ -222,3 +222,26 @@ fn budgets_and_bandwidths_take_scientific_notation() {
     assert!(ok, "{text}");
     assert!(text.contains("budget 95.37 MiB"), "{text}");
 }
+
+#[test]
+fn a_directory_of_graphs_is_refused_with_its_graph_files_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_graph(dir.path());
+    std::fs::write(dir.path().join("notes.txt"), "not a graph").expect("writes");
+    let d = dir.path().to_str().expect("utf-8 path");
+    let (ok, text) = remat(&["plan", d, "--budget", "0.7"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("is a directory, not a graph file")
+            && text.contains("mlp8.json")
+            && !text.contains("notes.txt"),
+        "{text}"
+    );
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let (ok, text) = remat(&["plan", empty.to_str().expect("utf-8"), "--budget", "0.7"]);
+    assert!(
+        !ok && text.contains("is a directory") && !text.contains("pass one"),
+        "{text}"
+    );
+}

@@ -29,11 +29,43 @@ impl Default for ImportOptions {
 /// Reads a graph file in either schema.
 pub fn load(path: &Path, options: ImportOptions) -> Result<Graph, ImportError> {
     let file = path.display().to_string();
+    if path.is_dir() {
+        return Err(ImportError::Schema {
+            what: directory_hint(path),
+            file,
+        });
+    }
     let text = std::fs::read_to_string(path).map_err(|error| ImportError::Io {
         file: file.clone(),
         error,
     })?;
     parse(&file, &text, options)
+}
+
+/// The error text for a directory given as a graph: the `.json` files in it, if any.
+fn directory_hint(dir: &Path) -> String {
+    const LISTED: usize = 5;
+    let mut graphs: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    graphs.sort();
+    let mut what = String::from("is a directory, not a graph file");
+    if !graphs.is_empty() {
+        let more = graphs.len().saturating_sub(LISTED);
+        graphs.truncate(LISTED);
+        what.push_str(&format!("; it holds {}", graphs.join(", ")));
+        if more > 0 {
+            what.push_str(&format!(" and {more} more .json files"));
+        }
+        what.push_str(": pass one of them");
+    }
+    what
 }
 
 /// Parses a graph from text; `file` names it in errors.
