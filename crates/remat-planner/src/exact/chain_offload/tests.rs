@@ -83,6 +83,7 @@ fn never_slower_than_recompute_only_and_plans_validate() {
 #[test]
 fn with_no_bandwidth_it_is_recompute_only() {
     let graph = sequential(14, 12345);
+    let mut compared = 0;
     for budget in problems(&graph) {
         let problem = Problem {
             graph: &graph,
@@ -94,9 +95,11 @@ fn with_no_bandwidth_it_is_recompute_only() {
         };
         assert_eq!(off.report.total_time, dp.report.total_time);
         assert_eq!(off.plan.steps, dp.plan.steps);
-        // And the search itself finds no offload worth its copies.
-        assert!(offload_plan(&problem).is_none_or(|p| p.report.total_time >= dp.report.total_time));
+        // And the search itself, which costs the copies, chooses no offloaded checkpoint.
+        assert!(offload_plan(&problem).is_none(), "offloads at {budget}");
+        compared += 1;
     }
+    assert!(compared >= 4, "only {compared} budgets planned");
 }
 
 #[test]
