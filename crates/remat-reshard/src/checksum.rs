@@ -59,6 +59,14 @@ mod tests {
         let whole = chunk_checksum(&data, 64);
         let by_hand: Vec<u64> = data.chunks(64).map(block_digest).collect();
         assert_eq!(whole, combine(&by_hand));
+        // The format the index documents, against the reference C xxHash (python-xxhash
+        // 4.1.0, libxxhash 0.8.4): XXH3_64bits of each block, then of the little-endian
+        // digests. XXH3_64bits("") is the well-known 2d06800538d394c2.
+        assert_eq!(to_hex(block_digest(&[])), "2d06800538d394c2");
+        assert_eq!(to_hex(block_digest(&data[..64])), "6efb76ff16f37561");
+        assert_eq!(to_hex(whole), "9210fddead4f85cb");
+        assert_eq!(to_hex(chunk_checksum(&data, 1000)), "22dd2cb378f8f462");
+        assert_eq!(to_hex(chunk_checksum(&[], 64)), "2d06800538d394c2");
         assert_ne!(whole, chunk_checksum(&data[1..], 64));
         assert_eq!(from_hex(&to_hex(whole)), Some(whole));
         assert_eq!(from_hex("xyz"), None);
