@@ -50,3 +50,51 @@ fn only_matching_nothing_lists_the_graphs() {
         "{text}"
     );
 }
+
+/// The scale section's worker, run as the section runs it: one solve of a generated graph,
+/// printed as one result line; a budget under the floor is an "over" line with the peak.
+#[test]
+fn the_scale_worker_solves_one_generated_graph() {
+    let (ok, text) = remat(&[
+        "bench",
+        "plan",
+        "--scale-worker",
+        "layered:40:1|100000000|evict",
+    ]);
+    assert!(ok, "{text}");
+    assert!(text.contains("remat-scale-result ok 0 "), "{text}");
+    let (ok, text) = remat(&["bench", "plan", "--scale-worker", "layered:40:1|10|mutwo"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("remat-scale-result over "), "{text}");
+    let (ok, text) = remat(&["bench", "plan", "--scale-worker", "ring:3|10|mutwo"]);
+    assert!(!ok && text.contains("ring:3"), "{text}");
+}
+
+/// A solve still running at --scale-cap is stopped and reported as such, and the table
+/// still comes out.
+#[test]
+fn the_scale_section_stops_solves_at_the_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ok, text) = remat(&[
+        "bench",
+        "plan",
+        "--scale-only",
+        "--scale-max-nodes",
+        "300",
+        "--scale-cap",
+        "0.001",
+        "--graphs",
+        dir.path().to_str().expect("utf-8"),
+    ]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("layered n=250") && text.contains("stopped"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("transformer"),
+        "over --scale-max-nodes: {text}"
+    );
+    let (ok, text) = remat(&["bench", "plan", "--scale-only", "--scale-cap", "0"]);
+    assert!(!ok && text.contains("--scale-cap"), "{text}");
+}

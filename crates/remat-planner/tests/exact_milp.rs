@@ -9,7 +9,7 @@ use common::{Rng, graphs_dir, node};
 
 use remat_planner::exact::chain_strategy::ChainDp;
 use remat_planner::exact::evict::Evict;
-use remat_planner::exact::milp::{MilpError, MilpOptions, solve_milp};
+use remat_planner::exact::milp::{CheckmateMilp, MilpError, MilpOptions, solve_milp};
 use remat_planner::{Graph, Phase, Problem, Strategy, simulate_steps};
 
 const BANDWIDTH: f64 = 16e9;
@@ -76,6 +76,9 @@ fn milp_time(graph: &Graph, budget: u64) -> Option<f64> {
                 report.peak_bytes
             );
             assert!((report.total_time - solution.objective).abs() <= 1e-6 * report.total_time);
+            // Proved optimal: the bound meets the objective.
+            assert!(solution.lower_bound <= solution.objective);
+            assert!(solution.lower_bound >= solution.objective * (1.0 - 1e-5));
             Some(report.total_time)
         }
         Err(MilpError::Infeasible { .. }) => None,
@@ -227,6 +230,158 @@ fn milp_never_recomputes_a_pinned_node() {
     let solution = solve_milp(&pinned, 30, &MilpOptions::default()).unwrap();
     assert_eq!(computes(&solution.steps), 1);
     simulate_steps(&pinned, &solution.steps, BANDWIDTH).unwrap();
+}
+
+#[test]
+fn under_a_short_time_limit_the_outcome_is_an_incumbent_and_a_bound() {
+    // Graphs large enough that HiGHS cannot always finish in 50 ms; whatever it returns,
+    // the bound is at most the proved optimum (solved without a tight limit) and at least
+    // the base time, and an incumbent fits the budget and is no faster than the bound.
+    let mut rng = Rng(0xfeed);
+    let mut incumbents = 0;
+    for case in 0..4 {
+        let graph = training_graph(&mut rng, 8 + 2 * case, true);
+        let (floor, peak) = (graph.memory_floor(), graph.store_all_peak());
+        let budget = floor + (peak - floor) / 4;
+        let problem = Problem {
+            graph: &graph,
+            budget_bytes: budget,
+            bandwidth: BANDWIDTH,
+        };
+        let Some(optimum) = milp_time(&graph, budget) else {
+            continue;
+        };
+        let short = CheckmateMilp {
+            options: MilpOptions {
+                time_limit_s: 0.05,
+                ..MilpOptions::default()
+            },
+        };
+        let outcome = short.solve(&problem).unwrap();
+        let bound = outcome.lower_bound_time;
+        assert!(bound >= graph.base_time() - 1e-9, "case {case}: {bound}");
+        assert!(
+            bound <= optimum * (1.0 + 1e-6),
+            "case {case}: {bound} > {optimum}"
+        );
+        if let Some(planned) = &outcome.planned {
+            incumbents += 1;
+            assert!(planned.report.peak_bytes <= budget, "case {case}");
+            assert!(
+                planned.report.total_time >= bound - 1e-9 * bound,
+                "case {case}"
+            );
+            if outcome.proved_optimal {
+                let time = planned.report.total_time;
+                assert!((time - optimum).abs() <= 1e-6 * optimum, "case {case}");
+            }
+        } else {
+            assert!(!outcome.proved_optimal);
+        }
+        let overhead = outcome.lower_bound_overhead(&graph);
+        eprintln!(
+            "case {case}: {} nodes, optimum {optimum}, 50 ms: bound {bound} (overhead >= {overhead:.4}), plan {:?}, proved {}",
+            graph.len(),
+            outcome.planned.as_ref().map(|p| p.report.total_time),
+            outcome.proved_optimal
+        );
+    }
+    eprintln!("{incumbents} incumbents under 50 ms");
+}
+
+#[test]
+fn an_incumbent_not_proved_optimal_is_returned_with_its_bound() {
+    // HiGHS stops at its first schedule: the strategy returns it (it used to decline), and
+    // the bound is a true lower bound, below the optimum found without the limit.
+    let mut rng = Rng(0xbead);
+    let mut unproved = 0;
+    for case in 0..4 {
+        let graph = training_graph(&mut rng, 8 + case, true);
+        let (floor, peak) = (graph.memory_floor(), graph.store_all_peak());
+        let budget = floor + (peak - floor) / 4;
+        let problem = Problem {
+            graph: &graph,
+            budget_bytes: budget,
+            bandwidth: BANDWIDTH,
+        };
+        let first = CheckmateMilp {
+            options: MilpOptions {
+                max_improving_schedules: Some(1),
+                ..MilpOptions::default()
+            },
+        };
+        let outcome = match first.solve(&problem) {
+            Ok(outcome) => outcome,
+            Err(remat_planner::PlanError::ProvedInfeasible { .. }) => continue,
+            Err(e) => panic!("case {case}: {e}"),
+        };
+        let Some(optimum) = milp_time(&graph, budget) else {
+            panic!("case {case}: a schedule was found, yet the MILP proves none fits");
+        };
+        let planned = outcome.planned.as_ref().expect("HiGHS stops at a schedule");
+        assert!(planned.report.peak_bytes <= budget);
+        let time = planned.report.total_time;
+        assert!(time >= optimum - 1e-9 && outcome.lower_bound_time <= optimum + 1e-9);
+        assert_eq!(
+            outcome.proved_optimal,
+            time - outcome.lower_bound_time <= 1e-6 * time
+        );
+        if !outcome.proved_optimal {
+            unproved += 1;
+            let via_strategy = first.plan(&problem).expect("the incumbent is the plan");
+            assert_eq!(via_strategy.report.total_time, time);
+        }
+        eprintln!(
+            "case {case}: first schedule {time}, bound {}, optimum {optimum}",
+            outcome.lower_bound_time
+        );
+    }
+    assert!(
+        unproved > 0,
+        "every first schedule was proved optimal: no unproved case tested"
+    );
+}
+
+#[test]
+fn a_graph_too_large_for_the_model_is_refused_pointing_at_the_fast_solver() {
+    let graph = remat_planner::synth::training_graph(150, 3);
+    let problem = Problem {
+        graph: &graph,
+        budget_bytes: graph.store_all_peak(),
+        bandwidth: BANDWIDTH,
+    };
+    let milp = CheckmateMilp {
+        options: MilpOptions::default(),
+    };
+    let err = milp.solve(&problem).unwrap_err().to_string();
+    assert!(
+        err.contains("301 nodes") && err.contains("limit 200") && err.contains("fast strategy"),
+        "{err}"
+    );
+    let err = solve_milp(&graph, graph.store_all_peak(), &MilpOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, MilpError::TooLarge { nodes: 301, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_proof_of_infeasibility_stays_an_answer_of_solve() {
+    let mut rng = Rng(5);
+    let graph = training_graph(&mut rng, 4, false);
+    let problem = Problem {
+        graph: &graph,
+        budget_bytes: graph.memory_floor() - 1,
+        bandwidth: BANDWIDTH,
+    };
+    let milp = CheckmateMilp {
+        options: MilpOptions::default(),
+    };
+    let err = milp.solve(&problem).unwrap_err();
+    assert!(
+        matches!(err, remat_planner::PlanError::ProvedInfeasible { .. }),
+        "{err}"
+    );
 }
 
 /// Minutes of HiGHS on the real graphs: run by hand with `--ignored` (the benchmark

@@ -10,6 +10,13 @@
 //! memory units are lossless. Then a summary of the best fast (non-exact) strategy against
 //! that optimum with a pass/fail column for the goal (fast overhead within 2% of the
 //! optimal overhead), and solve times on the synthetic graphs.
+//!
+//! Then the scale section ([`scale`]): the default search, `evict` and `mutwo` on random
+//! layered graphs of 250 to 5,000 nodes and transformer graphs of 1,000 to 10,000 nodes, and
+//! on Moccasin's published files found in `--graphs` (those of 250 nodes or more go there
+//! rather than into the per-strategy table, at the paper's byte budgets).
+
+pub mod scale;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -17,7 +24,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use remat_planner::import::{ImportOptions, load};
-use remat_planner::strategy::{Problem, Strategy, registry};
+use remat_planner::strategy::{Planned, Problem, Strategy, registry};
 use remat_planner::{Graph, PlanError, synth};
 
 use super::plan::{human_bytes, parse_bandwidth, print_table};
@@ -41,10 +48,26 @@ pub struct Args {
     /// Only the shared graphs whose file name contains this text.
     #[arg(long)]
     pub only: Option<String>,
-    /// Seconds HiGHS may spend per budget (feature `milp`); the MILP declines ("n/a") when
-    /// it cannot prove its schedule optimal in that time.
+    /// Seconds HiGHS may spend per budget (feature `milp`). A schedule it cannot prove
+    /// optimal in that time is shown as its incumbent with the proved bound, and is not
+    /// the reference.
     #[arg(long, default_value_t = 120.0)]
     pub milp_time_limit: f64,
+    /// Seconds after which a solve of the scale section is stopped (reported as such).
+    #[arg(long, default_value_t = 120.0)]
+    pub scale_cap: f64,
+    /// Scale-section graphs above this many nodes are left out.
+    #[arg(long, default_value_t = 10_000)]
+    pub scale_max_nodes: usize,
+    /// Only the scale section.
+    #[arg(long)]
+    pub scale_only: bool,
+    /// Skip the scale section.
+    #[arg(long, conflicts_with = "scale_only")]
+    pub no_scale: bool,
+    /// Internal: run one solve of the scale section (SPEC|BUDGET|SOLVER) and print it.
+    #[arg(long, hide = true)]
+    pub scale_worker: Option<String>,
 }
 
 /// The overhead goal: the best fast strategy within this factor of the optimal overhead.
@@ -115,16 +138,16 @@ fn budgets(graph: &Graph) -> Vec<(String, u64)> {
     out
 }
 
-fn run_all(problem: &Problem, strategies: &[Box<dyn Strategy>]) -> Vec<Outcome> {
+fn run_all(problem: &Problem, strategies: &[Box<dyn Strategy>], milp_limit: f64) -> Vec<Outcome> {
     strategies
         .iter()
         .map(|s| {
             let started = Instant::now();
-            let result = s.plan(problem);
+            let (name, result, exact) = plan_one(s.as_ref(), problem, milp_limit);
             let ms = started.elapsed().as_secs_f64() * 1e3;
             Outcome {
-                name: s.name(),
-                exact: s.is_exact_for(problem) && result.is_ok(),
+                name,
+                exact,
                 result: result
                     .as_ref()
                     .map(|p| (p.report.overhead(), p.report.peak_bytes))
@@ -133,6 +156,46 @@ fn run_all(problem: &Problem, strategies: &[Box<dyn Strategy>]) -> Vec<Outcome> 
             }
         })
         .collect()
+}
+
+/// One strategy's plan, its table name, and whether the plan is the problem's optimum. The
+/// MILP's plan may be an incumbent HiGHS did not prove optimal in time: it is then not the
+/// reference, and its name shows the bound HiGHS proved.
+fn plan_one(
+    s: &dyn Strategy,
+    problem: &Problem,
+    milp_limit: f64,
+) -> (String, Result<Planned, PlanError>, bool) {
+    #[cfg(feature = "milp")]
+    if s.name() == remat_planner::exact::milp::NAME {
+        let milp = remat_planner::exact::milp::CheckmateMilp {
+            options: remat_planner::exact::milp::MilpOptions {
+                time_limit_s: milp_limit,
+                ..Default::default()
+            },
+        };
+        return match milp.solve(problem) {
+            Ok(outcome) => {
+                let bound = pct(outcome.lower_bound_overhead(problem.graph));
+                let exact = outcome.proved_optimal;
+                let name = match (&outcome.planned, exact) {
+                    (_, true) => s.name(),
+                    (Some(_), false) => format!("{} (incumbent; optimum >= {bound})", s.name()),
+                    (None, false) => format!("{} (none in time; optimum >= {bound})", s.name()),
+                };
+                let result = outcome.planned.ok_or_else(|| PlanError::NotApplicable {
+                    strategy: s.name(),
+                    why: "no schedule in time".into(),
+                });
+                (name, result, exact)
+            }
+            Err(e) => (s.name(), Err(e), false),
+        };
+    }
+    let _ = milp_limit;
+    let result = s.plan(problem);
+    let exact = s.is_exact_for(problem) && result.is_ok();
+    (s.name(), result, exact)
 }
 
 fn best(outcomes: &[Outcome], exact: bool) -> Option<&Outcome> {
@@ -196,6 +259,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let options = ImportOptions {
         time_unit_s: args.time_unit,
     };
+    if let Some(work) = &args.scale_worker {
+        return scale::worker(work, bandwidth, options);
+    }
+    if args.scale_only {
+        return run_scale(&args, options);
+    }
     let strategies = strategies(&args);
     if !cfg!(feature = "milp") {
         println!(
@@ -215,7 +284,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(dir) => {
             let graphs = load_graphs(&dir, args.only.as_deref(), options)?;
             for graph in &graphs {
-                summary.extend(bench_graph(graph, &strategies, bandwidth));
+                summary.extend(bench_graph(
+                    graph,
+                    &strategies,
+                    bandwidth,
+                    args.milp_time_limit,
+                ));
             }
         }
         None => println!("no ../shared/graphs found (give --graphs DIR): shared graphs skipped"),
@@ -236,8 +310,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &summary,
         );
     }
-    bench_sizes(&strategies, bandwidth, args.exact_max_nodes);
+    bench_sizes(
+        &strategies,
+        bandwidth,
+        args.exact_max_nodes,
+        args.milp_time_limit,
+    );
+    if !args.no_scale {
+        run_scale(&args, options)?;
+    }
     Ok(())
+}
+
+fn run_scale(args: &Args, import: ImportOptions) -> anyhow::Result<()> {
+    if !(args.scale_cap.is_finite() && args.scale_cap > 0.0) {
+        bail!(
+            "--scale-cap {}: give a positive number of seconds",
+            args.scale_cap
+        );
+    }
+    let dir = graphs_dir(&args.graphs);
+    scale::run(&scale::ScaleOptions {
+        graphs: dir.as_deref(),
+        bandwidth: &args.bandwidth,
+        time_unit: args.time_unit,
+        cap_s: args.scale_cap,
+        max_nodes: args.scale_max_nodes,
+        import,
+    })
 }
 
 /// Every `.json` graph of `dir` whose file name contains `only`, in name order, loaded and
@@ -253,6 +353,8 @@ fn load_graphs(
         .with_context(|| format!("{}: cannot list", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        // Moccasin's large published files are benched in the scale section.
+        .filter(|p| !scale::is_scale_file(p))
         .collect();
     all.sort();
     let name = |p: &PathBuf| {
@@ -289,6 +391,7 @@ fn bench_graph(
     graph: &Graph,
     strategies: &[Box<dyn Strategy>],
     bandwidth: f64,
+    milp_limit: f64,
 ) -> Vec<Vec<String>> {
     let budgets = budgets(graph);
     let bar = ProgressBar::new((budgets.len() * strategies.len()) as u64);
@@ -314,7 +417,7 @@ fn bench_graph(
         let outcomes: Vec<Outcome> = strategies
             .iter()
             .map(|s| {
-                let o = run_all(&problem, std::slice::from_ref(s));
+                let o = run_all(&problem, std::slice::from_ref(s), milp_limit);
                 bar.inc(1);
                 o.into_iter().next()
             })
@@ -381,7 +484,12 @@ fn bench_graph(
 }
 
 /// Solve times on synthetic graphs of ~350 and ~1,000 nodes at the middle budget.
-fn bench_sizes(strategies: &[Box<dyn Strategy>], bandwidth: f64, exact_max_nodes: usize) {
+fn bench_sizes(
+    strategies: &[Box<dyn Strategy>],
+    bandwidth: f64,
+    exact_max_nodes: usize,
+    milp_limit: f64,
+) {
     let graphs = [synth::training_graph(174, 7), synth::training_graph(500, 7)];
     let mut rows = Vec::new();
     let bar = ProgressBar::new((graphs.len() * strategies.len()) as u64);
@@ -400,7 +508,7 @@ fn bench_sizes(strategies: &[Box<dyn Strategy>], bandwidth: f64, exact_max_nodes
                 column.push("skipped (exact)".to_string());
                 continue;
             }
-            let o = run_all(&problem, std::slice::from_ref(s));
+            let o = run_all(&problem, std::slice::from_ref(s), milp_limit);
             let cell = o
                 .first()
                 .map_or("-".into(), |o| format!("{:.1} ms ({})", o.ms, o.cell()));

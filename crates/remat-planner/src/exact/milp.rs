@@ -23,6 +23,16 @@
 //! This accounting is the simulator's (outputs allocated as a node starts, inputs and output
 //! coexist, a tensor freed after its last reader), so the extracted schedule's simulated
 //! peak is at most the MILP's memory bound and its time is the MILP's objective.
+//!
+//! **Incumbent and bound.** Under a time limit HiGHS may stop before proving optimality; the
+//! answer is then its best schedule so far (if any) together with its dual bound, a proved
+//! lower bound on the total time of every schedule of this model: the graph's node order,
+//! recomputation but no swapping. [`CheckmateMilp::solve`] returns both as a
+//! [`MilpOutcome`], so a caller can print "the optimum is at least X". Infeasibility proofs
+//! stay answers ([`MilpError::Infeasible`]); graphs above [`MilpOptions::max_nodes`] are
+//! refused with a message that says to use a fast strategy.
+
+use std::time::{Duration, Instant};
 
 use highs::{HighsModelStatus, HighsSolutionStatus, RowProblem, Sense};
 
@@ -38,8 +48,8 @@ pub const NAME: &str = "checkmate-milp";
 /// Solver limits.
 #[derive(Clone, Copy, Debug)]
 pub struct MilpOptions {
-    /// Wall-clock limit for HiGHS; the best schedule found by then is returned, not proven
-    /// optimal.
+    /// Wall-clock limit for the whole solve (HiGHS and its re-solves); the best schedule
+    /// found by then is returned with the proved bound, not proven optimal.
     pub time_limit_s: f64,
     /// Relative optimality gap at which HiGHS stops.
     pub mip_rel_gap: f64,
@@ -50,6 +60,9 @@ pub struct MilpOptions {
     /// minutes to find the same by branching on real graphs; tests turn it off on small
     /// ones to check that the model agrees.
     pub floor_shortcut: bool,
+    /// Stop once HiGHS has found this many improving schedules (a quick incumbent with its
+    /// bound, rather than a proof); `None`: no such limit.
+    pub max_improving_schedules: Option<i32>,
 }
 
 impl Default for MilpOptions {
@@ -59,6 +72,7 @@ impl Default for MilpOptions {
             mip_rel_gap: 1e-6,
             max_nodes: 200,
             floor_shortcut: true,
+            max_improving_schedules: None,
         }
     }
 }
@@ -69,8 +83,36 @@ pub struct MilpSolution {
     pub steps: Vec<Step>,
     /// Total compute time of the schedule (the objective).
     pub objective: f64,
-    /// HiGHS proved the schedule optimal (within `mip_rel_gap`).
+    /// The schedule is proved optimal: its time is within `mip_rel_gap` of the bound.
     pub optimal: bool,
+    /// Proved lower bound on the total time of any schedule of the model (HiGHS's dual
+    /// bound, and at least the graph's base time).
+    pub lower_bound: f64,
+}
+
+/// What the MILP found and proved for a problem within its time limit.
+#[derive(Clone, Debug)]
+pub struct MilpOutcome {
+    /// The best schedule found (HiGHS's incumbent), checked by the simulator; `None` when
+    /// HiGHS found none in time.
+    pub planned: Option<Planned>,
+    /// Proved lower bound on the total time (graph time units) of any schedule that keeps
+    /// the graph's node order and recomputes without swapping: no such plan is faster.
+    pub lower_bound_time: f64,
+    /// The plan's time meets the bound (within the relative gap): it is optimal.
+    pub proved_optimal: bool,
+}
+
+impl MilpOutcome {
+    /// The bound as an overhead over the graph's base time (no plan of the model has less).
+    pub fn lower_bound_overhead(&self, graph: &Graph) -> f64 {
+        let base = graph.base_time();
+        if base > 0.0 {
+            (self.lower_bound_time - base).max(0.0) / base
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Why the MILP produced no schedule.
@@ -78,11 +120,20 @@ pub struct MilpSolution {
 pub enum MilpError {
     #[error("graph `{graph}`: HiGHS proved that no schedule fits in {budget} bytes")]
     Infeasible { graph: String, budget: u64 },
-    #[error("graph `{graph}`: HiGHS stopped with status {status} and no feasible schedule")]
-    NoSolution { graph: String, status: String },
+    #[error(
+        "graph `{graph}`: HiGHS stopped ({status}) with no schedule under the budget; the optimum is at least {lower_bound:.6e}"
+    )]
+    NoSolution {
+        graph: String,
+        status: String,
+        /// Proved lower bound on the total time (see [`MilpSolution::lower_bound`]).
+        lower_bound: f64,
+    },
     #[error("graph `{graph}`: HiGHS failed: {what}")]
     Solver { graph: String, what: String },
-    #[error("graph `{graph}` has {nodes} nodes; the MILP is limited to {limit}")]
+    #[error(
+        "graph `{graph}` has {nodes} nodes, too many for the exact MILP (limit {limit}: its model has O(n^2) binaries): use a fast strategy, such as the default search"
+    )]
     TooLarge {
         graph: String,
         nodes: usize,
@@ -143,54 +194,80 @@ pub fn solve_milp(
     if options.floor_shortcut && budget_bytes < graph.memory_floor() {
         return Err(infeasible());
     }
-    if n == 0 {
-        return Ok(MilpSolution {
-            steps: Vec::new(),
-            objective: 0.0,
-            optimal: true,
-        });
-    }
+    let base = graph.base_time();
+    let deadline = Instant::now() + Duration::from_secs_f64(options.time_limit_s.max(0.0));
     // HiGHS accepts a memory row violated by up to its feasibility tolerance (1e-6 of the
     // budget, kilobytes on real graphs), so the simulator checks the extracted schedule in
     // exact bytes; a schedule over the budget by such a sliver makes us solve again with the
-    // cap lowered by the excess plus the tolerance band.
+    // cap lowered by the excess plus the tolerance band. Only the first model (the true cap,
+    // a slight relaxation through the tolerance) proves anything: its infeasibility and its
+    // dual bound hold for the budget; a lowered cap's do not.
     let mut effective = cap;
-    for _ in 0..3 {
-        let (steps, optimal) = match solve_once(graph, cap, effective, options) {
-            Ok(found) => found,
-            Err(MilpError::Infeasible { .. }) => return Err(infeasible()),
-            Err(e) => return Err(e),
+    let mut lower_bound = base;
+    let mut status = String::from("no solve");
+    for attempt in 0..3 {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        if attempt > 0 && left <= 0.0 {
+            break;
+        }
+        let found = match solve_once(graph, cap, effective, left, options) {
+            Err(MilpError::Infeasible { .. }) if attempt == 0 => return Err(infeasible()),
+            Err(MilpError::Infeasible { .. }) => break,
+            other => other?,
         };
+        if attempt == 0 {
+            lower_bound = found.dual_bound.max(base);
+        }
+        status = found.status;
+        let Some(steps) = found.steps else { break };
         let report =
             crate::sim::simulate_steps(graph, &steps, 1.0).map_err(|e| MilpError::Solver {
                 graph: graph.name().into(),
                 what: format!("extracted schedule does not run: {e}"),
             })?;
         if report.peak_bytes <= budget_bytes {
+            let objective = report.total_time;
+            // The bound may exceed the objective by HiGHS's tolerances only.
+            let lower_bound = lower_bound.min(objective);
+            let optimal = objective - lower_bound
+                <= options.mip_rel_gap * objective.abs() + 1e-9 * objective.abs().max(1.0);
             return Ok(MilpSolution {
-                objective: report.total_time,
+                objective,
                 steps,
                 optimal,
+                lower_bound,
             });
         }
         let band = (cap as f64 * 2e-6) as u64 + 1;
         effective = effective.saturating_sub(report.peak_bytes - budget_bytes + band);
+        status = "every schedule found exceeds the budget within HiGHS's tolerance".into();
     }
     Err(MilpError::NoSolution {
         graph: graph.name().into(),
-        status: "every schedule found exceeds the budget within HiGHS's tolerance".into(),
+        status,
+        lower_bound,
     })
 }
 
+/// One HiGHS solve: the schedule (if HiGHS found one), whether HiGHS proved it optimal for
+/// the model it solved, its dual bound and its status.
+struct Attempt {
+    steps: Option<Vec<Step>>,
+    dual_bound: f64,
+    status: String,
+}
+
 /// Builds and solves the model once with memory rows capped at `effective` bytes (sizes are
-/// scaled by `cap` so coefficients stay near 1). Returns the schedule and whether HiGHS
-/// proved it optimal.
+/// scaled by `cap` so coefficients stay near 1), for at most `time_limit_s` seconds.
 fn solve_once(
     graph: &Graph,
     cap: u64,
     effective: u64,
+    time_limit_s: f64,
     options: &MilpOptions,
-) -> Result<(Vec<Step>, bool), MilpError> {
+) -> Result<Attempt, MilpError> {
     let scale = cap.max(1) as f64;
     let mut b = Builder {
         graph,
@@ -213,7 +290,7 @@ fn solve_once(
             .map_err(|e| solver(option, &e))?;
     }
     model
-        .try_set_option("time_limit", options.time_limit_s)
+        .try_set_option("time_limit", time_limit_s.max(0.0))
         .map_err(|e| solver("time_limit", &e))?;
     model
         .try_set_option("mip_rel_gap", options.mip_rel_gap)
@@ -221,6 +298,11 @@ fn solve_once(
     model
         .try_set_option("threads", 1)
         .map_err(|e| solver("threads", &e))?;
+    if let Some(limit) = options.max_improving_schedules {
+        model
+            .try_set_option("mip_max_improving_sols", limit.max(1))
+            .map_err(|e| solver("mip_max_improving_sols", &e))?;
+    }
     let solved = model.try_solve().map_err(|e| solver("solve", &e))?;
     let status = solved.status();
     if matches!(
@@ -232,9 +314,16 @@ fn solve_once(
             budget: effective,
         });
     }
+    // HiGHS's proved bound on the objective; -inf (or NaN) when it stopped before bounding.
+    let dual_bound = solved
+        .double_info_value(c"mip_dual_bound")
+        .ok()
+        .filter(|b| b.is_finite())
+        .unwrap_or(f64::NEG_INFINITY);
     if solved.primal_solution_status() != HighsSolutionStatus::Feasible {
-        return Err(MilpError::NoSolution {
-            graph: graph.name().into(),
+        return Ok(Attempt {
+            steps: None,
+            dual_bound,
             status: format!("{status:?}"),
         });
     }
@@ -251,8 +340,11 @@ fn solve_once(
         .iter()
         .map(|row| row.iter().map(|&i| on(i)).collect())
         .collect();
-    let steps = extract_schedule(graph, &r, &s);
-    Ok((steps, status == HighsModelStatus::Optimal))
+    Ok(Attempt {
+        steps: Some(extract_schedule(graph, &r, &s)),
+        dual_bound,
+        status: format!("{status:?}"),
+    })
 }
 
 fn add_stage_vars(b: &mut Builder) -> Vars {
@@ -431,43 +523,69 @@ pub struct CheckmateMilp {
     pub options: MilpOptions,
 }
 
+impl CheckmateMilp {
+    /// Solves `problem` within the time limit: the best schedule found (checked by the
+    /// simulator), the proved lower bound on its model's optimum, and whether the schedule
+    /// is proved optimal. A proof that no schedule fits is [`PlanError::ProvedInfeasible`];
+    /// a graph too large for the model, or a solver failure, is
+    /// [`PlanError::NotApplicable`] saying so.
+    pub fn solve(&self, problem: &Problem) -> Result<MilpOutcome, PlanError> {
+        let solution = match solve_milp(problem.graph, problem.budget_bytes, &self.options) {
+            Ok(solution) => solution,
+            Err(MilpError::NoSolution { lower_bound, .. }) => {
+                return Ok(MilpOutcome {
+                    planned: None,
+                    lower_bound_time: lower_bound,
+                    proved_optimal: false,
+                });
+            }
+            Err(e @ MilpError::Infeasible { .. }) => {
+                return Err(PlanError::ProvedInfeasible {
+                    strategy: NAME.into(),
+                    budget: problem.budget_bytes,
+                    why: e.to_string(),
+                });
+            }
+            Err(other) => {
+                return Err(PlanError::NotApplicable {
+                    strategy: NAME.into(),
+                    why: other.to_string(),
+                });
+            }
+        };
+        let decisions = decisions_of(problem.graph, &solution.steps);
+        let planned = plan_from_steps(problem, NAME, solution.steps, decisions)?;
+        Ok(MilpOutcome {
+            planned: Some(planned),
+            lower_bound_time: solution.lower_bound,
+            proved_optimal: solution.optimal,
+        })
+    }
+}
+
 impl Strategy for CheckmateMilp {
     fn name(&self) -> String {
         NAME.into()
     }
     fn summary(&self) -> &'static str {
-        "Checkmate's optimal MILP via HiGHS (small graphs; exact)"
+        "Checkmate's MILP via HiGHS (small graphs; optimal when solved in time, else its best schedule)"
     }
     fn is_exact(&self) -> bool {
         true
     }
+    /// HiGHS's best schedule within the time limit, proved optimal or not (use
+    /// [`CheckmateMilp::solve`] to know which, and for the bound). With no schedule found
+    /// in time it declines, stating the bound.
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let solution = solve_milp(problem.graph, problem.budget_bytes, &self.options).map_err(
-            |e| match e {
-                MilpError::Infeasible { .. } => PlanError::ProvedInfeasible {
-                    strategy: NAME.into(),
-                    budget: problem.budget_bytes,
-                    why: e.to_string(),
-                },
-                // Too large, out of time or a solver failure: no answer either way.
-                other => PlanError::NotApplicable {
-                    strategy: NAME.into(),
-                    why: other.to_string(),
-                },
-            },
-        )?;
-        // An exact strategy that could not prove its answer optimal declines rather than
-        // pass a heuristic schedule off as the ground truth.
-        if !solution.optimal {
-            return Err(PlanError::NotApplicable {
-                strategy: NAME.into(),
-                why: format!(
-                    "HiGHS reached its {} s time limit before proving a schedule optimal",
-                    self.options.time_limit_s
-                ),
-            });
-        }
-        let decisions = decisions_of(problem.graph, &solution.steps);
-        plan_from_steps(problem, NAME, solution.steps, decisions)
+        let outcome = self.solve(problem)?;
+        let bound = outcome.lower_bound_overhead(problem.graph);
+        outcome.planned.ok_or_else(|| PlanError::NotApplicable {
+            strategy: NAME.into(),
+            why: format!(
+                "HiGHS found no schedule within its {} s time limit; it proved the optimum's overhead is at least {:.2}%",
+                self.options.time_limit_s,
+                100.0 * bound
+            ),
+        })
     }
 }

@@ -1,8 +1,5 @@
-//! Deterministic synthetic training graphs, for benchmarks at sizes the shared graphs do not
-//! reach (a few hundred to thousands of nodes).
-//!
-//! The forward pass is a chain of layers with occasional skip connections (as in ResNets and
-//! U-Nets), sizes and times varying per layer; the loss follows; the backward pass mirrors
+//! A chain-like training graph. The forward pass is a chain of layers with occasional skip
+//! connections (as in ResNets and U-Nets), sizes and times varying per layer; the loss follows; the backward pass mirrors
 //! the forward one: the gradient op of layer i reads layer i's inputs, its output and the
 //! previous gradient, and produces a tensor of layer i's size.
 
