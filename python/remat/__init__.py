@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from . import _native
 from ._plan import Graph, Plan, load_graph, plan, strategies
+from ._reshard import reshard, verify
 from .errors import (
     ArgumentError,
     BudgetError,
@@ -31,6 +32,8 @@ __all__ = [
     "load_graph",
     "plan",
     "strategies",
+    "reshard",
+    "verify",
     "human_bytes",
     "RematError",
     "ArgumentError",

@@ -10,6 +10,7 @@
 mod errors;
 mod graph;
 mod plan;
+mod reshard;
 
 use pyo3::prelude::*;
 
@@ -22,5 +23,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan::parse_budget, m)?)?;
     m.add_function(wrap_pyfunction!(plan::parse_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(plan::human_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(reshard::reshard, m)?)?;
+    m.add_function(wrap_pyfunction!(reshard::verify, m)?)?;
+    m.add_function(wrap_pyfunction!(reshard::parse_size, m)?)?;
     Ok(())
 }
