@@ -76,7 +76,7 @@ def _hf_checkpointing(model):
 def llama(small: bool) -> Case:
     import transformers
 
-    layers, d, ffn, vocab, seq = (2, 128, 344, 512, 128) if small else (8, 512, 1376, 8192, 128)
+    layers, d, ffn, vocab, seq = (2, 128, 344, 512, 128) if small else (8, 512, 1376, 4096, 256)
     config = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2 * seq)
@@ -89,7 +89,7 @@ def llama(small: bool) -> Case:
 def gpt2(small: bool) -> Case:
     import transformers
 
-    layers, d, vocab, seq = (2, 128, 512, 128) if small else (8, 512, 8192, 128)
+    layers, d, vocab, seq = (2, 128, 512, 128) if small else (4, 512, 4096, 256)
     config = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=8,
                                      n_positions=2 * seq)
     model = transformers.GPT2LMHeadModel(config).train()
@@ -110,7 +110,7 @@ class _Checkpointed(torch.nn.Module):
 def resnet50(small: bool) -> Case:
     import torchvision
 
-    batch, side = (8, 64) if small else (8, 128)
+    batch, side = (8, 64) if small else (8, 112)
     model = torchvision.models.resnet50(num_classes=100).train()
     x = torch.randn(batch, 3, side, side)
     y = torch.randint(0, 100, (batch,))
@@ -140,10 +140,13 @@ MODELS = {"llama": llama, "gpt2": gpt2, "resnet50": resnet50}
 
 
 class LiveBytes:
-    """Bytes of the storages created since ``start`` that are still alive, sampled after
-    every op that records its outputs here; ``peak`` is the largest sample."""
+    """Bytes of the storages made during a step that are still alive, sampled after every
+    op that records its outputs here; ``peak`` is the largest sample. ``existing``: storages
+    that were there before the step (parameters, buffers, inputs), which op outputs may
+    alias (``t(weight)``, ``detach``) but which the step did not make."""
 
-    def __init__(self):
+    def __init__(self, existing: set[int] = frozenset()):
+        self.existing = set(existing)
         self.refs: dict[int, tuple[StorageWeakRef, int]] = {}
         self.live = 0
         self.peak = 0
@@ -154,7 +157,7 @@ class LiveBytes:
                 continue
             s = t.untyped_storage()
             ptr, nbytes = s.data_ptr(), s.nbytes()
-            if nbytes == 0:
+            if nbytes == 0 or ptr in self.existing:
                 continue
             known = self.refs.get(ptr)
             if known is None or known[0].expired():
@@ -179,6 +182,15 @@ class _Recording(TorchDispatchMode):
 
 # The LiveBytes the compiled graphs report to while a memory run is on (None otherwise).
 _COMPILED_LIVE: list[LiveBytes | None] = [None]
+
+
+_MODE_LIVE: list[LiveBytes | None] = [None]
+
+
+def _LIVE_OBSERVER(value) -> None:
+    live = _MODE_LIVE[0]
+    if live is not None:
+        live.record(value)
 
 
 def _counting_compiler(gm: torch.fx.GraphModule, _example_inputs):
@@ -223,7 +235,14 @@ def _zero(model):
         p.grad = None
 
 
-def _measure(run_step: Callable[[], Any], *, runs: int, device, uses_mode: bool):
+def _existing_storages(case: Case) -> set[int]:
+    tensors = [*case.model.parameters(), *case.model.buffers()]
+    tensors += [t for t in pytree.tree_leaves(case.inputs) if isinstance(t, torch.Tensor)]
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def _measure(run_step: Callable[[], Any], *, runs: int, device, uses_mode: bool,
+             existing: set[int]):
     """(activation peak in bytes, median step seconds) of ``run_step``."""
     run_step()  # warm-up
     times = []
@@ -244,9 +263,10 @@ def _measure(run_step: Callable[[], Any], *, runs: int, device, uses_mode: bool)
         # Non-reentrant checkpointing leaves reference cycles: collect them first, so that
         # one contender's garbage is not counted against the next.
         gc.collect()
-        live = LiveBytes()
+        live = LiveBytes(existing)
         _COMPILED_LIVE[0] = live
         try:
+            _MODE_LIVE[0] = live
             if uses_mode:
                 with _Recording(live):
                     run_step()
@@ -254,12 +274,13 @@ def _measure(run_step: Callable[[], Any], *, runs: int, device, uses_mode: bool)
                 run_step()
         finally:
             _COMPILED_LIVE[0] = None
+            _MODE_LIVE[0] = None
         peak = live.peak
     return peak, statistics.median(times)
 
 
 def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
-               out=sys.stdout) -> tuple[list[Row], dict]:
+               bandwidth: float | None = None) -> tuple[list[Row], dict]:
     import remat
     import remat.torch as rt
 
@@ -267,6 +288,9 @@ def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
     device = next(model.parameters()).device
     rows: list[Row] = []
     info: dict = {}
+    # Host link the swaps are planned with: PCIe on CUDA; on CPU the "host" is the file
+    # store (written and read back through the page cache).
+    bandwidth = bandwidth or (32e9 if device.type == "cuda" else 2e9)
 
     def eager():
         _zero(model)
@@ -274,13 +298,15 @@ def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
 
     for _ in range(2):  # first steps pay for lazy initialisation: not anyone's time
         eager()
-    peak, step_s = _measure(eager, runs=runs, device=device, uses_mode=True)
+    peak, step_s = _measure(eager, runs=runs, device=device, uses_mode=True,
+                                existing=_existing_storages(case))
     rows.append(Row(case.name, "none", peak, step_s))
 
     if "ckpt" in methods:
         case.enable_block_checkpoint()
         try:
-            peak, step_s = _measure(eager, runs=runs, device=device, uses_mode=True)
+            peak, step_s = _measure(eager, runs=runs, device=device, uses_mode=True,
+                                existing=_existing_storages(case))
         finally:
             case.disable_block_checkpoint()
         rows.append(Row(case.name, "ckpt-block", peak, step_s))
@@ -297,19 +323,23 @@ def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
             budget = static + int(f * (captured.store_all_peak() - static))
             t0 = time.perf_counter()
             try:
-                plan = remat.plan(captured, budget)
+                plan = remat.plan(captured, budget, bandwidth=bandwidth)
             except remat.BudgetError as error:
                 rows.append(Row(case.name, f"remat@{f}", 0, 0.0, f"infeasible: {error}"))
                 continue
             info["plan_s"].append(time.perf_counter() - t0)
             step = rt.apply(captured, plan)
+            # Swapped-in values are made on the prefetch thread, out of the dispatch mode's
+            # sight: the interpreter reports what it holds too.
+            step.observer = _LIVE_OBSERVER
 
             def planned():
                 args = case.inputs
                 loss, grads = step(**args) if isinstance(args, dict) else step(*args)
                 return grads
 
-            peak, step_s = _measure(planned, runs=runs, device=device, uses_mode=True)
+            peak, step_s = _measure(planned, runs=runs, device=device, uses_mode=True,
+                                existing=_existing_storages(case))
             note = (f"{plan.strategy}; interpreter {step.stats.peak_bytes / 2**20:.1f} MiB "
                     f"<= plan {(plan.peak_bytes - static) / 2**20:.1f} MiB")
             rows.append(Row(case.name, f"remat@{f}", peak, step_s, note))
@@ -332,7 +362,7 @@ def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
                 compiled_step()
                 compile_s = time.perf_counter() - t0
                 peak, step_s = _measure(compiled_step, runs=runs, device=device,
-                                        uses_mode=False)
+                                        uses_mode=False, existing=_existing_storages(case))
                 rows.append(Row(case.name, f"compile@{f}", peak, step_s,
                                 f"compile {compile_s:.1f} s"))
             except Exception as error:  # noqa: BLE001 - reported in the table
@@ -374,7 +404,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="fractions of the no-checkpoint activation peak")
     parser.add_argument("--methods", default="ckpt,compile,remat",
                         help="comma-separated contenders besides `none`: ckpt, compile, remat")
-    parser.add_argument("--runs", type=int, default=3, help="timed steps per contender")
+    parser.add_argument("--bandwidth", default=None,
+                        help="host link for remat's swaps, e.g. 2GB/s (default: 32GB/s on "
+                             "CUDA, 2GB/s on CPU, where swaps go to files)")
+    parser.add_argument("--runs", type=int, default=2, help="timed steps per contender")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -399,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         case = MODELS[name](args.small)
         print(f"# {case.name}: running ...", file=sys.stderr, flush=True)
-        case_rows, info = bench_case(case, budgets, args.runs, methods)
+        case_rows, info = bench_case(case, budgets, args.runs, methods, args.bandwidth)
         rows.extend(case_rows)
         infos[case.name] = info
     print(format_table(rows))

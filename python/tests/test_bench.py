@@ -24,6 +24,11 @@ def test_live_bytes_counts_storages_not_views():
     del a
     live.record(None)
     assert live.live == 80 and live.peak == 4080
+    # Storages from before the step (parameters) are not the step's, even through views.
+    weight = torch.empty(100)
+    live = bench.LiveBytes({weight.untyped_storage().data_ptr()})
+    live.record(weight.t())
+    assert live.live == 0
 
 
 def test_small_run_prints_a_table_with_every_contender(capsys):

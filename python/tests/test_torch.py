@@ -354,6 +354,45 @@ def test_llama_plans_identical_and_within_peak(tiny_llama):
     assert peaks == sorted(peaks, reverse=True)
 
 
+def test_gpt2_dropout_replayed_in_recomputes():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4,
+                                     n_positions=64)  # dropouts 0.1 by default
+    model = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 128, (2, 32))
+    captured = rt.capture(model, (ids,), loss_fn=lambda m, x: m(input_ids=x, labels=x).loss,
+                          runs=1)
+    assert sum(n.is_random for n in captured.nodes) >= 7  # embd, 2 x (attn, resid x 2)
+    torch.manual_seed(9)
+    _, reference = rt.apply(captured)(ids)
+    plan = remat.plan(captured, budget(captured, 0.6), strategy="chen-greedy")
+    step = rt.apply(captured, plan)
+    torch.manual_seed(9)
+    _, grads = step(ids)
+    assert_same(reference, grads)
+    recomputed = [i for op, i in step.steps if op == "compute"]
+    random_twice = [i for i in set(recomputed) if captured.nodes[i].is_random
+                    and recomputed.count(i) > 1]
+    assert random_twice, "no dropout recomputed"
+    assert step.stats.peak_total_bytes <= plan.peak_bytes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_pinned_store_and_rng_replay():
+    model, (x, y) = mlp_case(p=0.25)
+    model = model.cuda()
+    inputs = (x.cuda(), y.cuda())
+    captured = rt.capture(model, inputs, loss_fn=mlp_loss, runs=1)
+    _, reference = run(rt.apply(captured), inputs)
+    plan = remat.plan(captured, budget(captured, 0.5), strategy="mutwo", bandwidth=2e9)
+    step = rt.apply(captured, plan)
+    assert isinstance(step.store, rt.PinnedStore) or step.store is None
+    _, grads = run(step, inputs)
+    assert_same(reference, grads)
+    assert step.stats.peak_total_bytes <= plan.peak_bytes
+
+
 # ---- selective activation checkpointing -------------------------------------------------------
 
 

@@ -48,6 +48,8 @@ class Traced:
     # baked into the graph).
     input_tensor_positions: list[int]
     input_constants: list[Any]
+    # Whether the example inputs were a dict of keyword inputs.
+    keyword_inputs: bool
     # Qualified module name -> names of the fx nodes its forward produced, in order.
     module_nodes: dict[str, list[str]]
 
@@ -215,6 +217,7 @@ def trace_step(
         input_spec=spec,
         input_tensor_positions=tensor_positions,
         input_constants=constants,
+        keyword_inputs=isinstance(example_inputs, dict),
         module_nodes=recorder.nodes,
     )
 

@@ -343,7 +343,9 @@ def _measure(nodes, index, fx_node, out, owner: dict[int, int], env) -> None:
             roots.add(o)
     node.output_bytes = owned
     node.roots = sorted(roots)
-    node.is_view = bool(leaves) and owned == 0
+    # A pure view is rebuilt for free when read after its root was released; an op that
+    # writes into its input (``copy_`` into a buffer) must never run again that way.
+    node.is_view = bool(leaves) and owned == 0 and not node.copy_on_recompute
 
 
 def _link(nodes: list[IRNode], index) -> None:

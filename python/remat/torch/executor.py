@@ -23,7 +23,6 @@ import time
 from typing import Any, Iterable
 
 import torch
-from torch.utils import _pytree as pytree
 
 from ._graph import tensor_leaves
 from .capture import Captured, _check_inputs, _static_env
@@ -167,6 +166,9 @@ class Step:
         if self.store is None and self._needs_store:
             self.store = default_store(captured.device)
         self.stats = StepStats(static_bytes=captured.static_bytes)
+        # Called with every value the interpreter starts holding (computed, rebuilt view,
+        # swapped in), e.g. by a benchmark that counts storages the same way for all.
+        self.observer = None
         self._views_of: list[list[int]] = [[] for _ in captured.nodes]
         for i, n in enumerate(captured.nodes):
             if n.is_view:
@@ -216,12 +218,11 @@ class Step:
 
     # ---- running ------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        inputs = kwargs if kwargs else args
-        if isinstance(inputs, tuple) and len(inputs) == 1 and isinstance(
-            self.captured.traced.input_spec, pytree.TreeSpec
-        ) and isinstance(inputs[0], dict) and not kwargs:
-            inputs = inputs[0]
-        return self.run(inputs)
+        if kwargs:
+            return self.run(kwargs)
+        if self.captured.traced.keyword_inputs and len(args) == 1:
+            return self.run(args[0])
+        return self.run(args)
 
     def run(self, inputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         captured = self.captured
@@ -285,6 +286,14 @@ class _Run:
             for t in tensor_leaves(v)
         }
         self.ledger = _Ledger(static_ptrs)
+        if step.observer is not None:
+            hold, observer = self.ledger.hold, step.observer
+
+            def observed(value):
+                hold(value)
+                observer(value)
+
+            self.ledger.hold = observed
         self.values: list[Any] = [_ABSENT] * len(self.nodes)
         self.times_computed = [0] * len(self.nodes)
         self.rng_states: dict[int, torch.Tensor] = {}
@@ -346,23 +355,28 @@ class _Run:
         self.recomputes += recompute
 
     def _run_random(self, i, node, args, kwargs, recompute: bool):
+        generator = _explicit_generator(args, kwargs)
         if not recompute:
-            self.rng_states[i] = self._get_rng()
+            self.rng_states[i] = self._get_rng(generator)
             return node.fx.target(*args, **kwargs)
-        now = self._get_rng()
-        self._set_rng(self.rng_states[i])
+        now = self._get_rng(generator)
+        self._set_rng(generator, self.rng_states[i])
         try:
             return node.fx.target(*args, **kwargs)
         finally:
-            self._set_rng(now)
+            self._set_rng(generator, now)
 
-    def _get_rng(self) -> torch.Tensor:
+    def _get_rng(self, generator) -> torch.Tensor:
+        if generator is not None:
+            return generator.get_state()
         if self._cuda:
             return torch.cuda.get_rng_state(self._device)
         return torch.get_rng_state()
 
-    def _set_rng(self, state: torch.Tensor) -> None:
-        if self._cuda:
+    def _set_rng(self, generator, state: torch.Tensor) -> None:
+        if generator is not None:
+            generator.set_state(state)
+        elif self._cuda:
             torch.cuda.set_rng_state(state, self._device)
         else:
             torch.set_rng_state(state)
@@ -433,6 +447,14 @@ class _Run:
             f"plan step {self.k}: `{fx_node.name}` is read but not on the device "
             "(freed or swapped out without a swap_in)"
         )
+
+
+def _explicit_generator(args, kwargs) -> torch.Generator | None:
+    """A generator passed to a random op, which it draws from instead of the default."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Generator):
+            return value
+    return None
 
 
 def apply(captured: Captured, plan: Any = None, *, store=None) -> Step:
