@@ -288,6 +288,18 @@ def test_swaps_go_through_the_file_store_with_identical_gradients(dropout_mlp, t
     assert not os.path.exists(store.directory)
 
 
+def test_plan_file_from_the_cli_format_runs(dropout_mlp, tmp_path):
+    _, inputs, captured = dropout_mlp
+    _, reference = run(rt.apply(captured), inputs)
+    plan = remat.plan(captured, budget(captured, 0.5), strategy="chen-greedy")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert json.loads(path.read_text())["steps"][0]["op"] == "compute"
+    for given in (path, str(path), path.read_text()):
+        _, grads = run(rt.apply(captured, given), inputs)
+        assert_same(reference, grads)
+
+
 def test_plan_for_another_graph_is_refused(dropout_mlp):
     _, _, captured = dropout_mlp
     with pytest.raises(rt.ScheduleError, match="nodes"):

@@ -19,6 +19,8 @@ leaves the generator where the keep-everything step leaves it.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from typing import Any, Iterable
 
@@ -102,8 +104,6 @@ def plan_steps(plan: Any) -> list[tuple[str, int]]:
         raw = plan.steps
     else:
         if isinstance(plan, (str, bytes)):
-            import json
-
             plan = json.loads(plan)
         raw = plan["steps"]
     steps = []
@@ -158,7 +158,7 @@ class Step:
 
     def __init__(self, captured: Captured, plan: Any = None, *, store=None):
         self.captured = captured
-        self.plan = plan
+        plan = _load_plan(plan)
         self.steps = keep_everything_steps(captured) if plan is None else plan_steps(plan)
         self._check_plan(plan)
         self._needs_store = any(op == "swap_out" for op, _ in self.steps)
@@ -175,8 +175,6 @@ class Step:
                 for r in n.roots:
                     self._views_of[r].append(i)
         self._outputs = captured.outputs_fx()
-        self._placeholders = [n for n in captured.traced.gm.graph.nodes
-                              if n.op in ("placeholder", "get_attr")]
 
     # ---- checks -------------------------------------------------------------------------
     def _check_plan(self, plan) -> None:
@@ -449,6 +447,18 @@ class _Run:
         )
 
 
+def _load_plan(plan: Any) -> Any:
+    """A plan as given, or parsed when it is JSON text or a file's path."""
+    if isinstance(plan, bytes):
+        return json.loads(plan)
+    if isinstance(plan, str) and plan.lstrip().startswith("{"):
+        return json.loads(plan)
+    if isinstance(plan, (str, os.PathLike)):
+        with open(plan) as f:
+            return json.load(f)
+    return plan
+
+
 def _explicit_generator(args, kwargs) -> torch.Generator | None:
     """A generator passed to a random op, which it draws from instead of the default."""
     for value in (*args, *kwargs.values()):
@@ -458,8 +468,8 @@ def _explicit_generator(args, kwargs) -> torch.Generator | None:
 
 
 def apply(captured: Captured, plan: Any = None, *, store=None) -> Step:
-    """The training step of ``captured`` under ``plan`` (a ``remat.Plan``, a plan dict or
-    plan JSON; ``None``: keep everything). ``store``: where swapped tensors go (default: a
+    """The training step of ``captured`` under ``plan`` (a ``remat.Plan``, a plan dict,
+    plan JSON text or a plan file's path; ``None``: keep everything). ``store``: where swapped tensors go (default: a
     ``FileStore`` on CPU, a ``PinnedStore`` on CUDA)."""
     return Step(captured, plan, store=store)
 
