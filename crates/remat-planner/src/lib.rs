@@ -14,6 +14,10 @@
 //! - [`lower`]: the shared lowering from per-tensor decisions to a schedule.
 //! - [`strategy`]: the [`Strategy`] trait, the [`registry`] and the strategies (baselines,
 //!   MuTWO; [`exact`] adds the exact ones).
+//! - [`budget`]: budgets, bandwidths and sizes as people write them (`8GiB`, `0.7`, `32GB/s`).
+//! - [`request`]: one planning request as the front ends make it: a named strategy or the
+//!   search over all, with the infeasible case explained in bytes.
+//! - [`output`]: output files written all or nothing (checked first, temporary, synced, renamed).
 //! - [`plot`]: memory-timeline charts as SVG or PNG; [`synth`]: synthetic graphs for benches.
 //!
 //! Memory accounting, exactly (the engine is compared to it to the byte): device memory is
@@ -23,13 +27,16 @@
 //! them when issued. The peak is the largest value after any allocation.
 
 pub mod attrs;
+pub mod budget;
 pub mod error;
 pub mod exact;
 pub mod import;
 pub mod ir;
 pub mod lower;
+pub mod output;
 pub mod plan;
 pub mod plot;
+pub mod request;
 pub mod sim;
 pub mod strategy;
 pub mod synth;

@@ -5,7 +5,8 @@
 //! Hugging Face storage and Hugging Face layouts; plans every target chunk as box
 //! intersections with the source pieces ([`plan()`]); executes the plan from memory maps
 //! through bounded buffers, in parallel, crash-safe ([`exec`]); and verifies two layouts
-//! hold the same tensors ([`verify()`]).
+//! hold the same tensors ([`verify()`]). [`run`] is a whole request as the front ends make
+//! it (open, plan, then write, dry-run or finalize; verify by path).
 //!
 //! ```no_run
 //! use remat_reshard::{Checkpoint, ExecOptions, Format, TargetSpec, execute, plan};
@@ -27,6 +28,7 @@ pub mod index;
 pub mod output;
 pub mod plan;
 mod readers;
+pub mod run;
 pub mod safetensors;
 mod sched;
 mod source_check;

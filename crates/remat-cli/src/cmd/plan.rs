@@ -8,13 +8,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
+use remat_planner::budget;
+pub use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
-use remat_planner::plot::{Chart, Series};
+use remat_planner::output::{check_outputs, write_all_atomic};
+use remat_planner::request::{self, ImageFormat, Outcome, ratio};
 use remat_planner::strategy::baselines::PARAMETERIZED;
-use remat_planner::strategy::{
-    BestPlan, Planned, Problem, Strategy, lookup, plan_best_explained, registry, skipped_in_search,
-};
+use remat_planner::strategy::{Planned, Problem, Strategy, registry, skipped_in_search};
 use remat_planner::{Graph, PlanError};
 
 #[derive(clap::Args)]
@@ -108,9 +109,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let plot_format = args.plot.as_deref().map(plot_format).transpose()?;
     // Output paths are checked before planning, which can take minutes: a typo in a
     // directory, a device or a directory as target, or one path given twice is told now.
-    let targets: Vec<&Path> = [args.out.as_deref(), args.plot.as_deref()]
+    let targets: Vec<(&str, &Path)> = [("--out", &args.out), ("--plot", &args.plot)]
         .into_iter()
-        .flatten()
+        .filter_map(|(flag, path)| path.as_deref().map(|p| (flag, p)))
         .collect();
     check_outputs(&targets)?;
     let problem = Problem {
@@ -118,114 +119,67 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         budget_bytes: budget,
         bandwidth,
     };
-    let planned = match &args.strategy {
-        Some(name) => lookup(name)?.plan(&problem),
-        None => best_with_progress(&problem),
-    }
-    .map_err(explain_infeasible)?;
-    print_summary(&graph, &planned);
+    let planned = plan_with_progress(&problem, args.strategy.as_deref())?;
+    print!("{}", request::summary(&graph, &planned));
     // Everything is produced in memory first, so a failure writes no file at all.
     let mut outputs = Vec::new();
+    let mut said = Vec::new();
     if let Some(path) = &args.out {
-        outputs.push((
-            path.clone(),
-            planned.plan.to_json().into_bytes(),
-            "plan written",
-        ));
+        outputs.push((path.clone(), planned.plan.to_json().into_bytes()));
+        said.push(("plan written", path));
     }
     if let (Some(path), Some(format)) = (&args.plot, plot_format) {
-        let bytes = plot(&problem, &planned, format)?;
-        outputs.push((path.clone(), bytes, "timeline drawn"));
+        let bytes = request::timeline_image(&problem, &planned, format)?;
+        outputs.push((path.clone(), bytes));
+        said.push(("timeline drawn", path));
     }
     write_all_atomic(&outputs)?;
-    for (path, _, what) in &outputs {
+    for (what, path) in said {
         println!("{what} to {}", path.display());
     }
     Ok(())
 }
 
-/// Image formats of `--plot`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum PlotFormat {
-    Svg,
-    Png,
-}
-
-fn plot_format(path: &Path) -> anyhow::Result<PlotFormat> {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("svg") => Ok(PlotFormat::Svg),
-        Some("png") => Ok(PlotFormat::Png),
-        _ => bail!("{}: --plot needs a .svg or .png file name", path.display()),
+fn plot_format(path: &Path) -> anyhow::Result<ImageFormat> {
+    match ImageFormat::from_path(path) {
+        Some(format) => Ok(format),
+        None => bail!("{}: --plot needs a .svg or .png file name", path.display()),
     }
 }
 
-/// Every strategy in turn, with a progress bar, then a note for each strategy that was
-/// skipped (graph too large for its cost, or not applicable) or failed.
-fn best_with_progress(problem: &Problem) -> Result<Planned, PlanError> {
-    let bar = indicatif::ProgressBar::new(registry().len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("planning [{bar:30}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let BestPlan {
+/// The named strategy, or every strategy in turn with a progress bar, then a note for
+/// each strategy that was skipped (graph too large for its cost, or not applicable) or
+/// failed.
+fn plan_with_progress(problem: &Problem, strategy: Option<&str>) -> anyhow::Result<Planned> {
+    // Only the search runs long enough to show progress.
+    let bar = strategy.is_none().then(|| {
+        let bar = indicatif::ProgressBar::new(registry().len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("planning [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let Outcome {
         result,
         skipped,
         failed,
-    } = plan_best_explained(problem, |i, _, name| {
-        bar.set_position(i as u64);
-        bar.set_message(name.to_string());
+    } = request::plan(problem, strategy, |i, _, name| {
+        if let Some(bar) = &bar {
+            bar.set_position(i as u64);
+            bar.set_message(name.to_string());
+        }
     });
-    bar.finish_and_clear();
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
     for (name, why) in &skipped {
         println!("note: {name}: {why}");
     }
     for (name, error) in &failed {
         println!("warning: {name} failed and was left out: {error}");
     }
-    result
-}
-
-fn explain_infeasible(err: PlanError) -> anyhow::Error {
-    match err {
-        PlanError::Infeasible {
-            budget,
-            best_peak,
-            strategy,
-        } => anyhow::anyhow!(
-            "budget {} is infeasible for every strategy: the smallest peak reached is {} (by {strategy})",
-            human_bytes(budget),
-            human_bytes(best_peak)
-        ),
-        other => other.into(),
-    }
-}
-
-fn print_summary(graph: &Graph, planned: &Planned) {
-    let r = &planned.report;
-    let (kept, swapped, recomputed) = r.bytes_by_fate(graph);
-    println!("strategy      {}", planned.plan.strategy);
-    let share = match ratio(r.peak_bytes, graph.store_all_peak()) {
-        Some(x) => format!("{:.1}% of store-all", 100.0 * x),
-        None => "store-all peak is 0 B".to_string(),
-    };
-    println!(
-        "peak          {} ({share}), budget {}",
-        human_bytes(r.peak_bytes),
-        human_bytes(planned.plan.budget_bytes)
-    );
-    println!(
-        "time overhead {:.2}% (recompute {:.4} s, exposed swap {:.4} s, base {:.4} s)",
-        100.0 * r.overhead(),
-        r.recompute_time * graph.time_unit_s(),
-        r.stall_time * graph.time_unit_s(),
-        r.base_time * graph.time_unit_s()
-    );
-    println!(
-        "bytes         kept {}, swapped {}, recomputed {}",
-        human_bytes(kept),
-        human_bytes(swapped),
-        human_bytes(recomputed)
-    );
+    Ok(result?)
 }
 
 /// One row of the comparison: the strategy's result at one budget.
@@ -333,11 +287,6 @@ fn compare_row(
     row
 }
 
-/// `part / whole`, or `None` when `whole` is 0 (a graph whose tensors are all empty).
-fn ratio(part: u64, whole: u64) -> Option<f64> {
-    (whole > 0).then(|| part as f64 / whole as f64)
-}
-
 /// [`ratio`] as a table cell with `decimals` digits, `-` when undefined.
 fn ratio_cell(part: u64, whole: u64, decimals: usize) -> String {
     ratio(part, whole).map_or_else(|| "-".to_string(), |x| format!("{x:.decimals$}"))
@@ -375,420 +324,20 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn plot(problem: &Problem, planned: &Planned, format: PlotFormat) -> anyhow::Result<Vec<u8>> {
-    let graph = problem.graph;
-    let store_all = lookup("store-all")?.plan(&Problem {
-        budget_bytes: u64::MAX,
-        ..*problem
-    })?;
-    let unit = graph.time_unit_s();
-    let points = |p: &Planned| {
-        p.report
-            .timeline
-            .iter()
-            .map(|t| (t.time * unit, t.bytes as f64))
-            .collect::<Vec<_>>()
-    };
-    let chart = Chart {
-        title: format!(
-            "{}: {} at budget {}",
-            graph.name(),
-            planned.plan.strategy,
-            human_bytes(problem.budget_bytes)
-        ),
-        x_label: "time (s)".into(),
-        y_label: "device memory (bytes)".into(),
-        series: vec![
-            Series::new("store-all", points(&store_all), [150, 150, 150]),
-            Series::new(&planned.plan.strategy, points(planned), [31, 119, 180]),
-        ],
-        hline: Some(("budget".into(), problem.budget_bytes as f64, [214, 39, 40])),
-    };
-    Ok(match format {
-        PlotFormat::Svg => chart.to_svg().into_bytes(),
-        PlotFormat::Png => chart.to_png(1200, 600)?,
-    })
-}
-
-/// Checks output paths before any work: each names a file (not a path ending in `/`) in an
-/// existing directory, and is either absent or a regular file, which the write replaces (a
-/// rename would replace a device node or fail on a directory only after planning). Two
-/// flags naming the same file are refused, since one would silently overwrite the other.
-fn check_outputs(paths: &[&Path]) -> anyhow::Result<()> {
-    let mut seen: Vec<(PathBuf, &Path)> = Vec::new();
-    for &path in paths {
-        let shown = path.display();
-        let text = path.as_os_str().to_string_lossy();
-        if text.ends_with('/') || text.ends_with(std::path::MAIN_SEPARATOR) {
-            bail!("{shown}: ends with `/`, so it names a directory; give a file name");
-        }
-        let Some(name) = path.file_name() else {
-            bail!("{shown}: does not name a file");
-        };
-        let parent = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let dir = std::fs::canonicalize(parent)
-            .with_context(|| format!("{shown}: directory {} does not exist", parent.display()))?;
-        if !dir.is_dir() {
-            bail!("{shown}: {} is not a directory", parent.display());
-        }
-        match std::fs::metadata(path) {
-            Ok(meta) if meta.is_dir() => bail!("{shown}: is a directory; give a file name"),
-            Ok(meta) if !meta.is_file() => bail!(
-                "{shown}: exists and is not a regular file (a device, pipe or socket); refusing to replace it"
-            ),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("{shown}: cannot inspect")),
-        }
-        let key = dir.join(name);
-        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
-            bail!(
-                "{shown} and {} are the same file: give --out and --plot different paths",
-                first.display()
-            );
-        }
-        seen.push((key, path));
-    }
-    Ok(())
-}
-
-/// Writes every file to a temporary name beside it and syncs them all, then renames them
-/// all: a failure while writing leaves no output file (temporaries are removed), and the
-/// renames come only once every byte is on disk.
-fn write_all_atomic(files: &[(PathBuf, Vec<u8>, &str)]) -> anyhow::Result<()> {
-    let mut temps: Vec<PathBuf> = Vec::with_capacity(files.len());
-    let result = (|| {
-        for (path, bytes, _) in files {
-            temps.push(write_temp(path, bytes)?);
-        }
-        for ((path, _, _), tmp) in files.iter().zip(&temps) {
-            std::fs::rename(tmp, path)
-                .with_context(|| format!("{}: cannot rename into place", path.display()))?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        for tmp in &temps {
-            let _ = std::fs::remove_file(tmp);
-        }
-    }
-    result
-}
-
-/// Writes `bytes` to a new temporary file beside `path` and syncs it. The name is unique
-/// (process id and a counter, created with `create_new`, retried on a clash), so two
-/// outputs, or two runs, never share a temporary. Errors name `path`, the user's file.
-fn write_temp(path: &Path, bytes: &[u8]) -> anyhow::Result<PathBuf> {
-    use std::io::Write;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .with_context(|| format!("{}: not a file name", path.display()))?;
-    let (tmp, mut file) = loop {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = path.with_file_name(format!(
-            ".{}.{}.{n}.tmp",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-        {
-            Ok(file) => break (tmp, file),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => {
-                return Err(e).with_context(|| {
-                    format!(
-                        "{}: cannot create its temporary file {}",
-                        path.display(),
-                        tmp.display()
-                    )
-                });
-            }
-        }
-    };
-    if let Err(e) = file.write_all(bytes).and_then(|()| file.sync_all()) {
-        drop(file);
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("{}: cannot write", path.display()));
-    }
-    Ok(tmp)
-}
-
-/// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`, `1e9` (bytes).
-/// A plain number with a decimal point and no exponent is a fraction. Fractions are applied
-/// exactly (decimal digits in integer arithmetic, rounded down), so `1.0` is exactly the
-/// store-all peak whatever its size; a budget that comes to 0 bytes is an error.
+/// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`, `1e9` (bytes): see
+/// [`budget::parse_budget`].
 pub fn parse_budget(text: &str, graph: &Graph) -> anyhow::Result<u64> {
-    let t = text.trim();
-    if t.is_empty() {
-        bail!("--budget: an empty value (a stray comma?); give bytes (8GiB) or a fraction (0.7)");
-    }
-    if t.contains('.')
-        && !t.contains(['e', 'E'])
-        && t.chars().all(|c| c.is_ascii_digit() || c == '.')
-    {
-        let fraction = Decimal::parse(t).with_context(|| format!("--budget {t}"))?;
-        // digits * 10^exp with exp <= 0 here (a decimal point and no exponent).
-        let denominator = pow10(fraction.exp.unsigned_abs())
-            .with_context(|| format!("--budget {t}: too many digits"))?;
-        if fraction.digits == 0 || fraction.digits > denominator {
-            bail!(
-                "--budget {t}: a fraction must be in (0, 1]; give bytes with a unit (8GiB) or an integer"
-            );
-        }
-        let peak = graph.store_all_peak();
-        // peak < 2^64 and digits <= denominator <= 10^38 / ... : the product is checked.
-        let bytes = u128::from(peak)
-            .checked_mul(fraction.digits)
-            .map(|p| p / denominator)
-            .with_context(|| format!("--budget {t}: too many digits"))?;
-        if bytes == 0 {
-            bail!(
-                "--budget {t}: {t} of the store-all peak ({}) is less than one byte",
-                human_bytes(peak)
-            );
-        }
-        return u64::try_from(bytes).with_context(|| format!("--budget {t}: out of range"));
-    }
-    let bytes = parse_bytes(t).with_context(|| format!("--budget {t}"))?;
-    if bytes == 0 {
-        bail!("--budget {t}: comes to 0 bytes; a budget must be at least 1 byte");
-    }
-    Ok(bytes)
+    Ok(budget::parse_budget(text, graph, "--budget")?)
 }
 
 /// `32GB/s`, `16GiB/s`, `1e9`: bytes per second.
 pub fn parse_bandwidth(text: &str) -> anyhow::Result<f64> {
-    let t = text.trim().trim_end_matches("/s");
-    if t.trim().is_empty() {
-        bail!("--bandwidth: an empty value; give bytes per second, e.g. 32GB/s");
-    }
-    let bytes = parse_bytes(t).with_context(|| format!("--bandwidth {text}"))?;
-    if bytes == 0 {
-        bail!(
-            "--bandwidth {text}: comes to 0 bytes per second; the bandwidth is in bytes per second (32GB/s, 16GiB/s, 1e9) and must be at least 1 B/s"
-        );
-    }
-    Ok(bytes as f64)
-}
-
-/// A non-negative decimal `digits * 10^exp`, read exactly.
-#[derive(Debug, PartialEq)]
-struct Decimal {
-    digits: u128,
-    exp: i32,
-}
-
-impl Decimal {
-    /// `123`, `1.5`, `.5`, `1e9`, `2.5E-3`: digits, an optional point, an optional exponent.
-    fn parse(text: &str) -> anyhow::Result<Decimal> {
-        let not_a_number = || {
-            anyhow::anyhow!(
-                "`{text}` is not a number (expected digits with an optional decimal point and exponent, e.g. 0.7, 1234, 1e9)"
-            )
-        };
-        if text.starts_with('-') {
-            bail!("`{text}` is negative");
-        }
-        let (mantissa, exponent) = match text.find(['e', 'E']) {
-            Some(i) => (&text[..i], Some(&text[i + 1..])),
-            None => (text, None),
-        };
-        let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-        let all_digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
-        if whole.is_empty() && fraction.is_empty() || !all_digits(whole) || !all_digits(fraction) {
-            return Err(not_a_number());
-        }
-        let mut exp: i32 = match exponent {
-            None => 0,
-            Some(e) => {
-                let digits = e.strip_prefix(['+', '-']).unwrap_or(e);
-                if digits.is_empty() || !all_digits(digits) || digits.len() > 4 {
-                    return Err(not_a_number());
-                }
-                e.parse().map_err(|_| not_a_number())?
-            }
-        };
-        // Trailing zeros of the fraction carry no value; dropping them keeps `1.000...0`
-        // exact however many zeros it has.
-        let fraction = fraction.trim_end_matches('0');
-        let mut digits: u128 = 0;
-        for c in whole.chars().chain(fraction.chars()) {
-            digits = digits
-                .checked_mul(10)
-                .and_then(|d| d.checked_add(u128::from(c as u8 - b'0')))
-                .with_context(|| format!("`{text}` has too many digits"))?;
-        }
-        exp -= i32::try_from(fraction.len()).unwrap_or(i32::MAX);
-        Ok(Decimal { digits, exp })
-    }
-
-    /// `self * scale`, rounded to the nearest integer (halves up); `None` above u64::MAX.
-    fn times(&self, scale: u128) -> Option<u64> {
-        let value = self.digits.checked_mul(scale)?;
-        let rounded = if self.digits == 0 {
-            0
-        } else if self.exp >= 0 {
-            value.checked_mul(pow10(self.exp.unsigned_abs())?)?
-        } else {
-            match pow10(self.exp.unsigned_abs()) {
-                Some(d) => value / d + u128::from(value % d >= d.div_ceil(2)),
-                // A divisor above 10^38 makes any representable value round to 0.
-                None => 0,
-            }
-        };
-        u64::try_from(rounded).ok()
-    }
-}
-
-fn pow10(exp: u32) -> Option<u128> {
-    10u128.checked_pow(exp)
-}
-
-/// A number (scientific notation allowed) followed by an optional unit: the unit is the
-/// trailing run of letters, so the `e` of `1e9` stays in the number. Exact: the number is
-/// read as a decimal and scaled in integers, then rounded to whole bytes.
-fn parse_bytes(text: &str) -> anyhow::Result<u64> {
-    const UNITS: &str = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB";
-    let split = text
-        .char_indices()
-        .rev()
-        .take_while(|(_, c)| c.is_ascii_alphabetic())
-        .last()
-        .map_or(text.len(), |(i, _)| i);
-    let (number, unit) = text.split_at(split);
-    let number = number.trim();
-    if number.is_empty() {
-        bail!(
-            "`{text}` is not a size: expected a number with an optional unit ({UNITS}), e.g. 8GiB or 1e9"
-        );
-    }
-    let scale: u128 = match unit.trim() {
-        "" | "B" => 1,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        other => bail!("`{text}`: unknown unit `{other}` (use {UNITS})"),
-    };
-    let value = Decimal::parse(number)?;
-    value
-        .times(scale)
-        .with_context(|| format!("`{text}` is more than 2^64 - 1 bytes"))
-}
-
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
+    Ok(budget::parse_bandwidth(text, "--bandwidth")?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_take_units_and_scientific_notation() {
-        assert_eq!(parse_bytes("1e9").unwrap(), 1_000_000_000);
-        assert_eq!(parse_bytes("1.5e3MB").unwrap(), 1_500_000_000);
-        assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
-        assert_eq!(parse_bandwidth("32GB/s").unwrap(), 32e9);
-        assert_eq!(parse_bandwidth("1e9").unwrap(), 1e9);
-        assert!(parse_bytes("3 parsecs").is_err());
-        assert!(parse_bytes("1e30").is_err());
-    }
-
-    fn err(r: anyhow::Result<impl std::fmt::Debug>) -> String {
-        format!("{:#}", r.expect_err("an error"))
-    }
-
-    #[test]
-    fn words_and_empty_values_are_named_as_not_numbers() {
-        for bad in ["abc", "NaN", "inf", "x1"] {
-            let text = err(parse_bytes(bad));
-            assert!(
-                text.contains(&format!("`{bad}` is not a")) && !text.contains("empty string"),
-                "{bad}: {text}"
-            );
-        }
-        assert!(err(parse_bandwidth("abc")).contains("`abc` is not a size"));
-        assert!(err(parse_bandwidth("")).contains("empty value"));
-        assert!(err(parse_bytes("-5")).contains("negative"));
-        assert!(err(parse_bytes("3 parsecs")).contains("unknown unit `parsecs`"));
-    }
-
-    #[test]
-    fn sizes_are_exact_up_to_u64_max() {
-        assert_eq!(parse_bytes("18446744073709551615").unwrap(), u64::MAX);
-        assert!(err(parse_bytes("18446744073709551616")).contains("2^64 - 1"));
-        assert_eq!(parse_bytes("0.5KiB").unwrap(), 512);
-        assert_eq!(parse_bytes("2.5").unwrap(), 3);
-        assert_eq!(parse_bytes("1e-5").unwrap(), 0);
-        assert_eq!(parse_bytes("1.25e2").unwrap(), 125);
-    }
-
-    #[test]
-    fn bandwidth_below_one_byte_per_second_says_the_unit() {
-        let text = err(parse_bandwidth("0.4"));
-        assert!(
-            text.contains("bytes per second") && text.contains("1 B/s"),
-            "{text}"
-        );
-    }
-
-    fn huge_graph(bytes: u64) -> Graph {
-        let node = remat_planner::ir::Node {
-            name: "a".into(),
-            phase: remat_planner::ir::Phase::Forward,
-            compute_time: 1.0,
-            output_bytes: bytes,
-            inputs: vec![],
-        };
-        Graph::new("g", vec![node], 0, 1.0).unwrap()
-    }
-
-    #[test]
-    fn fraction_budgets_are_exact_on_huge_graphs() {
-        // 2^63 + 2^62 + 5 has no exact f64: 1.0 must still be exactly store-all.
-        let peak = (1u64 << 63) + (1u64 << 62) + 5;
-        let g = huge_graph(peak);
-        assert_eq!(parse_budget("1.0", &g).unwrap(), peak);
-        assert_eq!(
-            parse_budget("1.000000000000000000000000", &g).unwrap(),
-            peak
-        );
-        assert_eq!(parse_budget("0.5", &g).unwrap(), peak / 2);
-        assert!(err(parse_budget("1.5", &g)).contains("(0, 1]"));
-    }
-
-    #[test]
-    fn budgets_that_round_to_zero_bytes_are_errors() {
-        let g = huge_graph(1000);
-        assert!(err(parse_budget("1e-5", &g)).contains("0 bytes"));
-        assert!(err(parse_budget("0.00000000001", &g)).contains("less than one byte"));
-        assert!(err(parse_budget("", &g)).contains("empty value"));
-        assert!(err(parse_budget("0", &g)).contains("0 bytes"));
-    }
 
     #[test]
     fn zero_store_all_peak_shows_a_dash_not_nan() {
@@ -798,7 +347,27 @@ mod tests {
 
     #[test]
     fn plot_needs_a_known_extension_before_anything_runs() {
-        assert_eq!(plot_format(Path::new("x.svg")).unwrap(), PlotFormat::Svg);
+        assert_eq!(plot_format(Path::new("x.svg")).unwrap(), ImageFormat::Svg);
         assert!(plot_format(Path::new("x.jpg")).is_err());
+    }
+
+    #[test]
+    fn budget_and_bandwidth_errors_name_the_flags() {
+        let err = |r: anyhow::Result<f64>| format!("{:#}", r.expect_err("an error"));
+        assert!(err(parse_bandwidth("0.4")).starts_with("--bandwidth 0.4: "));
+        let node = remat_planner::ir::Node {
+            name: "a".into(),
+            phase: remat_planner::ir::Phase::Forward,
+            compute_time: 1.0,
+            output_bytes: 10,
+            inputs: vec![],
+        };
+        let g = Graph::new("g", vec![node], 0, 1.0).unwrap();
+        assert_eq!(parse_budget("0.5", &g).unwrap(), 5);
+        let text = format!("{:#}", parse_budget("1.5", &g).expect_err("above 1"));
+        assert!(
+            text.starts_with("--budget 1.5: a fraction must be in (0, 1]"),
+            "{text}"
+        );
     }
 }

@@ -2,13 +2,12 @@
 //! `remat reshard verify A B`.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_reshard::{
-    Checkpoint, ExecOptions, Format, NameRule, Preset, TargetSpec, execute, finalize, peak_buffer,
-    plan, rank_stats, verify,
-};
+use remat_reshard::run::{self, Action, DryRun, Event, Outcome, Request};
+use remat_reshard::{Format, NameRule, Preset, TargetSpec};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -90,21 +89,7 @@ fn parse_rule(s: &str) -> Result<NameRule, String> {
 
 /// Parses `123`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB, K/M/G as binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a size like 256MiB"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("`{s}`: unknown unit `{unit}`")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` overflows"))
+    run::parse_size(s).map_err(|e| e.to_string())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -123,67 +108,73 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let Some(world_size) = args.world_size else {
         bail!("--world-size M is required");
     };
-    let ckpt =
-        Checkpoint::open(src, args.from).with_context(|| format!("reading {}", src.display()))?;
-    report_skipped(&ckpt);
-    let spec = TargetSpec {
-        world_size,
-        format: args.format,
-        rules: args.place.clone(),
-        preset: args.preset,
+    let action = if args.dry_run {
+        Action::DryRun
+    } else if args.finalize {
+        Action::Finalize
+    } else {
+        Action::Write
     };
-    let plan = plan(&ckpt, &spec)?;
-    eprintln!(
-        "{}: {} layout, {} ranks, {} tensors, {} -> {} ranks ({} layout)",
-        src.display(),
-        ckpt.format.name(),
-        ckpt.world_size,
-        ckpt.tensors.len(),
-        ckpt.world_size,
-        world_size,
-        args.format.name()
-    );
-    if args.dry_run {
-        print_dry_run(&plan, args.max_buffer, args.rank);
-        return Ok(());
-    }
-    if args.finalize {
-        finalize(&ckpt, &plan, dst, args.force)?;
-        println!(
-            "checked {} parts and wrote the index of {}",
-            plan.world_size,
-            dst.display()
-        );
-        return Ok(());
-    }
-    let total: u64 = plan
-        .files
-        .iter()
-        .filter(|f| args.rank.is_none_or(|r| f.rank == r))
-        .map(|f| f.data_len)
-        .sum();
-    let bar = progress_bar(total);
-    let tick = |n: u64| bar.inc(n);
-    let opts = ExecOptions {
+    let request = Request {
+        src,
+        dst,
+        source_format: args.from,
+        spec: TargetSpec {
+            world_size,
+            format: args.format,
+            rules: args.place.clone(),
+            preset: args.preset,
+        },
         max_buffer: args.max_buffer,
-        overwrite: args.force,
         rank: args.rank,
-        progress: Some(&tick),
+        action,
+        overwrite: args.force,
     };
-    let report = execute(&ckpt, &plan, dst, &opts)?;
-    bar.finish_and_clear();
-    println!(
-        "wrote {} files, {:.3} GB in {:.2} s: {:.2} GB/s (buffers peaked at {:.1} MiB)",
-        report.files_written,
-        report.bytes_written as f64 / 1e9,
-        report.seconds,
-        report.gb_per_s(),
-        report.buffer_bytes as f64 / (1u64 << 20) as f64
-    );
-    if let Some(r) = args.rank {
-        println!(
-            "rank {r} done; once every rank is, run the same command with --finalize instead of --rank"
-        );
+    // The bar appears once writing starts (a dry run or a finalize draws none).
+    let bar = OnceLock::new();
+    let tick = |n: u64| {
+        if let Some(bar) = bar.get() {
+            ProgressBar::inc(bar, n);
+        }
+    };
+    let outcome = run::reshard(
+        &request,
+        |event| match event {
+            Event::Skipped(f) => eprintln!("note: skipping {}: {}", f.path.display(), f.reason),
+            Event::Planned(ckpt, plan) => {
+                eprintln!("{}", run::describe(src, ckpt, plan, args.format));
+            }
+            Event::Writing { total_bytes } => {
+                let _ = bar.set(progress_bar(total_bytes));
+            }
+            Event::Comparing { .. } => {}
+        },
+        Some(&tick),
+    )?;
+    match outcome {
+        Outcome::DryRun(dry) => print_dry_run(&dry),
+        Outcome::Finalized { parts } => println!(
+            "checked {parts} parts and wrote the index of {}",
+            dst.display()
+        ),
+        Outcome::Written(report) => {
+            if let Some(bar) = bar.get() {
+                bar.finish_and_clear();
+            }
+            println!(
+                "wrote {} files, {:.3} GB in {:.2} s: {:.2} GB/s (buffers peaked at {:.1} MiB)",
+                report.files_written,
+                report.bytes_written as f64 / 1e9,
+                report.seconds,
+                report.gb_per_s(),
+                report.buffer_bytes as f64 / (1u64 << 20) as f64
+            );
+            if let Some(r) = args.rank {
+                println!(
+                    "rank {r} done; once every rank is, run the same command with --finalize instead of --rank"
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -214,13 +205,10 @@ fn human(b: u64) -> String {
     }
 }
 
-fn print_dry_run(plan: &remat_reshard::Plan, max_buffer: u64, rank: Option<usize>) {
+fn print_dry_run(dry: &DryRun) {
     println!("| rank | files | write | read | read amplification | source files | runs |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for s in rank_stats(plan)
-        .iter()
-        .filter(|s| rank.is_none_or(|r| s.rank == r))
-    {
+    for s in &dry.ranks {
         println!(
             "| {} | {} | {} | {} | {:.3} | {} | {} |",
             s.rank,
@@ -234,23 +222,10 @@ fn print_dry_run(plan: &remat_reshard::Plan, max_buffer: u64, rank: Option<usize
     }
     println!(
         "peak buffer memory: {} (bound {}, {} worker threads)",
-        human(peak_buffer(plan, max_buffer, rank)),
-        human(max_buffer),
-        rayon_threads()
+        human(dry.peak_buffer),
+        human(dry.max_buffer),
+        dry.threads
     );
-}
-
-fn rayon_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-}
-
-/// Files the reader left out are said, never dropped silently.
-fn report_skipped(ckpt: &Checkpoint) {
-    for f in &ckpt.skipped {
-        eprintln!("note: skipping {}: {}", f.path.display(), f.reason);
-    }
 }
 
 fn run_verify(
@@ -259,14 +234,27 @@ fn run_verify(
     from_a: Option<Format>,
     from_b: Option<Format>,
 ) -> anyhow::Result<()> {
-    let ca = Checkpoint::open(a, from_a).with_context(|| format!("reading {}", a.display()))?;
-    let cb = Checkpoint::open(b, from_b).with_context(|| format!("reading {}", b.display()))?;
-    report_skipped(&ca);
-    report_skipped(&cb);
-    let bar = progress_bar(ca.total_bytes());
-    let tick = |n: u64| bar.inc(n);
-    let report = verify(&ca, &cb, Some(&tick))?;
-    bar.finish_and_clear();
+    let bar = OnceLock::new();
+    let tick = |n: u64| {
+        if let Some(bar) = bar.get() {
+            ProgressBar::inc(bar, n);
+        }
+    };
+    let report = run::verify_paths(
+        (a, from_a),
+        (b, from_b),
+        |event| match event {
+            Event::Skipped(f) => eprintln!("note: skipping {}: {}", f.path.display(), f.reason),
+            Event::Comparing { total_bytes } => {
+                let _ = bar.set(progress_bar(total_bytes));
+            }
+            Event::Planned(..) | Event::Writing { .. } => {}
+        },
+        Some(&tick),
+    )?;
+    if let Some(bar) = bar.get() {
+        bar.finish_and_clear();
+    }
     match report.difference {
         Some(d) => bail!("{} and {} differ: {d}", a.display(), b.display()),
         None => {

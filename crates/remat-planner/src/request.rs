@@ -1,0 +1,338 @@
+//! One planning request as the front ends make it (`remat plan`, the Python package): a
+//! strategy by name, or the search over every strategy for the fastest plan that fits; when
+//! nothing fits, the error says the smallest peak reached, in bytes people read. Also the
+//! memory-timeline chart of a plan against store-all, which `remat plan --plot` draws.
+//!
+//! Both front ends call these, so a budget means the same plan, and an infeasible one the
+//! same message, wherever it is asked for.
+
+use thiserror::Error;
+
+use crate::budget::human_bytes;
+use crate::error::PlanError;
+use crate::ir::Graph;
+use crate::plot::{Chart, PlotError, Series};
+use crate::strategy::{BestPlan, Planned, Problem, lookup, plan_best_explained};
+
+/// Why a request gave no plan.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum RequestError {
+    /// The search found nothing under the budget.
+    #[error(
+        "budget {} is infeasible for every strategy: the smallest peak reached is {} (by {strategy})",
+        human_bytes(*budget),
+        human_bytes(*best_peak)
+    )]
+    Infeasible {
+        budget: u64,
+        best_peak: u64,
+        strategy: String,
+    },
+    /// The budget is under [`Graph::memory_floor`]: no schedule can fit, whatever the
+    /// strategy, so none is tried.
+    #[error(
+        "budget {} is below the graph's memory floor {} (static bytes plus the largest operation's inputs and output): no plan fits",
+        human_bytes(*budget),
+        human_bytes(*floor)
+    )]
+    BelowFloor { budget: u64, floor: u64 },
+    /// Any other planner error, as the planner words it.
+    #[error(transparent)]
+    Plan(PlanError),
+}
+
+impl From<PlanError> for RequestError {
+    fn from(error: PlanError) -> RequestError {
+        match error {
+            PlanError::Infeasible {
+                budget,
+                best_peak,
+                strategy,
+            } => RequestError::Infeasible {
+                budget,
+                best_peak,
+                strategy,
+            },
+            other => RequestError::Plan(other),
+        }
+    }
+}
+
+/// Refuses a budget below the graph's memory floor before any strategy runs (the Python
+/// package asks this first; `remat plan` lets the search say the smallest peak reached).
+pub fn check_floor(problem: &Problem) -> Result<(), RequestError> {
+    let floor = problem.graph.memory_floor();
+    if problem.budget_bytes < floor {
+        return Err(RequestError::BelowFloor {
+            budget: problem.budget_bytes,
+            floor,
+        });
+    }
+    Ok(())
+}
+
+/// What a request found, with the search's notes (empty for a named strategy).
+#[derive(Debug)]
+pub struct Outcome {
+    pub result: Result<Planned, RequestError>,
+    /// `(strategy, why)` for strategies the search skipped or that did not apply.
+    pub skipped: Vec<(String, String)>,
+    /// Strategies that failed with an error other than over budget / not applicable.
+    pub failed: Vec<(String, PlanError)>,
+}
+
+/// Plans `problem` with the strategy named `strategy` (parameterized names such as
+/// `every:4` included), or, without a name, with the fastest plan of every strategy that
+/// fits; `progress(i, count, name)` is called before each strategy of the search.
+pub fn plan(
+    problem: &Problem,
+    strategy: Option<&str>,
+    progress: impl FnMut(usize, usize, &str),
+) -> Outcome {
+    match strategy {
+        Some(name) => Outcome {
+            result: lookup(name)
+                .and_then(|s| s.plan(problem))
+                .map_err(RequestError::from),
+            skipped: Vec::new(),
+            failed: Vec::new(),
+        },
+        None => {
+            let BestPlan {
+                result,
+                skipped,
+                failed,
+            } = plan_best_explained(problem, progress);
+            Outcome {
+                result: result.map_err(RequestError::from),
+                skipped,
+                failed,
+            }
+        }
+    }
+}
+
+/// The plan's report as `remat plan` prints it: strategy, peak against store-all and the
+/// budget, time overhead with its parts in seconds, and bytes kept, swapped and recomputed;
+/// one line each, each ending in a newline.
+pub fn summary(graph: &Graph, planned: &Planned) -> String {
+    let r = &planned.report;
+    let (kept, swapped, recomputed) = r.bytes_by_fate(graph);
+    let share = match ratio(r.peak_bytes, graph.store_all_peak()) {
+        Some(x) => format!("{:.1}% of store-all", 100.0 * x),
+        None => "store-all peak is 0 B".to_string(),
+    };
+    let unit = graph.time_unit_s();
+    format!(
+        "strategy      {}\n\
+         peak          {} ({share}), budget {}\n\
+         time overhead {:.2}% (recompute {:.4} s, exposed swap {:.4} s, base {:.4} s)\n\
+         bytes         kept {}, swapped {}, recomputed {}\n",
+        planned.plan.strategy,
+        human_bytes(r.peak_bytes),
+        human_bytes(planned.plan.budget_bytes),
+        100.0 * r.overhead(),
+        r.recompute_time * unit,
+        r.stall_time * unit,
+        r.base_time * unit,
+        human_bytes(kept),
+        human_bytes(swapped),
+        human_bytes(recomputed)
+    )
+}
+
+/// `part / whole`, or `None` when `whole` is 0 (a graph whose tensors are all empty).
+pub fn ratio(part: u64, whole: u64) -> Option<f64> {
+    (whole > 0).then(|| part as f64 / whole as f64)
+}
+
+/// Why a timeline cannot be drawn.
+#[derive(Debug, Error)]
+pub enum ChartError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+}
+
+/// Image formats a timeline is drawn in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImageFormat {
+    Svg,
+    Png,
+}
+
+impl ImageFormat {
+    /// The format a file name asks for by its extension (`.svg`, `.png`).
+    pub fn from_path(path: &std::path::Path) -> Option<ImageFormat> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("svg") => Some(ImageFormat::Svg),
+            Some("png") => Some(ImageFormat::Png),
+            _ => None,
+        }
+    }
+}
+
+/// The plan's device memory over time against store-all's, with the budget as a line,
+/// drawn in `format` (PNG at 1200x600).
+pub fn timeline_image(
+    problem: &Problem,
+    planned: &Planned,
+    format: ImageFormat,
+) -> Result<Vec<u8>, ChartError> {
+    let chart = timeline_chart(problem, planned)?;
+    Ok(match format {
+        ImageFormat::Svg => chart.to_svg().into_bytes(),
+        ImageFormat::Png => chart.to_png(1200, 600)?,
+    })
+}
+
+/// [`timeline_image`]'s chart: times in seconds, memory in bytes.
+pub fn timeline_chart(problem: &Problem, planned: &Planned) -> Result<Chart, PlanError> {
+    let graph = problem.graph;
+    let store_all = lookup("store-all")?.plan(&Problem {
+        budget_bytes: u64::MAX,
+        ..*problem
+    })?;
+    let unit = graph.time_unit_s();
+    let points = |p: &Planned| {
+        p.report
+            .timeline
+            .iter()
+            .map(|t| (t.time * unit, t.bytes as f64))
+            .collect::<Vec<_>>()
+    };
+    Ok(Chart {
+        title: format!(
+            "{}: {} at budget {}",
+            graph.name(),
+            planned.plan.strategy,
+            human_bytes(problem.budget_bytes)
+        ),
+        x_label: "time (s)".into(),
+        y_label: "device memory (bytes)".into(),
+        series: vec![
+            Series::new("store-all", points(&store_all), [150, 150, 150]),
+            Series::new(&planned.plan.strategy, points(planned), [31, 119, 180]),
+        ],
+        hline: Some(("budget".into(), problem.budget_bytes as f64, [214, 39, 40])),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Node, Phase};
+
+    /// a -> b (forward) -> c (backward, reads a and b): store-all keeps a and b.
+    fn chain() -> Graph {
+        let node = |name: &str, phase, inputs: Vec<usize>| Node {
+            name: name.into(),
+            phase,
+            compute_time: 1.0,
+            output_bytes: 100,
+            inputs,
+        };
+        let nodes = vec![
+            node("a", Phase::Forward, vec![]),
+            node("b", Phase::Forward, vec![0]),
+            node("c", Phase::Backward, vec![0, 1]),
+        ];
+        Graph::new("chain", nodes, 0, 1.0).unwrap()
+    }
+
+    fn problem(graph: &Graph, budget_bytes: u64) -> Problem<'_> {
+        Problem {
+            graph,
+            budget_bytes,
+            bandwidth: 1e9,
+        }
+    }
+
+    #[test]
+    fn a_named_strategy_is_planned_and_an_unknown_one_is_named() {
+        let g = chain();
+        let outcome = plan(&problem(&g, 1000), Some("store-all"), |_, _, _| {});
+        let planned = outcome.result.expect("store-all fits 1000 bytes");
+        assert_eq!(planned.plan.strategy, "store-all");
+        assert_eq!(planned.report.peak_bytes, g.store_all_peak());
+        let err = plan(&problem(&g, 1000), Some("nope"), |_, _, _| {})
+            .result
+            .expect_err("unknown");
+        assert!(err.to_string().contains("unknown strategy `nope`"), "{err}");
+    }
+
+    #[test]
+    fn the_search_reports_progress_and_explains_an_infeasible_budget() {
+        let g = chain();
+        let mut calls = 0;
+        let outcome = plan(&problem(&g, 1000), None, |_, _, _| calls += 1);
+        assert!(outcome.result.is_ok());
+        assert!(calls > 1, "one call per strategy, got {calls}");
+        // Below the floor (c with both inputs: 300 bytes) nothing fits.
+        let err = plan(&problem(&g, 250), None, |_, _, _| {})
+            .result
+            .expect_err("infeasible");
+        match &err {
+            RequestError::Infeasible {
+                budget, best_peak, ..
+            } => assert!(*budget == 250 && *best_peak >= 300, "{err}"),
+            other => panic!("expected Infeasible, got {other}"),
+        }
+        assert!(
+            err.to_string().starts_with("budget 250 B is infeasible"),
+            "{err}"
+        );
+        let below = check_floor(&problem(&g, 299)).expect_err("below the floor");
+        assert_eq!(
+            below,
+            RequestError::BelowFloor {
+                budget: 299,
+                floor: 300
+            }
+        );
+        assert!(below.to_string().contains("memory floor 300 B"), "{below}");
+        check_floor(&problem(&g, 300)).expect("at the floor");
+    }
+
+    #[test]
+    fn the_summary_has_the_four_lines_of_remat_plan() {
+        let g = chain();
+        let planned = plan(&problem(&g, 1000), Some("store-all"), |_, _, _| {})
+            .result
+            .unwrap();
+        let text = summary(&g, &planned);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "strategy      store-all");
+        assert_eq!(
+            lines[1],
+            "peak          300 B (100.0% of store-all), budget 1000 B"
+        );
+        assert!(
+            lines[2].starts_with("time overhead 0.00% (recompute 0.0000 s"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[3],
+            "bytes         kept 300 B, swapped 0 B, recomputed 0 B"
+        );
+        assert_eq!(ratio(1, 0), None);
+    }
+
+    #[test]
+    fn the_timeline_is_drawn_in_the_asked_format() {
+        let g = chain();
+        let p = problem(&g, 1000);
+        let planned = plan(&p, Some("store-all"), |_, _, _| {}).result.unwrap();
+        let svg = timeline_image(&p, &planned, ImageFormat::Svg).unwrap();
+        assert!(String::from_utf8_lossy(&svg).contains("<svg"));
+        let png = timeline_image(&p, &planned, ImageFormat::Png).unwrap();
+        assert_eq!(&png[1..4], b"PNG");
+        let path = std::path::Path::new;
+        assert_eq!(
+            ImageFormat::from_path(path("x.png")),
+            Some(ImageFormat::Png)
+        );
+        assert_eq!(ImageFormat::from_path(path("x.jpg")), None);
+    }
+}

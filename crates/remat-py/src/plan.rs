@@ -1,0 +1,304 @@
+//! `remat._native.plan` and `remat._native.Plan`: one planning request through
+//! [`remat_planner::request`], the same function `remat plan` calls.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use remat_planner::budget::{self, ValueError};
+use remat_planner::output::{OutputError, check_outputs, write_all_atomic};
+use remat_planner::request::{self, ImageFormat, RequestError};
+use remat_planner::{Graph, PlanError, Planned, Problem, Step, registry};
+
+use crate::errors::{plain, raise};
+use crate::graph::PyGraph;
+
+/// Registry names of every strategy (parameterized ones, `every:N` and the like, are
+/// accepted by name too).
+#[pyfunction]
+pub fn strategies() -> Vec<String> {
+    registry().iter().map(|s| s.name()).collect()
+}
+
+/// Bytes of a budget written as `8GiB`, `1e9`, `1234` or a fraction `0.7` of the graph's
+/// store-all peak; errors name `flag`.
+#[pyfunction]
+#[pyo3(signature = (text, graph, flag = "budget"))]
+pub fn parse_budget(py: Python<'_>, text: &str, graph: &PyGraph, flag: &str) -> PyResult<u64> {
+    budget::parse_budget(text, &graph.graph, flag).map_err(|e| value_error(py, "BudgetError", e))
+}
+
+/// Bytes per second of `32GB/s`, `16GiB/s`, `1e9`; errors name `flag`.
+#[pyfunction]
+#[pyo3(signature = (text, flag = "bandwidth"))]
+pub fn parse_bandwidth(py: Python<'_>, text: &str, flag: &str) -> PyResult<f64> {
+    budget::parse_bandwidth(text, flag).map_err(|e| value_error(py, "ArgumentError", e))
+}
+
+/// Bytes as `remat` prints them (`1.50 MiB`).
+#[pyfunction]
+pub fn human_bytes(bytes: u64) -> String {
+    budget::human_bytes(bytes)
+}
+
+fn value_error(py: Python<'_>, class: &str, error: ValueError) -> PyErr {
+    plain(py, class, error)
+}
+
+/// Plans `graph` under `budget_bytes` with the strategy named `strategy`, or the fastest
+/// plan of every strategy that fits when it is None. Refuses a budget below the graph's
+/// memory floor before planning. `time_limit` (seconds) is checked here and bounds the
+/// exact solvers once the planner takes a time limit (`Problem` has none yet).
+#[pyfunction]
+#[pyo3(signature = (graph, budget_bytes, strategy = None, bandwidth = 32e9, time_limit = None))]
+pub fn plan(
+    py: Python<'_>,
+    graph: &PyGraph,
+    budget_bytes: u64,
+    strategy: Option<String>,
+    bandwidth: f64,
+    time_limit: Option<f64>,
+) -> PyResult<PyPlan> {
+    if !(bandwidth.is_finite() && bandwidth >= 1.0) {
+        return Err(plain(
+            py,
+            "ArgumentError",
+            format!(
+                "bandwidth {bandwidth}: must be a finite number of bytes per second, at least 1"
+            ),
+        ));
+    }
+    if let Some(t) = time_limit
+        && !(t.is_finite() && t > 0.0)
+    {
+        return Err(plain(
+            py,
+            "ArgumentError",
+            format!("time_limit {t}: must be a positive finite number of seconds"),
+        ));
+    }
+    let graph = Arc::clone(&graph.graph);
+    let problem = Problem {
+        graph: &graph,
+        budget_bytes,
+        bandwidth,
+    };
+    request::check_floor(&problem).map_err(|e| request_error(py, &graph, e))?;
+    let outcome = py.detach(|| request::plan(&problem, strategy.as_deref(), |_, _, _| {}));
+    let planned = outcome.result.map_err(|e| request_error(py, &graph, e))?;
+    let mut notes: Vec<String> = outcome
+        .skipped
+        .iter()
+        .map(|(name, why)| format!("note: {name}: {why}"))
+        .collect();
+    notes.extend(
+        outcome
+            .failed
+            .iter()
+            .map(|(name, e)| format!("warning: {name} failed and was left out: {e}")),
+    );
+    Ok(PyPlan {
+        graph: Arc::clone(&graph),
+        planned,
+        notes,
+    })
+}
+
+/// `remat.BudgetError` for a budget nothing fits (attributes `budget_bytes`,
+/// `floor_bytes`, `best_peak` and `strategy` where known), `remat.PlanError` otherwise.
+fn request_error(py: Python<'_>, graph: &Graph, error: RequestError) -> PyErr {
+    let floor = graph.memory_floor();
+    let budget_error = |budget: u64, best_peak: Option<u64>, strategy: Option<&str>| {
+        raise(py, "BudgetError", error.to_string(), |d| {
+            d.set_item("budget_bytes", budget)?;
+            d.set_item("floor_bytes", floor)?;
+            d.set_item("best_peak", best_peak)?;
+            d.set_item("strategy", strategy)
+        })
+    };
+    match &error {
+        RequestError::BelowFloor { budget, .. } => budget_error(*budget, None, None),
+        RequestError::Infeasible {
+            budget,
+            best_peak,
+            strategy,
+        }
+        | RequestError::Plan(PlanError::OverBudget {
+            budget,
+            best_peak,
+            strategy,
+        }) => budget_error(*budget, Some(*best_peak), Some(strategy)),
+        RequestError::Plan(PlanError::ProvedInfeasible {
+            budget, strategy, ..
+        }) => budget_error(*budget, None, Some(strategy)),
+        RequestError::Plan(other) => {
+            let strategy = match other {
+                PlanError::UnknownStrategy { name, .. } | PlanError::BadParameter { name, .. } => {
+                    Some(name.clone())
+                }
+                PlanError::NotApplicable { strategy, .. }
+                | PlanError::InvalidSchedule { strategy, .. } => Some(strategy.clone()),
+                _ => None,
+            };
+            raise(py, "PlanError", error.to_string(), |d| {
+                d.set_item("strategy", strategy)
+            })
+        }
+    }
+}
+
+/// A plan with the simulator's report of it. Times are in the graph's time units
+/// (`time_unit_s` seconds each).
+#[pyclass(name = "Plan", module = "remat._native", frozen)]
+pub struct PyPlan {
+    graph: Arc<Graph>,
+    planned: Planned,
+    notes: Vec<String>,
+}
+
+#[pymethods]
+impl PyPlan {
+    #[getter]
+    fn graph(&self) -> PyGraph {
+        PyGraph {
+            graph: Arc::clone(&self.graph),
+        }
+    }
+    #[getter]
+    fn strategy(&self) -> &str {
+        &self.planned.plan.strategy
+    }
+    #[getter]
+    fn budget_bytes(&self) -> u64 {
+        self.planned.plan.budget_bytes
+    }
+    #[getter]
+    fn bandwidth(&self) -> f64 {
+        self.planned.plan.bandwidth_bytes_per_s
+    }
+    /// Simulated peak device bytes, static bytes included.
+    #[getter]
+    fn peak_bytes(&self) -> u64 {
+        self.planned.report.peak_bytes
+    }
+    #[getter]
+    fn store_all_peak(&self) -> u64 {
+        self.graph.store_all_peak()
+    }
+    #[getter]
+    fn total_time(&self) -> f64 {
+        self.planned.report.total_time
+    }
+    /// Every node's compute time once: store-all's time.
+    #[getter]
+    fn compute_time(&self) -> f64 {
+        self.planned.report.base_time
+    }
+    #[getter]
+    fn recompute_time(&self) -> f64 {
+        self.planned.report.recompute_time
+    }
+    /// Time the compute stream waited on copies.
+    #[getter]
+    fn exposed_swap_time(&self) -> f64 {
+        self.planned.report.stall_time
+    }
+    /// (total - store-all time) / store-all time, as `remat plan` prints it (in percent).
+    #[getter]
+    fn overhead(&self) -> f64 {
+        self.planned.report.overhead()
+    }
+    #[getter]
+    fn time_unit_s(&self) -> f64 {
+        self.graph.time_unit_s()
+    }
+    /// Bytes of the tensors kept, swapped and recomputed.
+    #[getter]
+    fn bytes_by_fate(&self) -> (u64, u64, u64) {
+        self.planned.report.bytes_by_fate(&self.graph)
+    }
+    /// What the search skipped or left out, one line each, as `remat plan` prints them.
+    #[getter]
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
+    /// The schedule: `(op, node)` with op one of compute, free, swap_out, swap_in.
+    #[getter]
+    fn steps(&self) -> Vec<(&'static str, usize)> {
+        self.planned
+            .plan
+            .steps
+            .iter()
+            .map(|step| match *step {
+                Step::Compute { node } => ("compute", node),
+                Step::Free { tensor } => ("free", tensor),
+                Step::SwapOut { tensor } => ("swap_out", tensor),
+                Step::SwapIn { tensor } => ("swap_in", tensor),
+            })
+            .collect()
+    }
+    /// Device bytes after each step that changed them: `(step, time, bytes)`.
+    #[getter]
+    fn timeline(&self) -> Vec<(usize, f64, u64)> {
+        self.planned
+            .report
+            .timeline
+            .iter()
+            .map(|t| (t.step, t.time, t.bytes))
+            .collect()
+    }
+    /// The per-tensor decisions as the plan JSON writes them.
+    fn decisions_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.planned.plan.decisions)
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
+    }
+    /// The plan file (what `remat plan --out` writes).
+    fn to_json(&self) -> String {
+        self.planned.plan.to_json()
+    }
+    /// The report lines `remat plan` prints.
+    fn summary(&self) -> String {
+        request::summary(&self.graph, &self.planned)
+    }
+    /// Writes the plan JSON to `path` and/or its memory timeline (`.svg` or `.png`) to
+    /// `plot`, all or nothing: paths checked first, temporaries synced, then renamed.
+    #[pyo3(signature = (path = None, plot = None))]
+    fn save(&self, py: Python<'_>, path: Option<PathBuf>, plot: Option<PathBuf>) -> PyResult<()> {
+        let format = match &plot {
+            Some(p) => Some(ImageFormat::from_path(p).ok_or_else(|| {
+                plain(
+                    py,
+                    "ArgumentError",
+                    format!("{}: plot needs a .svg or .png file name", p.display()),
+                )
+            })?),
+            None => None,
+        };
+        let targets: Vec<(&str, &std::path::Path)> = [("path", &path), ("plot", &plot)]
+            .into_iter()
+            .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+            .collect();
+        check_outputs(&targets).map_err(|e| output_error(py, e))?;
+        let mut files = Vec::new();
+        if let Some(p) = &path {
+            files.push((p.clone(), self.planned.plan.to_json().into_bytes()));
+        }
+        if let (Some(p), Some(format)) = (&plot, format) {
+            let problem = Problem {
+                graph: &self.graph,
+                budget_bytes: self.planned.plan.budget_bytes,
+                bandwidth: self.planned.plan.bandwidth_bytes_per_s,
+            };
+            let image = py
+                .detach(|| request::timeline_image(&problem, &self.planned, format))
+                .map_err(|e| plain(py, "PlanError", e))?;
+            files.push((p.clone(), image));
+        }
+        py.detach(|| write_all_atomic(&files))
+            .map_err(|e| output_error(py, e))
+    }
+}
+
+fn output_error(py: Python<'_>, error: OutputError) -> PyErr {
+    plain(py, "OutputError", error)
+}

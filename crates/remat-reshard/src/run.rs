@@ -1,0 +1,384 @@
+//! A reshard as the front ends ask for it (`remat reshard`, the Python package): open the
+//! source (its layout detected unless given), plan the target, then write it, or only say
+//! what writing would cost (dry run), or check one-rank parts and write the index
+//! (finalize). And verification of two layouts by path. Front ends show what happens
+//! through [`Event`]s and a byte counter, and print the [`Outcome`]; the steps are here, so
+//! the binary and the bindings do the same thing with the same messages.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::checkpoint::{Checkpoint, Format, SkippedFile};
+use crate::error::ReshardError;
+use crate::exec::{ExecOptions, ExecReport, execute, finalize, peak_buffer};
+use crate::plan::{Plan, RankStats, plan, rank_stats};
+use crate::target::TargetSpec;
+use crate::verify::{VerifyReport, verify};
+
+/// Why a request failed: reading a source (the message says which), or anything after.
+#[derive(Debug, Error)]
+pub enum RunError {
+    // Boxed: the path beside a whole ReshardError would double every Result's size.
+    #[error("reading {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: Box<ReshardError>,
+    },
+    #[error(transparent)]
+    Reshard(#[from] ReshardError),
+}
+
+impl RunError {
+    /// The resharder's error underneath.
+    pub fn reshard_error(&self) -> &ReshardError {
+        match self {
+            RunError::Read { error, .. } => error,
+            RunError::Reshard(error) => error,
+        }
+    }
+}
+
+/// What to do once the target is planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Write every file (or one rank's, with [`Request::rank`]).
+    Write,
+    /// Write nothing; report per-rank bytes, reads and the buffer peak.
+    DryRun,
+    /// After one-rank runs: check every part and write the index.
+    Finalize,
+}
+
+/// One reshard.
+#[derive(Clone, Debug)]
+pub struct Request<'a> {
+    pub src: &'a Path,
+    pub dst: &'a Path,
+    /// Source layout; detected when `None`.
+    pub source_format: Option<Format>,
+    pub spec: TargetSpec,
+    /// Bound on buffered bytes across worker threads.
+    pub max_buffer: u64,
+    /// Only this target rank's files (with [`Action::Write`] or [`Action::DryRun`]).
+    pub rank: Option<usize>,
+    pub action: Action,
+    /// Replace existing output.
+    pub overwrite: bool,
+}
+
+/// What happens, in order, for front ends to show.
+pub enum Event<'a> {
+    /// A file the source's reader left out, with why.
+    Skipped(&'a SkippedFile),
+    /// The source is read and the target planned.
+    Planned(&'a Checkpoint, &'a Plan),
+    /// Writing starts: this many bytes will be written.
+    Writing { total_bytes: u64 },
+    /// Verification starts: this many bytes will be compared.
+    Comparing { total_bytes: u64 },
+}
+
+/// What a dry run found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DryRun {
+    /// Per target rank (only [`Request::rank`]'s when given).
+    pub ranks: Vec<RankStats>,
+    /// Peak bytes the copy buffers would hold.
+    pub peak_buffer: u64,
+    pub max_buffer: u64,
+    /// Worker threads the machine offers.
+    pub threads: usize,
+}
+
+/// What a request did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    DryRun(DryRun),
+    /// Parts checked and the index written; `parts` is the target world size.
+    Finalized {
+        parts: usize,
+    },
+    Written(ExecReport),
+}
+
+/// Opens a checkpoint, its layout detected unless given; errors say it was being read.
+pub fn open(path: &Path, format: Option<Format>) -> Result<Checkpoint, RunError> {
+    Checkpoint::open(path, format).map_err(|error| RunError::Read {
+        path: path.to_path_buf(),
+        error: Box::new(error),
+    })
+}
+
+/// Carries out `request`. `progress` receives bytes written (from worker threads).
+pub fn reshard(
+    request: &Request,
+    mut events: impl FnMut(Event<'_>),
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<Outcome, RunError> {
+    let ckpt = open(request.src, request.source_format)?;
+    for skipped in &ckpt.skipped {
+        events(Event::Skipped(skipped));
+    }
+    let plan = plan(&ckpt, &request.spec)?;
+    events(Event::Planned(&ckpt, &plan));
+    match request.action {
+        Action::DryRun => Ok(Outcome::DryRun(dry_run(
+            &plan,
+            request.max_buffer,
+            request.rank,
+        ))),
+        Action::Finalize => {
+            finalize(&ckpt, &plan, request.dst, request.overwrite)?;
+            Ok(Outcome::Finalized {
+                parts: plan.world_size,
+            })
+        }
+        Action::Write => {
+            events(Event::Writing {
+                total_bytes: bytes_to_write(&plan, request.rank),
+            });
+            let options = ExecOptions {
+                max_buffer: request.max_buffer,
+                overwrite: request.overwrite,
+                rank: request.rank,
+                progress,
+            };
+            Ok(Outcome::Written(execute(
+                &ckpt,
+                &plan,
+                request.dst,
+                &options,
+            )?))
+        }
+    }
+}
+
+/// One line saying what is resharded into what: `SRC: dcp layout, 4 ranks, 9 tensors,
+/// 4 -> 3 ranks (remat layout)`.
+pub fn describe(src: &Path, ckpt: &Checkpoint, plan: &Plan, format: Format) -> String {
+    format!(
+        "{}: {} layout, {} ranks, {} tensors, {} -> {} ranks ({} layout)",
+        src.display(),
+        ckpt.format.name(),
+        ckpt.world_size,
+        ckpt.tensors.len(),
+        ckpt.world_size,
+        plan.world_size,
+        format.name()
+    )
+}
+
+/// Bytes of the files to write (only `rank`'s when given).
+pub fn bytes_to_write(plan: &Plan, rank: Option<usize>) -> u64 {
+    plan.files
+        .iter()
+        .filter(|f| rank.is_none_or(|r| f.rank == r))
+        .map(|f| f.data_len)
+        .sum()
+}
+
+/// Per-rank statistics and the buffer peak, without writing.
+pub fn dry_run(plan: &Plan, max_buffer: u64, rank: Option<usize>) -> DryRun {
+    DryRun {
+        ranks: rank_stats(plan)
+            .into_iter()
+            .filter(|s| rank.is_none_or(|r| s.rank == r))
+            .collect(),
+        peak_buffer: peak_buffer(plan, max_buffer, rank),
+        max_buffer,
+        threads: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    }
+}
+
+/// Opens `a` and `b` and compares them tensor by tensor (see [`verify()`]); `progress`
+/// receives bytes compared.
+pub fn verify_paths(
+    a: (&Path, Option<Format>),
+    b: (&Path, Option<Format>),
+    mut events: impl FnMut(Event<'_>),
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<VerifyReport, RunError> {
+    let ca = open(a.0, a.1)?;
+    let cb = open(b.0, b.1)?;
+    for skipped in ca.skipped.iter().chain(&cb.skipped) {
+        events(Event::Skipped(skipped));
+    }
+    events(Event::Comparing {
+        total_bytes: ca.total_bytes(),
+    });
+    Ok(verify(&ca, &cb, progress)?)
+}
+
+/// A buffer size that cannot be read.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SizeError {
+    #[error("`{0}` is not a size like 256MiB")]
+    NotASize(String),
+    #[error("`{text}`: unknown unit `{unit}`")]
+    UnknownUnit { text: String, unit: String },
+    #[error("`{0}` overflows")]
+    Overflow(String),
+}
+
+/// Parses `123`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB, K/M/G as binary units): a
+/// buffer bound.
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| SizeError::NotASize(s.into()))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => {
+            return Err(SizeError::UnknownUnit {
+                text: s.into(),
+                unit: unit.into(),
+            });
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| SizeError::Overflow(s.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::Dtype;
+    use crate::safetensors::{TensorData, write_file};
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert!(parse_size("12XB").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert_eq!(
+            parse_size("99999999999999G").unwrap_err().to_string(),
+            "`99999999999999G` overflows"
+        );
+    }
+
+    /// A one-file Hugging Face checkpoint with a [6, 4] f32 tensor `w` and a scalar `s`.
+    fn source(dir: &Path) -> PathBuf {
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        let w: Vec<u8> = (0..24u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let s = 7i64.to_le_bytes();
+        let tensors = [
+            TensorData {
+                name: "w",
+                dtype: Dtype::F32,
+                shape: &[6, 4],
+                data: &w,
+            },
+            TensorData {
+                name: "s",
+                dtype: Dtype::I64,
+                shape: &[],
+                data: &s,
+            },
+        ];
+        write_file(
+            &src.join("model.safetensors"),
+            &tensors,
+            &Default::default(),
+        )
+        .unwrap();
+        src
+    }
+
+    fn request<'a>(src: &'a Path, dst: &'a Path, m: usize, action: Action) -> Request<'a> {
+        Request {
+            src,
+            dst,
+            source_format: None,
+            spec: TargetSpec::new(m, Format::Remat),
+            max_buffer: 1 << 20,
+            rank: None,
+            action,
+            overwrite: false,
+        }
+    }
+
+    #[test]
+    fn dry_run_writes_nothing_and_writing_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = source(dir.path());
+        let dst = dir.path().join("out");
+        let mut planned = Vec::new();
+        let outcome = reshard(
+            &request(&src, &dst, 3, Action::DryRun),
+            |e| {
+                if let Event::Planned(ckpt, plan) = e {
+                    planned.push(describe(&src, ckpt, plan, Format::Remat));
+                }
+            },
+            None,
+        )
+        .unwrap();
+        let Outcome::DryRun(dry) = outcome else {
+            panic!("expected a dry run, got {outcome:?}");
+        };
+        assert_eq!(dry.ranks.len(), 3);
+        assert!(!dst.exists(), "a dry run wrote {}", dst.display());
+        assert!(planned[0].ends_with("hf layout, 1 ranks, 2 tensors, 1 -> 3 ranks (remat layout)"));
+        let written = std::sync::atomic::AtomicU64::new(0);
+        let tick = |n: u64| {
+            written.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        };
+        let mut total = 0;
+        let outcome = reshard(
+            &request(&src, &dst, 3, Action::Write),
+            |e| {
+                if let Event::Writing { total_bytes } = e {
+                    total = total_bytes;
+                }
+            },
+            Some(&tick),
+        )
+        .unwrap();
+        assert!(
+            matches!(outcome, Outcome::Written(ref r) if r.files_written == 3),
+            "{outcome:?}"
+        );
+        assert_eq!(written.into_inner(), total);
+        let report = verify_paths((&src, None), (&dst, None), |_| {}, None).unwrap();
+        assert_eq!(report.difference, None);
+        assert_eq!(report.tensors, 2);
+    }
+
+    #[test]
+    fn errors_say_what_was_being_read_and_a_zero_world_size_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let err = reshard(
+            &request(&missing, dir.path(), 2, Action::Write),
+            |_| {},
+            None,
+        )
+        .expect_err("no source");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("reading {}: ", missing.display())),
+            "{err}"
+        );
+        let src = source(dir.path());
+        let dst = dir.path().join("out");
+        let err = reshard(&request(&src, &dst, 0, Action::Write), |_| {}, None)
+            .expect_err("world size 0");
+        assert!(
+            matches!(err.reshard_error(), ReshardError::Target(_)),
+            "{err}"
+        );
+        assert!(err.to_string().contains("at least 1"), "{err}");
+        assert!(!dst.exists());
+    }
+}

@@ -1,0 +1,332 @@
+"""Graphs and plans: the Python face of the Rust planner (``remat._native``).
+
+Argument handling happens here (what a graph, a budget or a bandwidth may be given as);
+parsing and planning are the library functions the ``remat plan`` command calls, so the same
+budget text gives the same bytes and the same plan from both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from decimal import Decimal
+from typing import Any, Optional, Union
+
+from . import _native
+from .errors import ArgumentError, BudgetError, GraphError
+
+__all__ = ["Graph", "Plan", "load_graph", "plan", "strategies"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Graph:
+    """A training step's graph: operations in execution order, each with a compute time
+    (in units of ``time_unit_s`` seconds), output bytes and inputs, plus static bytes."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: _native.Graph) -> None:
+        if not isinstance(native, _native.Graph):
+            raise TypeError(
+                "remat.Graph is made by remat.load_graph(path) or remat.Graph.from_json(text)"
+            )
+        self._native = native
+
+    @classmethod
+    def load(cls, path: PathLike, *, time_unit_s: float = 1e-6) -> "Graph":
+        """Reads remat JSON or networkx node-link JSON (Checkmate's graphs, whose unitless
+        costs are read as ``time_unit_s`` seconds each)."""
+        return cls(_native.Graph.load(os.fspath(path), time_unit_s))
+
+    @classmethod
+    def from_json(
+        cls, text: str, *, file: str = "<string>", time_unit_s: float = 1e-6
+    ) -> "Graph":
+        """Parses JSON text; ``file`` names it in errors."""
+        if not isinstance(text, str):
+            raise TypeError(f"Graph.from_json takes a str, not {type(text).__name__}")
+        return cls(_native.Graph.parse(text, file, time_unit_s))
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def num_nodes(self) -> int:
+        return self._native.num_nodes
+
+    @property
+    def store_all_peak(self) -> int:
+        """Peak device bytes with every activation kept (static bytes included)."""
+        return self._native.store_all_peak
+
+    @property
+    def memory_floor(self) -> int:
+        """The least any schedule needs: static bytes plus the largest operation's inputs
+        and output."""
+        return self._native.memory_floor
+
+    @property
+    def static_bytes(self) -> int:
+        return self._native.static_bytes
+
+    @property
+    def time_unit_s(self) -> float:
+        return self._native.time_unit_s
+
+    @property
+    def base_time(self) -> float:
+        """Every node's compute time once, in graph time units."""
+        return self._native.base_time
+
+    def nodes(self) -> list:
+        """Every node as a dict: name, phase, compute_time, output_bytes, inputs, pinned."""
+        return self._native.nodes()
+
+    def to_json(self) -> str:
+        """remat's graph JSON, as ``remat plan`` reads it."""
+        return self._native.to_json()
+
+    def save(self, path: PathLike) -> None:
+        """Writes :meth:`to_json` to ``path`` atomically (temporary name, synced, renamed)."""
+        self._native.save(os.fspath(path))
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    def __repr__(self) -> str:
+        return (
+            f"remat.Graph({self.name!r}: {self.num_nodes} nodes, store-all peak "
+            f"{_native.human_bytes(self.store_all_peak)}, floor "
+            f"{_native.human_bytes(self.memory_floor)})"
+        )
+
+
+class Plan:
+    """A plan with the simulator's report of it. Times are in the graph's time units
+    (``time_unit_s`` seconds each); ``overhead`` is a ratio (``remat plan`` prints it in
+    percent)."""
+
+    __slots__ = ("_native", "_decisions", "time_limit")
+
+    def __init__(self, native: _native.Plan, time_limit: Optional[float] = None) -> None:
+        self._native = native
+        self._decisions: Optional[list] = None
+        self.time_limit = time_limit
+
+    graph = property(lambda self: Graph(self._native.graph))
+    strategy = property(lambda self: self._native.strategy)
+    budget_bytes = property(lambda self: self._native.budget_bytes)
+    bandwidth = property(lambda self: self._native.bandwidth, doc="Bytes per second.")
+    peak_bytes = property(lambda self: self._native.peak_bytes, doc="Simulated peak.")
+    store_all_peak = property(lambda self: self._native.store_all_peak)
+    total_time = property(lambda self: self._native.total_time)
+    compute_time = property(
+        lambda self: self._native.compute_time,
+        doc="Every node's compute time once: the store-all time.",
+    )
+    recompute_time = property(lambda self: self._native.recompute_time)
+    exposed_swap_time = property(
+        lambda self: self._native.exposed_swap_time,
+        doc="Time the compute stream waits on copies.",
+    )
+    overhead = property(
+        lambda self: self._native.overhead,
+        doc="(total - store-all time) / store-all time.",
+    )
+    time_unit_s = property(lambda self: self._native.time_unit_s)
+    notes = property(
+        lambda self: self._native.notes,
+        doc="Strategies the search skipped or left out, as remat plan prints them.",
+    )
+    steps = property(
+        lambda self: self._native.steps,
+        doc='The schedule: ("compute"|"free"|"swap_out"|"swap_in", node index) pairs.',
+    )
+    timeline = property(
+        lambda self: self._native.timeline,
+        doc="(step, time, device bytes) after each step that changed the memory.",
+    )
+
+    @property
+    def lower_bound(self) -> Optional[float]:
+        """A bound on the optimum's overhead, when the planner gives one. This planner's
+        strategies report none yet, so it is None."""
+        return None
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._native.bytes_by_fate[0]
+
+    @property
+    def swapped_bytes(self) -> int:
+        return self._native.bytes_by_fate[1]
+
+    @property
+    def recomputed_bytes(self) -> int:
+        return self._native.bytes_by_fate[2]
+
+    @property
+    def decisions(self) -> list:
+        """One dict per tensor, as the plan JSON: {"kind": "keep"}, {"kind": "swap", ...},
+        {"kind": "recompute", ...}."""
+        if self._decisions is None:
+            self._decisions = json.loads(self._native.decisions_json())
+        return [dict(d) for d in self._decisions]
+
+    def to_json(self) -> str:
+        """The plan file, as ``remat plan --out`` writes it."""
+        return self._native.to_json()
+
+    def save(self, path: PathLike, *, plot: Optional[PathLike] = None) -> None:
+        """Writes the plan JSON to ``path`` (and, with ``plot``, its memory timeline as
+        .svg or .png), all or nothing: temporary names, synced, renamed."""
+        self._native.save(os.fspath(path), None if plot is None else os.fspath(plot))
+
+    def plot(self, path: PathLike) -> None:
+        """Draws the memory timeline against store-all's and the budget (.svg or .png)."""
+        self._native.save(None, os.fspath(path))
+
+    def summary(self) -> str:
+        """The report lines ``remat plan`` prints."""
+        return self._native.summary()
+
+    def __str__(self) -> str:
+        return self.summary().rstrip("\n")
+
+    def __repr__(self) -> str:
+        return (
+            f"remat.Plan({self.strategy!r}: peak {_native.human_bytes(self.peak_bytes)}, "
+            f"budget {_native.human_bytes(self.budget_bytes)}, "
+            f"overhead {100.0 * self.overhead:.2f}%)"
+        )
+
+
+def strategies() -> list:
+    """Registry names of every strategy, as ``remat plan --list`` lists them (the
+    parameterized ``every:N``, ``by-depth:D``, ``threshold:F`` are accepted too)."""
+    return list(_native.strategies())
+
+
+def load_graph(path: PathLike, *, time_unit_s: float = 1e-6) -> Graph:
+    """Reads a graph file: remat JSON or networkx node-link JSON."""
+    return Graph.load(path, time_unit_s=time_unit_s)
+
+
+def plan(
+    graph: Any,
+    budget: Union[int, float, str],
+    *,
+    strategy: Optional[str] = None,
+    bandwidth: Union[float, int, str] = 32e9,
+    time_limit: Optional[float] = None,
+) -> Plan:
+    """Plans keep / swap / recompute for ``graph`` under ``budget``.
+
+    graph: a :class:`Graph`, a path, JSON text, a dict, or any object with ``to_json()``.
+    budget: int bytes, a float fraction of the store-all peak (0 < f <= 1), or a string as
+        ``remat plan --budget`` takes it ("8GiB", "1e9", "0.7").
+    strategy: a name from :func:`strategies` (or ``every:N`` ...); None searches every
+        strategy for the fastest plan that fits, as ``remat plan`` without --strategy.
+    bandwidth: host-device bytes per second, each direction (float, or "32GB/s").
+    time_limit: seconds for the exact solvers; checked now and honoured once the planner
+        takes a time limit (its strategies do not yet).
+
+    Raises BudgetError (below the memory floor, or nothing fits), PlanError, GraphError,
+    ArgumentError.
+    """
+    g = as_graph(graph)
+    budget_bytes = _budget_bytes(budget, g)
+    bytes_per_s = _bandwidth(bandwidth)
+    limit = _time_limit(time_limit)
+    if strategy is not None and not isinstance(strategy, str):
+        raise ArgumentError(f"strategy: a name (str), not {type(strategy).__name__}")
+    native = _native.plan(g._native, budget_bytes, strategy, bytes_per_s, limit)
+    return Plan(native, limit)
+
+
+def as_graph(graph: Any) -> Graph:
+    """A :class:`Graph` from what :func:`plan` accepts."""
+    if isinstance(graph, Graph):
+        return graph
+    if isinstance(graph, _native.Graph):
+        return Graph(graph)
+    if isinstance(graph, dict):
+        return Graph.from_json(json.dumps(graph), file="<dict>")
+    if isinstance(graph, os.PathLike):
+        return Graph.load(graph)
+    if isinstance(graph, str):
+        # JSON text starts with `{` (after blanks); anything else is a path.
+        if graph.lstrip().startswith("{"):
+            return Graph.from_json(graph)
+        return Graph.load(graph)
+    to_json = getattr(graph, "to_json", None)
+    if callable(to_json):
+        text = to_json()
+        if not isinstance(text, str):
+            raise GraphError(
+                f"graph: {type(graph).__name__}.to_json() returned "
+                f"{type(text).__name__}, not JSON text",
+                file=None,
+            )
+        return Graph.from_json(text, file=f"<{type(graph).__name__}>")
+    raise TypeError(
+        "graph: give a remat.Graph, a path, JSON text, a dict or an object with "
+        f"to_json(), not {type(graph).__name__}"
+    )
+
+
+def _budget_bytes(budget: Any, graph: Graph) -> int:
+    """Bytes of ``budget``, through the same parser as ``remat plan --budget``."""
+    if isinstance(budget, bool):
+        raise BudgetError(f"budget {budget!r}: give bytes (int), a fraction (float) or text")
+    if isinstance(budget, int):
+        text = str(budget)
+    elif isinstance(budget, float):
+        if not math.isfinite(budget) or not 0.0 < budget <= 1.0:
+            raise BudgetError(
+                f"budget {budget!r}: a float is a fraction of the store-all peak and must "
+                "be in (0, 1]; give bytes as an int or a string with a unit (8GiB)"
+            )
+        # The float's shortest decimal, written out without an exponent, so the parser
+        # reads it as a fraction exactly as `--budget 0.7` is read.
+        text = format(Decimal(repr(budget)), "f")
+        if "." not in text:
+            text += ".0"
+    elif isinstance(budget, str):
+        text = budget
+    else:
+        raise BudgetError(
+            f"budget: give bytes (int), a fraction (float) or text, not {type(budget).__name__}"
+        )
+    return _native.parse_budget(text, graph._native, "budget")
+
+
+def _bandwidth(bandwidth: Any) -> float:
+    if isinstance(bandwidth, bool):
+        raise ArgumentError(f"bandwidth {bandwidth!r}: give bytes per second")
+    if isinstance(bandwidth, (int, float)):
+        value = float(bandwidth)
+        if not math.isfinite(value) or value < 1.0:
+            raise ArgumentError(
+                f"bandwidth {bandwidth!r}: bytes per second must be a finite number, at least 1"
+            )
+        return value
+    if isinstance(bandwidth, str):
+        return _native.parse_bandwidth(bandwidth, "bandwidth")
+    raise ArgumentError(
+        f"bandwidth: give bytes per second (float) or text (32GB/s), not {type(bandwidth).__name__}"
+    )
+
+
+def _time_limit(time_limit: Any) -> Optional[float]:
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)):
+        raise ArgumentError(f"time_limit: seconds (a number), not {type(time_limit).__name__}")
+    value = float(time_limit)
+    if not math.isfinite(value) or value <= 0.0:
+        raise ArgumentError(f"time_limit {time_limit!r}: must be a positive number of seconds")
+    return value

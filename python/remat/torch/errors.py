@@ -1,0 +1,22 @@
+"""Errors of the PyTorch front end, under remat's common base when the package has one."""
+
+from __future__ import annotations
+
+try:  # the bindings' error hierarchy (remat.RematError), when the package provides it
+    from ..errors import RematError as _Base
+except ImportError:  # pragma: no cover - only while the bindings are not installed
+    _Base = Exception
+
+
+class CaptureError(_Base):
+    """A model or step that cannot be traced or profiled; names the module or node."""
+
+    def __init__(self, message: str, *, module: str | None = None, node: str | None = None):
+        super().__init__(message)
+        self.module = module
+        self.node = node
+
+
+class ScheduleError(_Base):
+    """A plan that does not fit the captured graph, or a schedule step that cannot run
+    (an input not on the device): names the step and node."""
