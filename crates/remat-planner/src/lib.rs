@@ -14,6 +14,8 @@
 //! - [`lower`]: the shared lowering from per-tensor decisions to a schedule.
 //! - [`strategy`]: the [`Strategy`] trait, the [`registry`] and the strategies (baselines,
 //!   MuTWO; [`exact`] adds the exact ones).
+//! - [`solve`]: the anytime general-DAG solver (memory-aware orders, eviction on top,
+//!   improved until a deadline) and the lower bound on any schedule's overhead.
 //! - [`plot`]: memory-timeline charts as SVG or PNG; [`synth`]: synthetic graphs for benches.
 //!
 //! Memory accounting, exactly (the engine is compared to it to the byte): device memory is
@@ -31,6 +33,7 @@ pub mod lower;
 pub mod plan;
 pub mod plot;
 pub mod sim;
+pub mod solve;
 pub mod strategy;
 pub mod synth;
 

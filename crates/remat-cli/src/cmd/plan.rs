@@ -1,19 +1,24 @@
 //! `remat plan GRAPH --budget ...`: plan keep/swap/recompute for a graph under a budget.
 //!
-//! One strategy (`--strategy`, default: the fastest plan of all strategies that fits)
-//! prints the plan's peak, time overhead and bytes kept, swapped and recomputed, and writes
-//! it with `--out`; `--compare` prints one table of every strategy at each budget; `--plot`
+//! One strategy (`--strategy`), or by default the anytime search (every strategy that can
+//! finish in the time limit, then the `anytime` solver improving on the best until
+//! `--time-limit`), prints the plan's peak, time overhead, a lower bound on the overhead of
+//! any schedule and the gap to it, whether the operations were reordered, and bytes kept,
+//! swapped and recomputed, and writes it with `--out`; `--compare` prints one table of every strategy at each budget; `--plot`
 //! draws the plan's memory timeline against store-all's and the budget line.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::plot::{Chart, Series};
+use remat_planner::solve::bound::{Bound, cover_bound};
+use remat_planner::solve::{self, Anytime, check_floor, default_time_limit};
 use remat_planner::strategy::baselines::PARAMETERIZED;
 use remat_planner::strategy::{
-    BestPlan, Planned, Problem, Strategy, lookup, plan_best_explained, registry, skipped_in_search,
+    BestPlan, Planned, Problem, SearchProgress, Strategy, calibrate, lookup, plan_best_within,
+    registry, skipped_in_search,
 };
 use remat_planner::{Graph, PlanError};
 
@@ -29,9 +34,14 @@ pub struct Args {
     /// List the strategies and exit.
     #[arg(long)]
     pub list: bool,
-    /// Strategy name (see --list); default: the fastest plan that fits among all.
+    /// Strategy name (see --list); default: the anytime search, the fastest plan found
+    /// within --time-limit.
     #[arg(long)]
     pub strategy: Option<String>,
+    /// Seconds the search may take (default: 1 s up to 1,000 nodes, 1 ms per node above).
+    /// Also the limit of `--strategy anytime`, and each strategy's limit with --compare.
+    #[arg(long)]
+    pub time_limit: Option<f64>,
     /// Host-device bandwidth, each direction (`32GB/s`, `16GiB/s`, bytes per second).
     #[arg(long, default_value = "32GB/s")]
     pub bandwidth: String,
@@ -75,6 +85,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|b| parse_budget(b, &graph))
         .collect::<anyhow::Result<Vec<u64>>>()?;
+    let time_limit = match args.time_limit {
+        Some(s) if s.is_finite() && s > 0.0 && s <= 1e6 => Duration::from_secs_f64(s),
+        Some(s) => bail!("--time-limit {s}: give a number of seconds above 0 (at most 1e6)"),
+        None => default_time_limit(graph.len()),
+    };
     println!(
         "graph {}: {} nodes, store-all peak {}, floor {}",
         graph.name(),
@@ -97,7 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ignored.join(", ")
             );
         }
-        return compare(&graph, &budgets, bandwidth);
+        return compare(&graph, &budgets, bandwidth, time_limit);
     }
     let [budget] = budgets[..] else {
         bail!(
@@ -118,12 +133,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         budget_bytes: budget,
         bandwidth,
     };
-    let planned = match &args.strategy {
-        Some(name) => lookup(name)?.plan(&problem),
-        None => best_with_progress(&problem),
-    }
-    .map_err(explain_infeasible)?;
+    check_floor(&problem)?;
+    let started = Instant::now();
+    let (planned, bound) = match &args.strategy {
+        Some(name) => {
+            let strategy = strategy_named(name, time_limit)?;
+            let planned = strategy.plan(&problem).map_err(explain_infeasible)?;
+            // The bound climbs for a tenth of the time the plan took, at least 0.1 s.
+            let spent = started.elapsed().max(Duration::from_secs(1)) / 10;
+            let bound = cover_bound(
+                &problem,
+                Instant::now() + spent,
+                Some(planned.report.overhead()),
+            );
+            (planned, Some(bound))
+        }
+        None => {
+            let (result, bound) = best_with_progress(&problem, time_limit);
+            (result.map_err(explain_infeasible)?, bound)
+        }
+    };
     print_summary(&graph, &planned);
+    print_bound(&planned, bound.as_ref(), started.elapsed());
     // Everything is produced in memory first, so a failure writes no file at all.
     let mut outputs = Vec::new();
     if let Some(path) = &args.out {
@@ -159,21 +190,49 @@ fn plot_format(path: &Path) -> anyhow::Result<PlotFormat> {
     }
 }
 
-/// Every strategy in turn, with a progress bar, then a note for each strategy that was
-/// skipped (graph too large for its cost, or not applicable) or failed.
-fn best_with_progress(problem: &Problem) -> Result<Planned, PlanError> {
-    let bar = indicatif::ProgressBar::new(registry().len() as u64);
+/// `--strategy NAME`, with `anytime` taking the time limit.
+fn strategy_named(name: &str, limit: Duration) -> anyhow::Result<Box<dyn Strategy>> {
+    if name == solve::NAME {
+        return Ok(Box::new(Anytime {
+            time_limit: Some(limit),
+        }));
+    }
+    Ok(lookup(name)?)
+}
+
+/// The anytime search, with a progress bar once it has run for a second, then a note for
+/// each strategy that was skipped (too slow for the time left, or not applicable) or failed.
+fn best_with_progress(
+    problem: &Problem,
+    limit: Duration,
+) -> (Result<Planned, PlanError>, Option<Bound>) {
+    let millis = limit.as_millis().max(1) as u64;
+    let bar = indicatif::ProgressBar::hidden();
+    bar.set_length(millis);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("planning [{bar:30}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "planning [{bar:30}] {elapsed_precise} of the time limit, {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let mut shown = false;
     let BestPlan {
         result,
         skipped,
         failed,
-    } = plan_best_explained(problem, |i, _, name| {
-        bar.set_position(i as u64);
-        bar.set_message(name.to_string());
+        bound,
+    } = plan_best_within(problem, limit, |p: &SearchProgress| {
+        if !shown && p.elapsed >= Duration::from_secs(1) {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            bar.enable_steady_tick(Duration::from_millis(200));
+            shown = true;
+        }
+        bar.set_position((p.elapsed.as_millis() as u64).min(millis));
+        let best = p.best_overhead.map_or_else(
+            || "no plan yet".to_string(),
+            |o| format!("best {:.2}%", 100.0 * o),
+        );
+        bar.set_message(format!("{}; {best}", p.stage));
     });
     bar.finish_and_clear();
     for (name, why) in &skipped {
@@ -182,7 +241,29 @@ fn best_with_progress(problem: &Problem) -> Result<Planned, PlanError> {
     for (name, error) in &failed {
         println!("warning: {name} failed and was left out: {error}");
     }
-    result
+    (result, bound)
+}
+
+/// The lower bound, the gap, and whether the plan reorders the operations.
+fn print_bound(planned: &Planned, bound: Option<&Bound>, took: Duration) {
+    let overhead = planned.report.overhead();
+    if let Some(b) = bound {
+        println!(
+            "lower bound   {:.2}% overhead for {} ({}): this plan is at most {:.2}% slower than the optimum",
+            100.0 * b.overhead,
+            b.holds_for,
+            b.source,
+            100.0 * b.gap(overhead)
+        );
+    }
+    if planned.plan.reorders() {
+        println!(
+            "order         changed: the plan runs the operations in a memory-aware topological order, not the graph's (the simulator checked every input is computed before it is read)"
+        );
+    } else {
+        println!("order         the graph's own");
+    }
+    println!("solve time    {:.3} s", took.as_secs_f64());
 }
 
 fn explain_infeasible(err: PlanError) -> anyhow::Error {
@@ -229,7 +310,7 @@ fn print_summary(graph: &Graph, planned: &Planned) {
 }
 
 /// One row of the comparison: the strategy's result at one budget.
-fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()> {
+fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64, limit: Duration) -> anyhow::Result<()> {
     let header = [
         "budget",
         "strategy",
@@ -251,9 +332,22 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()>
             budget_bytes: budget,
             bandwidth,
         };
-        for strategy in registry() {
+        let rate = calibrate(&problem);
+        let strategies = registry().into_iter().map(|s| {
+            if s.name() == solve::NAME {
+                Box::new(Anytime {
+                    time_limit: Some(limit),
+                })
+            } else {
+                s
+            }
+        });
+        for strategy in strategies {
             let started = Instant::now();
-            let result = match skipped_in_search(strategy.as_ref(), &problem) {
+            let skip = (strategy.name() != solve::NAME)
+                .then(|| skipped_in_search(strategy.as_ref(), &problem, limit.as_secs_f64(), rate))
+                .flatten();
+            let result = match skip {
                 Some(why) => Err(PlanError::NotApplicable {
                     strategy: strategy.name(),
                     why,
