@@ -152,9 +152,20 @@ class Plan:
 
     @property
     def lower_bound(self) -> Optional[float]:
-        """A bound on the optimum's overhead, when the planner gives one. This planner's
-        strategies report none yet, so it is None."""
-        return None
+        """A lower bound on the overhead (a ratio, as ``overhead``) of every schedule at
+        this budget, so ``overhead - lower_bound`` says how much better any plan could be;
+        None when the planner gave none."""
+        return self._native.lower_bound
+
+    @property
+    def lower_bound_source(self) -> Optional[tuple]:
+        """(what proved the bound, which schedules it holds for), or None."""
+        return self._native.lower_bound_source
+
+    @property
+    def reorders(self) -> bool:
+        """Whether the plan runs the operations in another order than the graph's."""
+        return self._native.reorders
 
     @property
     def kept_bytes(self) -> int:
@@ -228,11 +239,12 @@ def plan(
     graph: a :class:`Graph`, a path, JSON text, a dict, or any object with ``to_json()``.
     budget: int bytes, a float fraction of the store-all peak (0 < f <= 1), or a string as
         ``remat plan --budget`` takes it ("8GiB", "1e9", "0.7").
-    strategy: a name from :func:`strategies` (or ``every:N`` ...); None searches every
-        strategy for the fastest plan that fits, as ``remat plan`` without --strategy.
+    strategy: a name from :func:`strategies` (or ``every:N`` ...); None runs the anytime
+        search (the fastest plan found within ``time_limit``), as ``remat plan`` without
+        --strategy.
     bandwidth: host-device bytes per second, each direction (float, or "32GB/s").
-    time_limit: seconds for the exact solvers; checked now and honoured once the planner
-        takes a time limit (its strategies do not yet).
+    time_limit: seconds the search (or the ``anytime`` strategy) may take; default 1 s up
+        to 1,000 nodes, 1 ms per node above.
 
     Raises BudgetError (below the memory floor, or nothing fits), PlanError, GraphError,
     ArgumentError.

@@ -181,7 +181,13 @@ def test_report_lines_and_time_limit(graph_path):
     assert lines[1].startswith(f"peak          {remat.human_bytes(p.peak_bytes)} (")
     assert lines[2].startswith(f"time overhead {100 * p.overhead:.2f}% (")
     assert p.kept_bytes + p.swapped_bytes + p.recomputed_bytes > 0
-    assert p.lower_bound is None
+    # The search bounds every schedule's overhead: the plan is never below the bound.
+    assert p.lower_bound is not None and 0.0 <= p.lower_bound <= p.overhead + 1e-12
+    source, holds_for = p.lower_bound_source
+    assert source and "schedule" in holds_for
+    assert any(line.startswith("lower bound   ") for line in lines)
+    assert any(line.startswith("order         ") for line in lines)
+    assert isinstance(p.reorders, bool)
     assert p.timeline and max(b for _, _, b in p.timeline) == p.peak_bytes
 
 

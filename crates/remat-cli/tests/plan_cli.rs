@@ -108,15 +108,43 @@ fn compare_prints_one_row_per_strategy_and_budget() {
 }
 
 #[test]
-fn infeasible_budget_states_the_smallest_peak() {
+fn a_budget_under_the_floor_names_the_floor() {
     let dir = tempfile::tempdir().expect("tempdir");
     let graph = write_graph(dir.path());
+    // The floor: a backward op's output plus its two 1 MiB inputs, 3 MiB.
     let (ok, text) = remat(&["plan", graph.to_str().expect("utf-8"), "--budget", "1MiB"]);
     assert!(!ok);
     assert!(
-        text.contains("infeasible") && text.contains("smallest peak"),
+        text.contains("budget 1.00 MiB is below the graph's memory floor 3.00 MiB"),
         "{text}"
     );
+}
+
+#[test]
+fn the_default_prints_a_bound_the_gap_and_the_order_under_a_time_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_graph(dir.path());
+    let g = graph.to_str().expect("utf-8");
+    let (ok, text) = remat(&["plan", g, "--budget", "0.6", "--time-limit", "0.5"]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("lower bound") && text.contains("slower than the optimum"),
+        "{text}"
+    );
+    assert!(text.contains("order         "), "{text}");
+    let (ok, text) = remat(&["plan", g, "--budget", "0.6", "--time-limit", "0"]);
+    assert!(!ok && text.contains("--time-limit 0"), "{text}");
+    let (ok, text) = remat(&[
+        "plan",
+        g,
+        "--budget",
+        "0.6",
+        "--strategy",
+        "anytime",
+        "--time-limit",
+        "0.2",
+    ]);
+    assert!(ok && text.contains("strategy      "), "{text}");
 }
 
 #[test]

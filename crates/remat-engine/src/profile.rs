@@ -109,7 +109,10 @@ pub fn profile_step(
     }
     let static_bytes = graph.ctx.pool().live();
     // Gradient buffers are pinned so no strategy plans to recompute one (check_plan would
-    // refuse such a plan at run time; the pin keeps strategies from producing it).
+    // refuse such a plan at run time; the pin keeps strategies from producing it). The
+    // order is fixed: the executor draws dropout masks from one random stream and sums
+    // gradient contributions in node order, so a reordered plan would change the bits of
+    // the result; planners then keep the profiled order of first computations.
     let ir = remat_planner::Graph::new(
         opts.name.clone(),
         layout.ir_nodes(&times, &bytes),
@@ -117,6 +120,7 @@ pub fn profile_step(
         1.0,
     )
     .and_then(|graph| graph.with_pinned(layout.pinned_items()))
+    .map(remat_planner::Graph::with_fixed_order)
     .map_err(|e| PlanExecError::Invalid(format!("profiled graph {} is invalid: {e}", opts.name)))?;
     Ok(StepProfile {
         layout,

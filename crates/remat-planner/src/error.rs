@@ -139,6 +139,10 @@ pub enum PlanError {
         budget: u64,
         why: String,
     },
+    #[error(
+        "budget of {budget} bytes is below the graph's floor of {floor} bytes (its largest operation's output plus its inputs, plus static memory): no schedule fits"
+    )]
+    BelowFloor { budget: u64, floor: u64 },
     #[error("strategy `{strategy}` does not apply: {why}")]
     NotApplicable { strategy: String, why: String },
     #[error("unknown strategy `{name}`; known: {known}")]

@@ -59,6 +59,9 @@ pub struct Graph {
     pinned: Vec<bool>,
     /// `may_drop[v]`: see [`Graph::may_drop`]; derived from `pinned`.
     may_drop: Vec<bool>,
+    /// Whether schedules must compute nodes for the first time in node order (see
+    /// [`Graph::with_fixed_order`]).
+    fixed_order: bool,
 }
 
 impl Graph {
@@ -96,6 +99,7 @@ impl Graph {
             users,
             pinned: vec![false; count],
             may_drop: vec![true; count],
+            fixed_order: false,
         })
     }
 
@@ -127,6 +131,23 @@ impl Graph {
         }
         self.may_drop = droppable(&self.nodes, &self.pinned, &self.users);
         Ok(self)
+    }
+
+    /// The same graph, marked so that no planner changes the order of first computations.
+    ///
+    /// A planner may otherwise run the operations in any topological order that lowers
+    /// memory (see [`crate::solve`]). Graphs whose operations have side effects in node
+    /// order need the mark: the engine's profiled steps draw dropout masks from one random
+    /// stream in node order, and sum gradient contributions into buffers in node order, so
+    /// another order would change the bits of the result.
+    pub fn with_fixed_order(mut self) -> Graph {
+        self.fixed_order = true;
+        self
+    }
+
+    /// Whether first computations must follow node order ([`Graph::with_fixed_order`]).
+    pub fn order_is_fixed(&self) -> bool {
+        self.fixed_order
     }
 
     /// Whether `id` must be computed exactly once (kept or swapped, never recomputed).

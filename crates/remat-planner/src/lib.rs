@@ -18,6 +18,8 @@
 //! - [`request`]: one planning request as the front ends make it: a named strategy or the
 //!   search over all, with the infeasible case explained in bytes.
 //! - [`output`]: output files written all or nothing (checked first, temporary, synced, renamed).
+//! - [`solve`]: the anytime general-DAG solver (memory-aware orders, eviction on top,
+//!   improved until a deadline) and the lower bound on any schedule's overhead.
 //! - [`plot`]: memory-timeline charts as SVG or PNG; [`synth`]: synthetic graphs for benches.
 //!
 //! Memory accounting, exactly (the engine is compared to it to the byte): device memory is
@@ -38,6 +40,7 @@ pub mod plan;
 pub mod plot;
 pub mod request;
 pub mod sim;
+pub mod solve;
 pub mod strategy;
 pub mod synth;
 

@@ -86,6 +86,13 @@ impl Plan {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
 
+    /// Whether the plan runs the operations in another order than the graph's (a node is
+    /// computed for the first time before one with a lower id). The format is unchanged:
+    /// the steps always said the order; this reads it off them.
+    pub fn reorders(&self) -> bool {
+        crate::solve::reorders(&self.steps)
+    }
+
     /// Parses a plan, refusing other format versions.
     pub fn from_json(text: &str) -> Result<Plan, PlanFormatError> {
         let plan: Plan = serde_json::from_str(text).map_err(PlanFormatError::Json)?;

@@ -6,13 +6,19 @@
 //! Both front ends call these, so a budget means the same plan, and an infeasible one the
 //! same message, wherever it is asked for.
 
+use std::time::{Duration, Instant};
+
 use thiserror::Error;
 
 use crate::budget::human_bytes;
 use crate::error::PlanError;
 use crate::ir::Graph;
 use crate::plot::{Chart, PlotError, Series};
-use crate::strategy::{BestPlan, Planned, Problem, lookup, plan_best_explained};
+use crate::solve::bound::{Bound, cover_bound};
+use crate::solve::{self, Anytime, default_time_limit};
+use crate::strategy::{
+    BestPlan, Planned, Problem, SearchProgress, Strategy, lookup, plan_best_within,
+};
 
 /// Why a request gave no plan.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -53,22 +59,16 @@ impl From<PlanError> for RequestError {
                 best_peak,
                 strategy,
             },
+            PlanError::BelowFloor { budget, floor } => RequestError::BelowFloor { budget, floor },
             other => RequestError::Plan(other),
         }
     }
 }
 
-/// Refuses a budget below the graph's memory floor before any strategy runs (the Python
-/// package asks this first; `remat plan` lets the search say the smallest peak reached).
+/// Refuses a budget below the graph's memory floor before any strategy runs
+/// ([`solve::check_floor`], in the words people read).
 pub fn check_floor(problem: &Problem) -> Result<(), RequestError> {
-    let floor = problem.graph.memory_floor();
-    if problem.budget_bytes < floor {
-        return Err(RequestError::BelowFloor {
-            budget: problem.budget_bytes,
-            floor,
-        });
-    }
-    Ok(())
+    solve::check_floor(problem).map_err(RequestError::from)
 }
 
 /// What a request found, with the search's notes (empty for a named strategy).
@@ -79,36 +79,76 @@ pub struct Outcome {
     pub skipped: Vec<(String, String)>,
     /// Strategies that failed with an error other than over budget / not applicable.
     pub failed: Vec<(String, PlanError)>,
+    /// A lower bound on the overhead of every schedule at this budget (none when the
+    /// budget is refused before planning).
+    pub bound: Option<Bound>,
 }
 
 /// Plans `problem` with the strategy named `strategy` (parameterized names such as
-/// `every:4` included), or, without a name, with the fastest plan of every strategy that
-/// fits; `progress(i, count, name)` is called before each strategy of the search.
+/// `every:4` included; `anytime` takes `time_limit`), or, without a name, with the anytime
+/// search: every strategy that can finish in the time left, then the `anytime` solver
+/// improving on the best until `time_limit` ([`default_time_limit`] when `None`).
+/// `progress` is called as the search goes. A budget below the memory floor is refused
+/// before anything runs.
 pub fn plan(
     problem: &Problem,
     strategy: Option<&str>,
-    progress: impl FnMut(usize, usize, &str),
+    time_limit: Option<Duration>,
+    progress: impl FnMut(&SearchProgress),
 ) -> Outcome {
-    match strategy {
-        Some(name) => Outcome {
-            result: lookup(name)
-                .and_then(|s| s.plan(problem))
-                .map_err(RequestError::from),
+    let limit = time_limit.unwrap_or_else(|| default_time_limit(problem.graph.len()));
+    if let Err(error) = check_floor(problem) {
+        return Outcome {
+            result: Err(error),
             skipped: Vec::new(),
             failed: Vec::new(),
-        },
+            bound: None,
+        };
+    }
+    match strategy {
+        Some(name) => plan_named(problem, name, limit),
         None => {
             let BestPlan {
                 result,
                 skipped,
                 failed,
-            } = plan_best_explained(problem, progress);
+                bound,
+            } = plan_best_within(problem, limit, progress);
             Outcome {
                 result: result.map_err(RequestError::from),
                 skipped,
                 failed,
+                bound,
             }
         }
+    }
+}
+
+/// One strategy by name, then the covering bound for a tenth of the time the plan took
+/// (at least 0.1 s), sized by the plan's overhead.
+fn plan_named(problem: &Problem, name: &str, limit: Duration) -> Outcome {
+    let started = Instant::now();
+    let strategy: Result<Box<dyn Strategy>, PlanError> = if name == solve::NAME {
+        Ok(Box::new(Anytime {
+            time_limit: Some(limit),
+        }))
+    } else {
+        lookup(name)
+    };
+    let result = strategy.and_then(|s| s.plan(problem));
+    let bound = result.as_ref().ok().map(|planned| {
+        let spent = started.elapsed().max(Duration::from_secs(1)) / 10;
+        cover_bound(
+            problem,
+            Instant::now() + spent,
+            Some(planned.report.overhead()),
+        )
+    });
+    Outcome {
+        result: result.map_err(RequestError::from),
+        skipped: Vec::new(),
+        failed: Vec::new(),
+        bound,
     }
 }
 
@@ -139,6 +179,27 @@ pub fn summary(graph: &Graph, planned: &Planned) -> String {
         human_bytes(swapped),
         human_bytes(recomputed)
     )
+}
+
+/// The lower bound and the gap to it, and whether the plan reorders the operations, as
+/// `remat plan` prints them after [`summary`]; one line each, each ending in a newline.
+pub fn bound_lines(planned: &Planned, bound: Option<&Bound>) -> String {
+    let mut text = String::new();
+    if let Some(b) = bound {
+        text.push_str(&format!(
+            "lower bound   {:.2}% overhead for {} ({}): this plan is at most {:.2}% slower than the optimum\n",
+            100.0 * b.overhead,
+            b.holds_for,
+            b.source,
+            100.0 * b.gap(planned.report.overhead())
+        ));
+    }
+    text.push_str(if planned.plan.reorders() {
+        "order         changed: the plan runs the operations in a memory-aware topological order, not the graph's (the simulator checked every input is computed before it is read)\n"
+    } else {
+        "order         the graph's own\n"
+    });
+    text
 }
 
 /// `part / whole`, or `None` when `whole` is 0 (a graph whose tensors are all empty).
@@ -252,11 +313,11 @@ mod tests {
     #[test]
     fn a_named_strategy_is_planned_and_an_unknown_one_is_named() {
         let g = chain();
-        let outcome = plan(&problem(&g, 1000), Some("store-all"), |_, _, _| {});
+        let outcome = plan(&problem(&g, 1000), Some("store-all"), None, |_| {});
         let planned = outcome.result.expect("store-all fits 1000 bytes");
         assert_eq!(planned.plan.strategy, "store-all");
         assert_eq!(planned.report.peak_bytes, g.store_all_peak());
-        let err = plan(&problem(&g, 1000), Some("nope"), |_, _, _| {})
+        let err = plan(&problem(&g, 1000), Some("nope"), None, |_| {})
             .result
             .expect_err("unknown");
         assert!(err.to_string().contains("unknown strategy `nope`"), "{err}");
@@ -266,22 +327,27 @@ mod tests {
     fn the_search_reports_progress_and_explains_an_infeasible_budget() {
         let g = chain();
         let mut calls = 0;
-        let outcome = plan(&problem(&g, 1000), None, |_, _, _| calls += 1);
+        let outcome = plan(&problem(&g, 1000), None, None, |_| calls += 1);
         assert!(outcome.result.is_ok());
-        assert!(calls > 1, "one call per strategy, got {calls}");
-        // Below the floor (c with both inputs: 300 bytes) nothing fits.
-        let err = plan(&problem(&g, 250), None, |_, _, _| {})
-            .result
-            .expect_err("infeasible");
-        match &err {
-            RequestError::Infeasible {
-                budget, best_peak, ..
-            } => assert!(*budget == 250 && *best_peak >= 300, "{err}"),
-            other => panic!("expected Infeasible, got {other}"),
+        let bound = outcome.bound.expect("the search bounds the overhead");
+        assert_eq!(bound.overhead, 0.0, "store-all fits: nothing to pay");
+        assert!(calls >= 1, "the search reports where it stands");
+        // Below the floor (c with both inputs: 300 bytes) nothing fits, and nothing runs.
+        let refused = plan(&problem(&g, 250), None, None, |_| {});
+        assert!(refused.bound.is_none());
+        match refused.result.expect_err("below the floor") {
+            RequestError::BelowFloor { budget, floor } => assert_eq!((budget, floor), (250, 300)),
+            other => panic!("expected BelowFloor, got {other}"),
         }
-        assert!(
-            err.to_string().starts_with("budget 250 B is infeasible"),
-            "{err}"
+        // The search's "nothing fits" reads in bytes people read.
+        let err = RequestError::from(PlanError::Infeasible {
+            budget: 250,
+            best_peak: 300,
+            strategy: "evict".into(),
+        });
+        assert_eq!(
+            err.to_string(),
+            "budget 250 B is infeasible for every strategy: the smallest peak reached is 300 B (by evict)"
         );
         let below = check_floor(&problem(&g, 299)).expect_err("below the floor");
         assert_eq!(
@@ -298,7 +364,7 @@ mod tests {
     #[test]
     fn the_summary_has_the_four_lines_of_remat_plan() {
         let g = chain();
-        let planned = plan(&problem(&g, 1000), Some("store-all"), |_, _, _| {})
+        let planned = plan(&problem(&g, 1000), Some("store-all"), None, |_| {})
             .result
             .unwrap();
         let text = summary(&g, &planned);
@@ -323,7 +389,7 @@ mod tests {
     fn the_timeline_is_drawn_in_the_asked_format() {
         let g = chain();
         let p = problem(&g, 1000);
-        let planned = plan(&p, Some("store-all"), |_, _, _| {}).result.unwrap();
+        let planned = plan(&p, Some("store-all"), None, |_| {}).result.unwrap();
         let svg = timeline_image(&p, &planned, ImageFormat::Svg).unwrap();
         assert!(String::from_utf8_lossy(&svg).contains("<svg"));
         let png = timeline_image(&p, &planned, ImageFormat::Png).unwrap();

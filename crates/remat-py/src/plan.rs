@@ -3,11 +3,13 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use remat_planner::budget::{self, ValueError};
 use remat_planner::output::{OutputError, check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, RequestError};
+use remat_planner::solve::bound::Bound;
 use remat_planner::{Graph, PlanError, Planned, Problem, Step, registry};
 
 use crate::errors::{plain, raise};
@@ -45,10 +47,10 @@ fn value_error(py: Python<'_>, class: &str, error: ValueError) -> PyErr {
     plain(py, class, error)
 }
 
-/// Plans `graph` under `budget_bytes` with the strategy named `strategy`, or the fastest
-/// plan of every strategy that fits when it is None. Refuses a budget below the graph's
-/// memory floor before planning. `time_limit` (seconds) is checked here and bounds the
-/// exact solvers once the planner takes a time limit (`Problem` has none yet).
+/// Plans `graph` under `budget_bytes` with the strategy named `strategy`, or with the
+/// anytime search when it is None (the fastest plan found within `time_limit` seconds;
+/// default: 1 s up to 1,000 nodes, 1 ms per node above), as `remat plan` does. Refuses a
+/// budget below the graph's memory floor before planning.
 #[pyfunction]
 #[pyo3(signature = (graph, budget_bytes, strategy = None, bandwidth = 32e9, time_limit = None))]
 pub fn plan(
@@ -83,8 +85,8 @@ pub fn plan(
         budget_bytes,
         bandwidth,
     };
-    request::check_floor(&problem).map_err(|e| request_error(py, &graph, e))?;
-    let outcome = py.detach(|| request::plan(&problem, strategy.as_deref(), |_, _, _| {}));
+    let limit = time_limit.map(Duration::from_secs_f64);
+    let outcome = py.detach(|| request::plan(&problem, strategy.as_deref(), limit, |_| {}));
     let planned = outcome.result.map_err(|e| request_error(py, &graph, e))?;
     let mut notes: Vec<String> = outcome
         .skipped
@@ -101,6 +103,7 @@ pub fn plan(
         graph: Arc::clone(&graph),
         planned,
         notes,
+        bound: outcome.bound,
     })
 }
 
@@ -154,6 +157,7 @@ pub struct PyPlan {
     graph: Arc<Graph>,
     planned: Planned,
     notes: Vec<String>,
+    bound: Option<Bound>,
 }
 
 #[pymethods]
@@ -217,6 +221,24 @@ impl PyPlan {
     fn bytes_by_fate(&self) -> (u64, u64, u64) {
         self.planned.report.bytes_by_fate(&self.graph)
     }
+    /// A lower bound on the overhead of every schedule at this budget (a fraction, as
+    /// `overhead`), or None.
+    #[getter]
+    fn lower_bound(&self) -> Option<f64> {
+        self.bound.as_ref().map(|b| b.overhead)
+    }
+    /// What proved the bound and which schedules it holds for, or None.
+    #[getter]
+    fn lower_bound_source(&self) -> Option<(String, String)> {
+        self.bound
+            .as_ref()
+            .map(|b| (b.source.clone(), b.holds_for.clone()))
+    }
+    /// Whether the plan runs the operations in another order than the graph's.
+    #[getter]
+    fn reorders(&self) -> bool {
+        self.planned.plan.reorders()
+    }
     /// What the search skipped or left out, one line each, as `remat plan` prints them.
     #[getter]
     fn notes(&self) -> Vec<String> {
@@ -256,9 +278,10 @@ impl PyPlan {
     fn to_json(&self) -> String {
         self.planned.plan.to_json()
     }
-    /// The report lines `remat plan` prints.
+    /// The report lines `remat plan` prints (its lower-bound and order lines included).
     fn summary(&self) -> String {
         request::summary(&self.graph, &self.planned)
+            + &request::bound_lines(&self.planned, self.bound.as_ref())
     }
     /// Writes the plan JSON to `path` and/or its memory timeline (`.svg` or `.png`) to
     /// `plot`, all or nothing: paths checked first, temporaries synced, then renamed.

@@ -1,12 +1,14 @@
 //! `remat plan GRAPH --budget ...`: plan keep/swap/recompute for a graph under a budget.
 //!
-//! One strategy (`--strategy`, default: the fastest plan of all strategies that fits)
-//! prints the plan's peak, time overhead and bytes kept, swapped and recomputed, and writes
-//! it with `--out`; `--compare` prints one table of every strategy at each budget; `--plot`
+//! One strategy (`--strategy`), or by default the anytime search (every strategy that can
+//! finish in the time limit, then the `anytime` solver improving on the best until
+//! `--time-limit`), prints the plan's peak, time overhead, a lower bound on the overhead of
+//! any schedule and the gap to it, whether the operations were reordered, and bytes kept,
+//! swapped and recomputed, and writes it with `--out`; `--compare` prints one table of every strategy at each budget; `--plot`
 //! draws the plan's memory timeline against store-all's and the budget line.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use remat_planner::budget;
@@ -14,8 +16,12 @@ pub use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, Outcome, ratio};
+use remat_planner::solve::bound::Bound;
+use remat_planner::solve::{self, Anytime, default_time_limit};
 use remat_planner::strategy::baselines::PARAMETERIZED;
-use remat_planner::strategy::{Planned, Problem, Strategy, registry, skipped_in_search};
+use remat_planner::strategy::{
+    Planned, Problem, SearchProgress, Strategy, calibrate, registry, skipped_in_search,
+};
 use remat_planner::{Graph, PlanError};
 
 #[derive(clap::Args)]
@@ -30,9 +36,14 @@ pub struct Args {
     /// List the strategies and exit.
     #[arg(long)]
     pub list: bool,
-    /// Strategy name (see --list); default: the fastest plan that fits among all.
+    /// Strategy name (see --list); default: the anytime search, the fastest plan found
+    /// within --time-limit.
     #[arg(long)]
     pub strategy: Option<String>,
+    /// Seconds the search may take (default: 1 s up to 1,000 nodes, 1 ms per node above).
+    /// Also the limit of `--strategy anytime`, and each strategy's limit with --compare.
+    #[arg(long)]
+    pub time_limit: Option<f64>,
     /// Host-device bandwidth, each direction (`32GB/s`, `16GiB/s`, bytes per second).
     #[arg(long, default_value = "32GB/s")]
     pub bandwidth: String,
@@ -76,6 +87,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|b| parse_budget(b, &graph))
         .collect::<anyhow::Result<Vec<u64>>>()?;
+    let time_limit = match args.time_limit {
+        Some(s) if s.is_finite() && s > 0.0 && s <= 1e6 => Duration::from_secs_f64(s),
+        Some(s) => bail!("--time-limit {s}: give a number of seconds above 0 (at most 1e6)"),
+        None => default_time_limit(graph.len()),
+    };
     println!(
         "graph {}: {} nodes, store-all peak {}, floor {}",
         graph.name(),
@@ -98,7 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ignored.join(", ")
             );
         }
-        return compare(&graph, &budgets, bandwidth);
+        return compare(&graph, &budgets, bandwidth, time_limit);
     }
     let [budget] = budgets[..] else {
         bail!(
@@ -119,8 +135,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         budget_bytes: budget,
         bandwidth,
     };
-    let planned = plan_with_progress(&problem, args.strategy.as_deref())?;
+    let started = Instant::now();
+    let (planned, bound) = plan_with_progress(&problem, args.strategy.as_deref(), time_limit)?;
     print!("{}", request::summary(&graph, &planned));
+    print!("{}", request::bound_lines(&planned, bound.as_ref()));
+    println!("solve time    {:.3} s", started.elapsed().as_secs_f64());
     // Everything is produced in memory first, so a failure writes no file at all.
     let mut outputs = Vec::new();
     let mut said = Vec::new();
@@ -147,43 +166,54 @@ fn plot_format(path: &Path) -> anyhow::Result<ImageFormat> {
     }
 }
 
-/// The named strategy, or every strategy in turn with a progress bar, then a note for
-/// each strategy that was skipped (graph too large for its cost, or not applicable) or
-/// failed.
-fn plan_with_progress(problem: &Problem, strategy: Option<&str>) -> anyhow::Result<Planned> {
-    // Only the search runs long enough to show progress.
-    let bar = strategy.is_none().then(|| {
-        let bar = indicatif::ProgressBar::new(registry().len() as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("planning [{bar:30}] {pos}/{len} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
+/// The named strategy, or the anytime search with a progress bar once it has run for a
+/// second, then a note for each strategy that was skipped (too slow for the time left, or
+/// not applicable) or failed.
+fn plan_with_progress(
+    problem: &Problem,
+    strategy: Option<&str>,
+    limit: Duration,
+) -> anyhow::Result<(Planned, Option<Bound>)> {
+    let millis = limit.as_millis().max(1) as u64;
+    let bar = indicatif::ProgressBar::hidden();
+    bar.set_length(millis);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "planning [{bar:30}] {elapsed_precise} of the time limit, {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut shown = false;
     let Outcome {
         result,
         skipped,
         failed,
-    } = request::plan(problem, strategy, |i, _, name| {
-        if let Some(bar) = &bar {
-            bar.set_position(i as u64);
-            bar.set_message(name.to_string());
+        bound,
+    } = request::plan(problem, strategy, Some(limit), |p: &SearchProgress| {
+        if !shown && p.elapsed >= Duration::from_secs(1) {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            bar.enable_steady_tick(Duration::from_millis(200));
+            shown = true;
         }
+        bar.set_position((p.elapsed.as_millis() as u64).min(millis));
+        let best = p.best_overhead.map_or_else(
+            || "no plan yet".to_string(),
+            |o| format!("best {:.2}%", 100.0 * o),
+        );
+        bar.set_message(format!("{}; {best}", p.stage));
     });
-    if let Some(bar) = &bar {
-        bar.finish_and_clear();
-    }
+    bar.finish_and_clear();
     for (name, why) in &skipped {
         println!("note: {name}: {why}");
     }
     for (name, error) in &failed {
         println!("warning: {name} failed and was left out: {error}");
     }
-    Ok(result?)
+    Ok((result?, bound))
 }
 
 /// One row of the comparison: the strategy's result at one budget.
-fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()> {
+fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64, limit: Duration) -> anyhow::Result<()> {
     let header = [
         "budget",
         "strategy",
@@ -205,9 +235,22 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64) -> anyhow::Result<()>
             budget_bytes: budget,
             bandwidth,
         };
-        for strategy in registry() {
+        let rate = calibrate(&problem);
+        let strategies = registry().into_iter().map(|s| {
+            if s.name() == solve::NAME {
+                Box::new(Anytime {
+                    time_limit: Some(limit),
+                })
+            } else {
+                s
+            }
+        });
+        for strategy in strategies {
             let started = Instant::now();
-            let result = match skipped_in_search(strategy.as_ref(), &problem) {
+            let skip = (strategy.name() != solve::NAME)
+                .then(|| skipped_in_search(strategy.as_ref(), &problem, limit.as_secs_f64(), rate))
+                .flatten();
+            let result = match skip {
                 Some(why) => Err(PlanError::NotApplicable {
                     strategy: strategy.name(),
                     why,

@@ -302,6 +302,11 @@ impl Evictor<'_> {
     }
 }
 
+/// Running time in linear passes at 1,000 nodes, growing as n^2 (see
+/// [`crate::strategy::SearchCost`]): measured 16,000 on a random layered DAG of 1,000
+/// nodes whose budget no pass fits (the search for a smaller budget), rounded up.
+const PASSES: f64 = 20_000.0;
+
 /// The strategy: the best of [`WEIGHTINGS`] under the simulator.
 pub struct Evict;
 
@@ -312,11 +317,12 @@ impl Strategy for Evict {
     fn summary(&self) -> &'static str {
         "greedy eviction with look-ahead (DTR-style, Belady distance), best of 12 weightings on profiled and on unit costs"
     }
-    fn search_limit(&self) -> Option<(usize, &'static str)> {
-        Some((
-            crate::strategy::CANDIDATE_SEARCH_LIMIT,
-            "12 greedy passes plus a local search, each O(evictions * resident)",
-        ))
+    fn search_cost(&self) -> crate::strategy::SearchCost {
+        crate::strategy::SearchCost {
+            passes: PASSES,
+            exponent: 2,
+            why: "24 greedy passes plus a local search, each O(evictions * resident)",
+        }
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let (found, smallest_need) = best_pass(problem.graph, problem.budget_bytes);
@@ -325,7 +331,7 @@ impl Strategy for Evict {
             // Greedy passes are not monotone in the budget: one that gets stuck at this
             // budget may fit a smaller one. The search for the smallest reachable peak finds
             // such a schedule, or the peak to report.
-            None => match smallest_reachable(problem) {
+            None => match smallest_reachable(problem, None) {
                 Some(reached) if reached.peak <= problem.budget_bytes => {
                     (reached.weights, reached.steps, reached.time, reached.budget)
                 }
@@ -341,6 +347,32 @@ impl Strategy for Evict {
         let steps = refine(problem.graph, at, weights, steps, time);
         let decisions = decisions_of(problem.graph, &steps);
         plan_from_steps(problem, NAME, steps, decisions)
+    }
+}
+
+/// [`Evict`]'s plan when no pass fits the budget: the search for a smaller budget whose
+/// schedule fits, stopped at `deadline` (bisection steps already begun finish).
+pub(crate) fn plan_smaller_budget(
+    problem: &Problem,
+    deadline: std::time::Instant,
+) -> Result<Planned, PlanError> {
+    match smallest_reachable(problem, Some(deadline)) {
+        Some(reached) if reached.peak <= problem.budget_bytes => {
+            let steps = refine(
+                problem.graph,
+                reached.budget,
+                reached.weights,
+                reached.steps,
+                reached.time,
+            );
+            let decisions = decisions_of(problem.graph, &steps);
+            plan_from_steps(problem, NAME, steps, decisions)
+        }
+        reached => Err(PlanError::OverBudget {
+            strategy: NAME.into(),
+            budget: problem.budget_bytes,
+            best_peak: reached.map_or(problem.graph.store_all_peak(), |r| r.peak),
+        }),
     }
 }
 
@@ -372,7 +404,7 @@ fn best_pass(graph: &Graph, budget: u64) -> (Option<(Weights, Vec<Step>, f64)>, 
 }
 
 /// Total compute time of the computations in `steps`.
-fn compute_time(graph: &Graph, steps: &[Step]) -> f64 {
+pub(crate) fn compute_time(graph: &Graph, steps: &[Step]) -> f64 {
     steps
         .iter()
         .map(|s| match *s {
@@ -390,7 +422,7 @@ const REFINE_ROUNDS: usize = 3;
 /// cheapest *now*, and may then pay for recomputing it several times), so try protecting
 /// each of the most expensive recomputed tensors from eviction and keep the change when the
 /// whole schedule gets faster. A few dozen passes at most.
-fn refine(
+pub(crate) fn refine(
     graph: &Graph,
     budget: u64,
     weights: Weights,
@@ -450,7 +482,7 @@ struct Reached {
 
 /// The least peak a pass reaches, by bisection on the budget between the floor and the
 /// store-all peak (passes are cheap). Only run when the asked budget fails.
-fn smallest_reachable(problem: &Problem) -> Option<Reached> {
+fn smallest_reachable(problem: &Problem, deadline: Option<std::time::Instant>) -> Option<Reached> {
     let graph = problem.graph;
     let (mut lo, mut hi) = (
         graph.memory_floor().saturating_sub(1),
@@ -458,6 +490,9 @@ fn smallest_reachable(problem: &Problem) -> Option<Reached> {
     );
     let mut best = None;
     while hi > lo + 1 + hi / 10_000 {
+        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            break;
+        }
         let mid = lo + (hi - lo) / 2;
         let fits = weightings().find_map(|weights| match evict_pass(graph, mid, weights) {
             Pass::Fits { steps, time } => {

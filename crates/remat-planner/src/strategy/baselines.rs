@@ -12,6 +12,8 @@
 //! recompute-all and the threshold recompute each activation from the last kept one and
 //! free the helpers ([`Helpers::Free`]): more time, the least memory. The greedy tries both.
 
+use std::time::Instant;
+
 use super::{Planned, Problem, Strategy, plan_from_decisions_with};
 use crate::attrs::tensor_attrs;
 use crate::error::PlanError;
@@ -57,10 +59,15 @@ fn best_of(
     problem: &Problem,
     name: &str,
     candidates: impl IntoIterator<Item = (Vec<Decision>, Helpers)>,
+    deadline: Option<Instant>,
 ) -> Result<Planned, PlanError> {
     let mut best: Option<Planned> = None;
     let mut smallest_peak = u64::MAX;
-    for (decisions, helpers) in candidates {
+    for (tried, (decisions, helpers)) in candidates.into_iter().enumerate() {
+        // Anytime: at the deadline, the best candidate so far is the answer.
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return best.ok_or_else(|| out_of_time(name, tried));
+        }
         match plan_from_decisions_with(problem, name, decisions, helpers) {
             Ok(planned) => {
                 if best
@@ -83,6 +90,14 @@ fn best_of(
     })
 }
 
+/// A candidate search stopped at its deadline before any candidate fitted.
+fn out_of_time(name: &str, tried: usize) -> PlanError {
+    PlanError::NotApplicable {
+        strategy: name.to_string(),
+        why: format!("out of time after {tried} candidate plans, none of which fitted"),
+    }
+}
+
 /// Keeps every activation.
 pub struct StoreAll;
 
@@ -99,6 +114,13 @@ impl Strategy for StoreAll {
     }
 }
 
+/// Running times in linear passes at 1,000 nodes, growing as n^2 (see
+/// [`super::SearchCost`]): the largest measured on random layered DAGs and transformer
+/// graphs of 500 to 1,000 nodes (`tests/solve_scale.rs`, `measure_search_costs`), rounded
+/// up. The candidate searches stop at their deadline instead.
+const PASSES_RECOMPUTE_ALL: f64 = 600.0;
+const PASSES_THRESHOLD: f64 = 600.0;
+
 /// Recomputes every activation from the graph's inputs when the backward pass needs it.
 pub struct RecomputeAll;
 
@@ -109,11 +131,12 @@ impl Strategy for RecomputeAll {
     fn summary(&self) -> &'static str {
         "drop every activation after its forward use, recompute it for the backward pass"
     }
-    fn search_limit(&self) -> Option<(usize, &'static str)> {
-        Some((
-            super::QUADRATIC_PLAN_LIMIT,
-            "its plan rebuilds every backward input from the graph inputs: O(n^2) steps",
-        ))
+    fn search_cost(&self) -> super::SearchCost {
+        super::SearchCost {
+            passes: PASSES_RECOMPUTE_ALL,
+            exponent: 2,
+            why: "its plan rebuilds every backward input from the graph inputs: O(n^2) steps",
+        }
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let acts = activations(problem.graph);
@@ -200,19 +223,26 @@ impl Strategy for MemoryThreshold {
     fn summary(&self) -> &'static str {
         "keep the oldest activations up to a byte threshold, recompute the rest"
     }
-    fn search_limit(&self) -> Option<(usize, &'static str)> {
+    fn search_cost(&self) -> super::SearchCost {
         match self.0 {
-            Some(_) => Some((
-                super::QUADRATIC_PLAN_LIMIT,
-                "each activation is rebuilt from the last kept one: up to O(n^2) steps",
-            )),
-            None => Some((
-                super::CANDIDATE_SEARCH_LIMIT,
-                "it simulates up to 65 recompute-heavy candidate plans",
-            )),
+            Some(_) => super::SearchCost {
+                passes: PASSES_THRESHOLD,
+                exponent: 2,
+                why: "each activation is rebuilt from the last kept one: up to O(n^2) steps",
+            },
+            None => super::SearchCost::UNTIL_DEADLINE,
         }
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        self.plan_by(problem, None)
+    }
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        self.plan_by(problem, Some(deadline))
+    }
+}
+
+impl MemoryThreshold {
+    fn plan_by(&self, problem: &Problem, deadline: Option<Instant>) -> Result<Planned, PlanError> {
         let graph = problem.graph;
         let acts = activations(graph);
         let total: u64 = acts
@@ -243,7 +273,7 @@ impl Strategy for MemoryThreshold {
         let candidates = picked
             .into_iter()
             .map(|l| (self.decisions(graph, &acts, l), Helpers::Free));
-        best_of(problem, &self.name(), candidates)
+        best_of(problem, &self.name(), candidates, deadline)
     }
 }
 
@@ -300,13 +330,19 @@ impl Strategy for ChenGreedy {
     fn summary(&self) -> &'static str {
         "Chen et al.: greedy segments under a byte bound B, B searched for the budget"
     }
-    fn search_limit(&self) -> Option<(usize, &'static str)> {
-        Some((
-            super::CANDIDATE_SEARCH_LIMIT,
-            "it simulates 196 candidate plans, half of them recompute-heavy",
-        ))
+    fn search_cost(&self) -> super::SearchCost {
+        super::SearchCost::UNTIL_DEADLINE
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        self.plan_by(problem, None)
+    }
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        self.plan_by(problem, Some(deadline))
+    }
+}
+
+impl ChenGreedy {
+    fn plan_by(&self, problem: &Problem, deadline: Option<Instant>) -> Result<Planned, PlanError> {
         let graph = problem.graph;
         let acts = activations(graph);
         let sizes = acts
@@ -325,7 +361,7 @@ impl Strategy for ChenGreedy {
                 candidates.push((refined.clone(), helpers));
             }
         }
-        best_of(problem, &self.name(), candidates)
+        best_of(problem, &self.name(), candidates, deadline)
     }
 }
 

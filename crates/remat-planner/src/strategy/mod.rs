@@ -13,17 +13,15 @@
 pub mod baselines;
 pub mod mutwo;
 
+use std::time::{Duration, Instant};
+
 use crate::error::PlanError;
 use crate::ir::Graph;
 use crate::lower::{Helpers, lower_with};
 use crate::plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
 use crate::sim::{SimReport, simulate_steps};
-
-/// Node count above which searches skip strategies whose single plan is quadratic in size.
-pub const QUADRATIC_PLAN_LIMIT: usize = 5000;
-/// Node count above which searches skip strategies that simulate many quadratic
-/// candidates: about a few seconds each at this size on one core.
-pub const CANDIDATE_SEARCH_LIMIT: usize = 2500;
+use crate::solve::bound::{Bound, cover_bound};
+use crate::solve::{self, check_floor, default_time_limit};
 
 /// What to plan for.
 #[derive(Clone, Copy, Debug)]
@@ -61,23 +59,76 @@ pub trait Strategy: Send + Sync {
     /// Plans under the budget, or says why not ([`PlanError::OverBudget`] carries the peak
     /// the strategy could reach).
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError>;
-    /// For strategies whose running time grows faster than linearly in the node count
-    /// (quadratic plans, or many simulated candidates): the node count above which a
-    /// search over all strategies ([`plan_best`], `--compare`) skips them, and why.
-    /// Asked for by name, they still run.
-    fn search_limit(&self) -> Option<(usize, &'static str)> {
-        None
+    /// [`Strategy::plan`] under a deadline: a strategy that can stop early does so there,
+    /// returning its best plan so far, or [`PlanError::NotApplicable`] saying it ran out of
+    /// time. The default ignores the deadline (for strategies that take one pass).
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        let _ = deadline;
+        self.plan(problem)
+    }
+    /// How its running time grows with the graph, so a search under a time limit skips it
+    /// when it cannot finish in the time left ([`estimated_seconds`]). Asked for by name,
+    /// a strategy always runs.
+    fn search_cost(&self) -> SearchCost {
+        SearchCost::LINEAR
     }
 }
 
-/// Why a search skips `strategy` on `problem`'s graph, if it does (see
-/// [`Strategy::search_limit`]).
-pub fn skipped_in_search(strategy: &dyn Strategy, problem: &Problem) -> Option<String> {
-    let (limit, why) = strategy.search_limit()?;
-    let n = problem.graph.len();
-    (n > limit).then(|| {
+/// A strategy's running time, in passes over the graph: `passes * (n / 1000)^(exponent - 1)`
+/// times the measured time of one linear pass (lowering and simulating store-all).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SearchCost {
+    pub passes: f64,
+    pub exponent: i32,
+    /// Why it costs that much, for the note of a search that skips it.
+    pub why: &'static str,
+}
+
+impl SearchCost {
+    pub const LINEAR: SearchCost = SearchCost {
+        passes: 1.0,
+        exponent: 1,
+        why: "one pass over the graph",
+    };
+    /// A strategy that stops at its deadline ([`Strategy::plan_until`]) with its best plan
+    /// so far: never skipped for time.
+    pub const UNTIL_DEADLINE: SearchCost = SearchCost {
+        passes: 1.0,
+        exponent: 1,
+        why: "it stops at the time limit with its best plan so far",
+    };
+}
+
+/// Seconds `strategy` is expected to take on a graph of `nodes` nodes, given the seconds
+/// one linear pass takes per node (`seconds_per_node`, see [`calibrate`]).
+pub fn estimated_seconds(strategy: &dyn Strategy, nodes: usize, seconds_per_node: f64) -> f64 {
+    let cost = strategy.search_cost();
+    let n = nodes as f64;
+    seconds_per_node * n * cost.passes * (n / 1000.0).powi(cost.exponent - 1)
+}
+
+/// Seconds per node of one linear pass on this problem: store-all lowered and simulated.
+pub fn calibrate(problem: &Problem) -> f64 {
+    let started = Instant::now();
+    let _ = baselines::StoreAll.plan(problem);
+    started.elapsed().as_secs_f64() / problem.graph.len().max(1) as f64
+}
+
+/// Why a search with `seconds_left` skips `strategy` on `problem`'s graph, if it does
+/// (see [`Strategy::search_cost`]; `seconds_per_node` from [`calibrate`]).
+pub fn skipped_in_search(
+    strategy: &dyn Strategy,
+    problem: &Problem,
+    seconds_left: f64,
+    seconds_per_node: f64,
+) -> Option<String> {
+    let estimate = estimated_seconds(strategy, problem.graph.len(), seconds_per_node);
+    (estimate > seconds_left).then(|| {
         format!(
-            "skipped: the graph has {n} nodes, above the {limit} at which it is searched ({why}); ask for it with --strategy {}",
+            "skipped: expected to take about {estimate:.1} s on {} nodes ({}), more than the {:.1} s left of the time limit; raise --time-limit or ask for it with --strategy {}",
+            problem.graph.len(),
+            strategy.search_cost().why,
+            seconds_left.max(0.0),
             strategy.name()
         )
     })
@@ -150,6 +201,7 @@ pub fn registry() -> Vec<Box<dyn Strategy>> {
     strategies.push(Box::new(mutwo::MuTwoRefined));
     // Exact and large-graph strategies (crate::exact) extend this list.
     strategies.extend(crate::exact::strategies());
+    strategies.push(Box::new(solve::Anytime::default()));
     strategies
 }
 
@@ -172,9 +224,10 @@ pub fn lookup(name: &str) -> Result<Box<dyn Strategy>, PlanError> {
         })
 }
 
-/// What [`plan_best_explained`] found: the fastest plan (or why there is none), and a
-/// note for every strategy that did not take part (skipped for size, not applicable) or
-/// failed outright (an invalid schedule is a strategy's bug, reported rather than hidden).
+/// What a search found: the fastest plan (or why there is none), a note for every strategy
+/// that did not take part (skipped for time, not applicable) or failed outright (an invalid
+/// schedule is a strategy's bug, reported rather than hidden), and a lower bound on the
+/// overhead of any schedule.
 #[derive(Debug)]
 pub struct BestPlan {
     pub result: Result<Planned, PlanError>,
@@ -182,23 +235,54 @@ pub struct BestPlan {
     pub skipped: Vec<(String, String)>,
     /// Strategies that failed with an error other than over budget / not applicable.
     pub failed: Vec<(String, PlanError)>,
+    /// A lower bound on the time overhead of every schedule at this budget (none when the
+    /// budget is refused outright).
+    pub bound: Option<Bound>,
 }
 
-/// Runs every strategy and keeps the fastest plan under the budget. When none fits, the
-/// error states the smallest peak any strategy reached. See [`plan_best_explained`] for
-/// the strategies it skipped and the ones that failed.
+/// Where a search stands, for progress bars.
+#[derive(Clone, Debug)]
+pub struct SearchProgress {
+    pub elapsed: Duration,
+    pub limit: Duration,
+    /// What runs now (a strategy's name, or a stage of the anytime solver).
+    pub stage: String,
+    /// Overhead of the best plan so far.
+    pub best_overhead: Option<f64>,
+}
+
+/// The anytime search under the default time limit ([`default_time_limit`]): the fastest
+/// plan under the budget. When none fits, the error states the smallest peak reached.
 pub fn plan_best(problem: &Problem) -> Result<Planned, PlanError> {
     plan_best_explained(problem, |_, _, _| {}).result
 }
 
-/// [`plan_best`], calling `progress(i, count, name)` before each strategy, and saying
-/// which strategies were skipped (too large a graph for their cost, or not applicable) and
-/// which failed.
+/// [`plan_best`], calling `progress(i, count, name)` as each strategy starts, and saying
+/// which strategies were skipped and which failed.
 pub fn plan_best_explained(
     problem: &Problem,
-    progress: impl FnMut(usize, usize, &str),
+    mut progress: impl FnMut(usize, usize, &str),
 ) -> BestPlan {
-    plan_best_among(&registry(), problem, progress)
+    let strategies = registry();
+    let count = strategies.len();
+    let names: Vec<String> = strategies.iter().map(|s| s.name()).collect();
+    let limit = default_time_limit(problem.graph.len());
+    search(&strategies, problem, limit, |p| {
+        let i = names
+            .iter()
+            .position(|n| *n == p.stage)
+            .unwrap_or(count - 1);
+        progress(i, count, &p.stage);
+    })
+}
+
+/// The anytime search (see [`search`]) over every registered strategy.
+pub fn plan_best_within(
+    problem: &Problem,
+    limit: Duration,
+    progress: impl FnMut(&SearchProgress),
+) -> BestPlan {
+    search(&registry(), problem, limit, progress)
 }
 
 /// [`plan_best_explained`] over the given strategies.
@@ -207,24 +291,133 @@ pub fn plan_best_among(
     problem: &Problem,
     mut progress: impl FnMut(usize, usize, &str),
 ) -> BestPlan {
-    let mut best: Option<Planned> = None;
-    let mut smallest: Option<(u64, String)> = None;
-    let mut skipped = Vec::new();
-    let mut failed = Vec::new();
-    for (i, strategy) in strategies.iter().enumerate() {
+    let names: Vec<String> = strategies.iter().map(|s| s.name()).collect();
+    let limit = default_time_limit(problem.graph.len());
+    search(strategies, problem, limit, |p| {
+        if let Some(i) = names.iter().position(|n| *n == p.stage) {
+            progress(i, names.len(), &p.stage);
+        }
+    })
+}
+
+/// Share of the time limit for planning; the rest climbs the lower bound.
+const PLANNING_SHARE: f64 = 0.9;
+/// Share of the time limit the strategies other than the anytime solver may use; each
+/// stops there or is skipped when it could not finish by then.
+const OTHERS_SHARE: f64 = 0.3;
+
+/// The search under a time limit. The strategies run cheapest first, each skipped (with a
+/// note) when its estimated time ([`estimated_seconds`], calibrated on this graph) exceeds
+/// the time left; then the anytime solver ([`solve::solve`]) improves on the best of them
+/// until the planning deadline, so the result is never slower than any strategy that ran.
+/// Last, the lower bound ([`cover_bound`]) climbs until the limit.
+pub fn search(
+    strategies: &[Box<dyn Strategy>],
+    problem: &Problem,
+    limit: Duration,
+    mut progress: impl FnMut(&SearchProgress),
+) -> BestPlan {
+    let started = Instant::now();
+    let mut found = Found::default();
+    if let Err(e) = check_floor(problem) {
+        return BestPlan {
+            result: Err(e),
+            skipped: found.skipped,
+            failed: found.failed,
+            bound: None,
+        };
+    }
+    let planning = started + limit.mul_f64(PLANNING_SHARE);
+    // The strategies other than the anytime solver share this part of the time.
+    let others = started + limit.mul_f64(OTHERS_SHARE);
+    let rate = calibrate(problem);
+    let anytime = strategies.iter().any(|s| s.name() == solve::NAME);
+    for strategy in strategies {
         let name = strategy.name();
-        progress(i, strategies.len(), &name);
-        if let Some(why) = skipped_in_search(strategy.as_ref(), problem) {
-            skipped.push((name, why));
+        if name == solve::NAME {
             continue;
         }
-        match strategy.plan(problem) {
+        if anytime && name == crate::exact::evict::NAME {
+            // The anytime solver runs evict's passes and local search on the given order
+            // among its candidates, under the deadline; run alone, evict's search for a
+            // smaller budget when nothing fits can take minutes.
+            found.skipped.push((
+                name,
+                format!(
+                    "run inside {}, on the given order and on the reordered ones",
+                    solve::NAME
+                ),
+            ));
+            continue;
+        }
+        let left = others
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        if let Some(why) = skipped_in_search(strategy.as_ref(), problem, left, rate) {
+            found.skipped.push((name, why));
+            continue;
+        }
+        progress(&SearchProgress {
+            elapsed: started.elapsed(),
+            limit,
+            stage: name.clone(),
+            best_overhead: found.overhead(),
+        });
+        found.record(name, strategy.plan_until(problem, others));
+    }
+    if anytime {
+        let incumbent = found.best.take();
+        let result = solve::solve(problem, planning, incumbent, |stage, best| {
+            progress(&SearchProgress {
+                elapsed: started.elapsed(),
+                limit,
+                stage: format!("{}: {stage}", solve::NAME),
+                best_overhead: best,
+            })
+        });
+        found.record(solve::NAME.into(), result);
+    }
+    progress(&SearchProgress {
+        elapsed: started.elapsed(),
+        limit,
+        stage: "lower bound".into(),
+        best_overhead: found.overhead(),
+    });
+    let bound_deadline = (started + limit).max(Instant::now() + Duration::from_millis(20));
+    let bound = cover_bound(problem, bound_deadline, found.overhead());
+    BestPlan {
+        result: found
+            .best
+            .ok_or_else(|| infeasible(problem, found.smallest)),
+        skipped: found.skipped,
+        failed: found.failed,
+        bound: Some(bound),
+    }
+}
+
+/// What the strategies of a search returned so far.
+#[derive(Default)]
+struct Found {
+    best: Option<Planned>,
+    smallest: Option<(u64, String)>,
+    skipped: Vec<(String, String)>,
+    failed: Vec<(String, PlanError)>,
+}
+
+impl Found {
+    fn overhead(&self) -> Option<f64> {
+        self.best.as_ref().map(|b| b.report.overhead())
+    }
+
+    fn record(&mut self, name: String, result: Result<Planned, PlanError>) {
+        match result {
             Ok(planned) => {
-                let faster = best
+                let faster = self
+                    .best
                     .as_ref()
                     .is_none_or(|b| planned.report.total_time < b.report.total_time);
                 if faster {
-                    best = Some(planned);
+                    self.best = Some(planned);
                 }
             }
             Err(PlanError::OverBudget {
@@ -232,20 +425,15 @@ pub fn plan_best_among(
                 strategy,
                 ..
             }) => {
-                if smallest.as_ref().is_none_or(|(p, _)| best_peak < *p) {
-                    smallest = Some((best_peak, strategy));
+                if self.smallest.as_ref().is_none_or(|(p, _)| best_peak < *p) {
+                    self.smallest = Some((best_peak, strategy));
                 }
             }
-            Err(PlanError::NotApplicable { why, .. }) => skipped.push((name, why)),
+            Err(PlanError::NotApplicable { why, .. }) => self.skipped.push((name, why)),
             // A solver's proof that nothing fits is an answer, not a failure.
             Err(PlanError::ProvedInfeasible { .. }) => {}
-            Err(other) => failed.push((name, other)),
+            Err(other) => self.failed.push((name, other)),
         }
-    }
-    BestPlan {
-        result: best.ok_or_else(|| infeasible(problem, smallest)),
-        skipped,
-        failed,
     }
 }
 
@@ -303,34 +491,66 @@ mod tests {
         assert!(best.failed[0].1.to_string().contains("invalid schedule"));
     }
 
+    /// A strategy that says it needs about a million linear passes.
+    struct Slow;
+    impl Strategy for Slow {
+        fn name(&self) -> String {
+            "slow".into()
+        }
+        fn summary(&self) -> &'static str {
+            "would take very long"
+        }
+        fn search_cost(&self) -> SearchCost {
+            SearchCost {
+                passes: 1e6,
+                exponent: 2,
+                why: "a million passes",
+            }
+        }
+        fn plan(&self, _: &Problem) -> Result<Planned, PlanError> {
+            panic!("a search must not run it");
+        }
+    }
+
     #[test]
-    fn searches_skip_super_linear_strategies_on_large_graphs_and_say_why() {
-        let g = chain(CANDIDATE_SEARCH_LIMIT / 2 + 1);
-        assert!(g.len() > CANDIDATE_SEARCH_LIMIT && g.len() <= QUADRATIC_PLAN_LIMIT);
+    fn searches_skip_what_cannot_finish_in_time_and_say_why() {
+        let g = chain(600);
         let problem = Problem {
             graph: &g,
             budget_bytes: g.store_all_peak() / 2,
             bandwidth: 1.0,
         };
-        let mut seen = Vec::new();
-        let best = plan_best_explained(&problem, |_, _, name| seen.push(name.to_string()));
-        assert_eq!(seen.len(), registry().len());
+        let strategies: Vec<Box<dyn Strategy>> = vec![
+            Box::new(baselines::StoreAll),
+            Box::new(Slow),
+            Box::new(baselines::SqrtN),
+            Box::new(solve::Anytime::default()),
+        ];
+        let started = Instant::now();
+        let best = search(&strategies, &problem, Duration::from_millis(500), |_| {});
         let planned = best.result.expect("a plan fits");
         assert!(planned.report.peak_bytes <= problem.budget_bytes);
-        let skipped: Vec<&str> = best.skipped.iter().map(|(n, _)| n.as_str()).collect();
-        for name in ["threshold", "chen-greedy", "evict", "mutwo-refined"] {
-            assert!(skipped.contains(&name), "{name} not skipped: {skipped:?}");
-        }
-        for name in ["mutwo", "recompute-all", "sqrt"] {
-            assert!(!skipped.contains(&name), "{name} skipped: {skipped:?}");
-        }
-        let (_, why) = &best.skipped[skipped.iter().position(|n| *n == "threshold").unwrap()];
+        let (name, why) = &best.skipped[0];
+        assert_eq!(name, "slow");
         assert!(
-            why.contains("nodes") && why.contains("--strategy threshold"),
+            why.contains("a million passes") && why.contains("--strategy slow"),
             "{why}"
         );
         assert!(best.failed.is_empty(), "{:?}", best.failed);
-        // Asked for by name, a strategy still runs on the same graph.
-        assert!(skipped_in_search(&baselines::SqrtN, &problem).is_none());
+        let bound = best.bound.expect("a bound");
+        assert!(bound.overhead <= planned.report.overhead() + 1e-12);
+        // The limit holds up to one strategy's last step and the bound's last climb.
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn the_default_time_limit_grows_with_the_graph() {
+        assert_eq!(default_time_limit(10), Duration::from_secs(1));
+        assert_eq!(default_time_limit(1000), Duration::from_secs(1));
+        assert_eq!(default_time_limit(5000), Duration::from_secs(5));
     }
 }

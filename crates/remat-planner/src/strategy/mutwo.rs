@@ -27,6 +27,8 @@
 use super::{Planned, Problem, Strategy, plan_from_decisions, plan_from_decisions_with};
 use crate::attrs::{TensorAttrs, prefix_times, tensor_attrs};
 use crate::error::PlanError;
+use std::time::Instant;
+
 use crate::ir::{Graph, NodeId, Phase};
 use crate::lower::{Helpers, lower};
 use crate::plan::{Decision, Step};
@@ -41,15 +43,18 @@ impl Strategy for MuTwo {
     fn summary(&self) -> &'static str {
         "MuTWO: swap or recompute the cheaper candidate until the simulated peak fits"
     }
-    fn search_limit(&self) -> Option<(usize, &'static str)> {
-        Some((
-            super::QUADRATIC_PLAN_LIMIT,
-            "each of its steps rescans every candidate: O(n^2)",
-        ))
+    fn search_cost(&self) -> super::SearchCost {
+        super::SearchCost::UNTIL_DEADLINE
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let mut state = Scheduler::new(problem);
         let decisions = state.run()?;
+        plan_from_decisions(problem, &self.name(), decisions)
+    }
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        let mut state = Scheduler::new(problem);
+        state.deadline = Some(deadline);
+        let decisions = state.run().map_err(|e| rename(e, &self.name()))?;
         plan_from_decisions(problem, &self.name(), decisions)
     }
 }
@@ -69,18 +74,30 @@ impl Strategy for MuTwoRefined {
     fn summary(&self) -> &'static str {
         "MuTWO, then undo the choices the budget does not need"
     }
-    fn search_limit(&self) -> Option<(usize, &'static str)> {
-        Some((
-            super::CANDIDATE_SEARCH_LIMIT,
-            "MuTWO, then one simulation per choice it made: O(n^2) or more",
-        ))
+    fn search_cost(&self) -> super::SearchCost {
+        super::SearchCost::UNTIL_DEADLINE
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        self.plan_by(problem, None)
+    }
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        self.plan_by(problem, Some(deadline))
+    }
+}
+
+impl MuTwoRefined {
+    /// With a deadline, MuTWO stops there without a plan, and the refinement stops there
+    /// with the best plan so far.
+    fn plan_by(&self, problem: &Problem, deadline: Option<Instant>) -> Result<Planned, PlanError> {
         let name = self.name();
         let mut scheduler = Scheduler::new(problem);
+        scheduler.deadline = deadline;
         let mut current = scheduler.run().map_err(|e| rename(e, &name))?;
         let mut best = plan_from_decisions(problem, &name, current.clone())?;
         for &(t, _) in scheduler.trace.iter().rev() {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(best);
+            }
             let saved = std::mem::replace(&mut current[t], Decision::Keep);
             match plan_from_decisions(problem, &name, current.clone()) {
                 Ok(p) if p.report.total_time <= best.report.total_time => best = p,
@@ -104,6 +121,10 @@ fn rename(err: PlanError, name: &str) -> PlanError {
             strategy: name.to_string(),
             budget,
             best_peak,
+        },
+        PlanError::NotApplicable { why, .. } => PlanError::NotApplicable {
+            strategy: name.to_string(),
+            why,
         },
         other => other,
     }
@@ -137,6 +158,8 @@ pub(crate) struct Scheduler<'p> {
     prefix: Vec<f64>,
     /// Choices in order, for tests and explanations.
     pub(crate) trace: Vec<(NodeId, Choice)>,
+    /// When set, [`Scheduler::run`] gives up at this instant (a search's time limit).
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl<'p> Scheduler<'p> {
@@ -160,6 +183,7 @@ impl<'p> Scheduler<'p> {
             node_mem: vec![0; graph.len()],
             prefix: prefix_times(graph),
             trace: Vec::new(),
+            deadline: None,
         }
     }
 
@@ -174,6 +198,15 @@ impl<'p> Scheduler<'p> {
             return Ok(self.decisions.clone());
         }
         while !self.candidates.is_empty() {
+            if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(PlanError::NotApplicable {
+                    strategy: "mutwo".into(),
+                    why: format!(
+                        "out of time after {} of its choices, before the peak fitted",
+                        self.trace.len()
+                    ),
+                });
+            }
             self.step();
             let peak = self.measure()?;
             smallest = smallest.min(peak);

@@ -52,3 +52,139 @@ pub fn node(name: String, phase: Phase, time: u64, bytes: u64, inputs: Vec<usize
         inputs,
     }
 }
+
+/// A random layered DAG in the spirit of Moccasin's generator: `n` nodes on levels of about
+/// `width` nodes, each reading one to three nodes of the level before and, with a chance of
+/// one in `skip_one_in`, a node of an earlier level (a skip connection). Sizes 1..=1000
+/// bytes, times 1..=100. Nodes are numbered level by level, a topological order.
+pub fn random_layered(n: usize, width: usize, skip_one_in: u64, seed: u64) -> remat_planner::Graph {
+    let mut rng = Rng(seed.max(1));
+    let mut levels: Vec<Vec<usize>> = Vec::new();
+    let mut nodes = Vec::new();
+    while nodes.len() < n {
+        let size = (width as u64 / 2 + rng.below(width as u64 + 1)).max(1) as usize;
+        let mut level = Vec::new();
+        for _ in 0..size.min(n - nodes.len()) {
+            let id = nodes.len();
+            let mut inputs = Vec::new();
+            if let Some(prev) = levels.last() {
+                for _ in 0..1 + rng.below(3) {
+                    let i = prev[rng.below(prev.len() as u64) as usize];
+                    if !inputs.contains(&i) {
+                        inputs.push(i);
+                    }
+                }
+                if levels.len() > 1 && rng.below(skip_one_in) == 0 {
+                    let l = rng.below(levels.len() as u64 - 1) as usize;
+                    let i = levels[l][rng.below(levels[l].len() as u64) as usize];
+                    if !inputs.contains(&i) {
+                        inputs.push(i);
+                    }
+                }
+            }
+            inputs.sort_unstable();
+            let time = 1 + rng.below(100);
+            let bytes = 1 + rng.below(1000);
+            nodes.push(node(format!("n{id}"), Phase::Forward, time, bytes, inputs));
+            level.push(id);
+        }
+        levels.push(level);
+    }
+    remat_planner::Graph::new(format!("random-layered-{n}-{seed}"), nodes, 0, 1e-6)
+        .expect("generated graphs are valid")
+}
+
+/// A transformer's training step with `layers` blocks (hidden `d` = 1 KiB-ish units per
+/// token): per block RMS norm, q/k/v projections, scores, softmax, attention, output
+/// projection, residual add, norm, MLP up/gate, activation, down, residual add; a loss;
+/// then the backward of each block in reverse, the residual gradients summed at each add.
+pub fn transformer(layers: usize) -> remat_planner::Graph {
+    let h = 4096u64; // bytes of one hidden activation
+    let s = 8192u64; // bytes of one score matrix
+    let mut b = Builder::default();
+    let mut x = b.op("embed", Phase::Forward, 2, h, vec![]);
+    let mut saved = Vec::new();
+    for l in 0..layers {
+        let n1 = b.op(&format!("l{l}.norm1"), Phase::Forward, 1, h, vec![x]);
+        let q = b.op(&format!("l{l}.q"), Phase::Forward, 8, h, vec![n1]);
+        let k = b.op(&format!("l{l}.k"), Phase::Forward, 8, h, vec![n1]);
+        let v = b.op(&format!("l{l}.v"), Phase::Forward, 8, h, vec![n1]);
+        let sc = b.op(&format!("l{l}.scores"), Phase::Forward, 6, s, vec![q, k]);
+        let sm = b.op(&format!("l{l}.softmax"), Phase::Forward, 2, s, vec![sc]);
+        let at = b.op(&format!("l{l}.attn"), Phase::Forward, 6, h, vec![sm, v]);
+        let o = b.op(&format!("l{l}.out"), Phase::Forward, 8, h, vec![at]);
+        let r1 = b.op(&format!("l{l}.res1"), Phase::Forward, 1, h, vec![x, o]);
+        let n2 = b.op(&format!("l{l}.norm2"), Phase::Forward, 1, h, vec![r1]);
+        let up = b.op(&format!("l{l}.up"), Phase::Forward, 32, 4 * h, vec![n2]);
+        let gate = b.op(&format!("l{l}.gate"), Phase::Forward, 32, 4 * h, vec![n2]);
+        let act = b.op(
+            &format!("l{l}.act"),
+            Phase::Forward,
+            4,
+            4 * h,
+            vec![up, gate],
+        );
+        let down = b.op(&format!("l{l}.down"), Phase::Forward, 32, h, vec![act]);
+        let r2 = b.op(&format!("l{l}.res2"), Phase::Forward, 1, h, vec![r1, down]);
+        saved.push([x, n1, q, k, v, sm, at, r1, n2, up, gate, act]);
+        x = r2;
+    }
+    let mut g = b.op("loss", Phase::Backward, 2, 4, vec![x]);
+    for (l, [x, n1, q, k, v, sm, at, r1, n2, up, gate, act]) in saved.into_iter().enumerate().rev()
+    {
+        let bw = |b: &mut Builder, name: &str, t: u64, bytes: u64, inputs: Vec<usize>| {
+            b.op(
+                &format!("l{l}.{name}.grad"),
+                Phase::Backward,
+                t,
+                bytes,
+                inputs,
+            )
+        };
+        let d_down = bw(&mut b, "down", 64, 4 * h, vec![g, act]);
+        let d_act = bw(&mut b, "act", 8, 8 * h, vec![d_down, up, gate]);
+        let d_n2 = bw(&mut b, "upgate", 128, h, vec![d_act, n2]);
+        let d_r1n = bw(&mut b, "norm2", 2, h, vec![d_n2, r1]);
+        let g_r1 = bw(&mut b, "res1", 1, h, vec![g, d_r1n]);
+        let d_at = bw(&mut b, "out", 16, h, vec![g_r1, at]);
+        let d_sm = bw(&mut b, "attn", 12, s, vec![d_at, sm, v]);
+        let d_v = bw(&mut b, "v_in", 6, h, vec![d_at, sm]);
+        let d_sc = bw(&mut b, "softmax", 4, s, vec![d_sm, sm]);
+        let d_q = bw(&mut b, "q_in", 6, h, vec![d_sc, k]);
+        let d_k = bw(&mut b, "k_in", 6, h, vec![d_sc, q]);
+        let d_n1 = bw(&mut b, "qkv", 48, h, vec![d_q, d_k, d_v, n1]);
+        let d_xn = bw(&mut b, "norm1", 2, h, vec![d_n1, x]);
+        g = bw(&mut b, "res0", 1, h, vec![g_r1, d_xn]);
+    }
+    remat_planner::Graph::new(format!("transformer-{layers}"), b.nodes, 1 << 20, 1e-6)
+        .expect("generated graphs are valid")
+}
+
+#[derive(Default)]
+struct Builder {
+    nodes: Vec<Node>,
+}
+
+impl Builder {
+    fn op(
+        &mut self,
+        name: &str,
+        phase: Phase,
+        time: u64,
+        bytes: u64,
+        mut inputs: Vec<usize>,
+    ) -> usize {
+        inputs.sort_unstable();
+        inputs.dedup();
+        self.nodes
+            .push(node(name.to_string(), phase, time, bytes, inputs));
+        self.nodes.len() - 1
+    }
+}
+
+/// Static bytes plus `fraction` of the store-all peak's activation bytes: budget fractions
+/// that mean the same on graphs with different static memory.
+pub fn activation_budget(graph: &remat_planner::Graph, fraction: f64) -> u64 {
+    let s = graph.static_bytes();
+    s + ((graph.store_all_peak() - s) as f64 * fraction) as u64
+}

@@ -1,0 +1,419 @@
+//! A lower bound on the time overhead of every schedule at a budget.
+//!
+//! What it bounds. The least `total_time - base_time` (as the simulator counts it) of any
+//! schedule of the graph that stays within the budget, whatever it keeps, frees, recomputes
+//! or swaps, and in whatever order it runs the operations, as long as the operations' first
+//! computations respect [`Precedence`] (the data edges, which every schedule respects; plus,
+//! where the graph asks for them, the order of a pinned tensor's readers and a fixed order).
+//!
+//! Proof. Fix such a schedule S and a node v. When S first computes v, v's inputs and its
+//! output are on the device. Let `L(v)` be the tensors t other than v's inputs that are
+//! ancestors of v and have a reader that is a descendant of v (both in the precedence
+//! order): t was computed before v's first computation, and must be on the device again
+//! when that reader is first computed, after v's. At v's first computation each t in `L(v)`
+//! is either on the device or absent, so the absent ones hold at least
+//!
+//! ```text
+//! d(v) = static + out(v) + inputs(v) + sum_{t in L(v)} bytes(t) - budget      bytes.
+//! ```
+//!
+//! Let `x_t = 1` when S has t absent at the first computation of some node v with t in
+//! `L(v)`. Then `sum_{t in L(v)} bytes(t) x_t >= d(v)` for every v, and for each t with
+//! `x_t = 1`, S brings t back before that reader: it recomputes t (at least `c(t)`, t's
+//! compute time, added to the recompute time R; a pinned t cannot be recomputed) or swaps
+//! it in (its copy time `s(t)` added to the host-to-device stream's busy time H). The
+//! compute stream runs every computation in turn, so `total >= base + R`; every swap-in
+//! the schedule needs ends before its reader runs, so `total >= H`. Hence, for any
+//! `theta` in [0, 1],
+//!
+//! ```text
+//! overhead >= max(R, H - base) >= theta R + (1 - theta) H - (1 - theta) base
+//!          >= sum_t x_t min(theta c(t), (1 - theta) s(t)) - (1 - theta) base,
+//! ```
+//!
+//! so the overhead is at least the optimum of the covering LP `min sum_t w_t x_t` subject to
+//! `sum_{t in L(v)} bytes(t) x_t >= d(v)`, `0 <= x <= 1`, with `w_t = min(theta c(t),
+//! (1 - theta) s(t))`, less `(1 - theta) base`. By weak duality every `y >= 0` gives
+//!
+//! ```text
+//! LP >= g(y) = sum_v d(v) y_v - sum_t max(0, bytes(t) Y_t - w_t),    Y_t = sum_{v: t in L(v)} y_v
+//! ```
+//!
+//! (the LP dual with `z_t = max(0, bytes(t) Y_t - w_t)` for the `x <= 1` rows). We start
+//! from the best single node (where `g` is maximised by a fractional knapsack) and climb
+//! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
+//! (at the deadline) only makes it weaker.
+//!
+//! Weak points, stated: when the host link is fast enough to hide every copy, swapping is
+//! free in this model and the bound is 0; and one absence per tensor is charged however
+//! often the tensor is really restored.
+
+use std::time::Instant;
+
+use crate::ir::{Graph, NodeId};
+use crate::strategy::Problem;
+
+use super::order::Precedence;
+
+/// A lower bound on the time overhead of every schedule of a problem.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Bound {
+    /// Least possible (total time - base time) / base time.
+    pub overhead: f64,
+    /// What proved it, e.g. `cover` (this module) or a MILP's dual bound.
+    pub source: String,
+    /// The schedules it holds for, in words.
+    pub holds_for: String,
+}
+
+impl Bound {
+    /// How far a plan with `overhead` can at most be above the optimum, relative to the
+    /// optimum's time: `(1 + overhead) / (1 + bound) - 1`.
+    pub fn gap(&self, overhead: f64) -> f64 {
+        ((1.0 + overhead) / (1.0 + self.overhead) - 1.0).max(0.0)
+    }
+
+    /// The stronger of two bounds on the same problem.
+    pub fn max(self, other: Bound) -> Bound {
+        if other.overhead > self.overhead {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// The covering bound of the module docs for `problem`, climbing until `deadline`.
+/// `upper` is the overhead (fraction of the base time) of a known plan, used to size the
+/// steps; pass `None` when none is known.
+pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> Bound {
+    let graph = problem.graph;
+    let holds_for = if graph.order_is_fixed() {
+        "every schedule that computes the nodes for the first time in the graph's order"
+    } else {
+        "every schedule, with any order of the operations that respects the dependencies"
+    };
+    let bound = |overhead: f64| Bound {
+        overhead,
+        source: "cover".into(),
+        holds_for: holds_for.into(),
+    };
+    let base = graph.base_time();
+    if problem.budget_bytes >= graph.store_all_peak() || base <= 0.0 {
+        return bound(0.0);
+    }
+    let cover = Cover::build(problem);
+    if cover.points.is_empty() {
+        return bound(0.0);
+    }
+    let units_per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
+    let mut best: Option<(f64, f64, Vec<f64>)> = None;
+    for theta in THETAS {
+        let weights = cover.weights(graph, theta, units_per_byte);
+        let (value, y) = cover.best_single_point(&weights);
+        let value = value - (1.0 - theta) * base;
+        if best.as_ref().is_none_or(|b| value > b.0) {
+            best = Some((value, theta, y));
+        }
+    }
+    let Some((mut value, theta, y)) = best else {
+        return bound(0.0);
+    };
+    if value.is_infinite() {
+        return bound(f64::INFINITY);
+    }
+    let weights = cover.weights(graph, theta, units_per_byte);
+    let offset = (1.0 - theta) * base;
+    let target = upper.map(|u| u * base + offset);
+    value = value.max(cover.climb(&weights, y, target, deadline) - offset);
+    bound((value / base).max(0.0))
+}
+
+/// Values of `theta` tried (see the module docs); 1 would make swaps free.
+const THETAS: [f64; 8] = [0.0, 0.5, 0.8, 0.9, 0.97, 0.99, 0.999, 0.9999];
+
+/// The covering problem: points (nodes with a positive deficit) and the tensors that can
+/// cover them, in both directions as compressed lists.
+struct Cover {
+    /// Deficit bytes per point.
+    demand: Vec<f64>,
+    /// Node of each point.
+    points: Vec<NodeId>,
+    /// Tensors of `L(point)`, as ranges of `point_items`.
+    point_start: Vec<usize>,
+    point_items: Vec<u32>,
+    /// Points each tensor covers, as ranges of `item_points`.
+    item_start: Vec<usize>,
+    item_points: Vec<u32>,
+    /// Bytes of each tensor.
+    item_bytes: Vec<f64>,
+}
+
+impl Cover {
+    fn build(problem: &Problem) -> Cover {
+        let graph = problem.graph;
+        let n = graph.len();
+        let sets = live_sets(graph);
+        let mut demand = Vec::new();
+        let mut points = Vec::new();
+        let mut point_start = vec![0];
+        let mut point_items = Vec::new();
+        for (v, set) in sets.iter().enumerate() {
+            let node = graph.node(v);
+            let resident: u64 = node.output_bytes
+                + node
+                    .inputs
+                    .iter()
+                    .map(|&i| graph.node(i).output_bytes)
+                    .sum::<u64>();
+            let optional: u64 = set
+                .iter()
+                .map(|&t| graph.node(t as usize).output_bytes)
+                .sum();
+            let need = graph.static_bytes() as f64 + resident as f64 + optional as f64
+                - problem.budget_bytes as f64;
+            if need > 0.0 {
+                demand.push(need);
+                points.push(v);
+                point_items.extend_from_slice(set);
+                point_start.push(point_items.len());
+            }
+        }
+        let mut count = vec![0usize; n];
+        for &t in &point_items {
+            count[t as usize] += 1;
+        }
+        let mut item_start = vec![0; n + 1];
+        for t in 0..n {
+            item_start[t + 1] = item_start[t] + count[t];
+        }
+        let mut fill = item_start.clone();
+        let mut item_points = vec![0u32; point_items.len()];
+        for p in 0..points.len() {
+            for &t in &point_items[point_start[p]..point_start[p + 1]] {
+                item_points[fill[t as usize]] = p as u32;
+                fill[t as usize] += 1;
+            }
+        }
+        Cover {
+            demand,
+            points,
+            point_start,
+            point_items,
+            item_start,
+            item_points,
+            item_bytes: graph
+                .nodes()
+                .iter()
+                .map(|v| v.output_bytes as f64)
+                .collect(),
+        }
+    }
+
+    fn items_of(&self, p: usize) -> &[u32] {
+        &self.point_items[self.point_start[p]..self.point_start[p + 1]]
+    }
+
+    /// `w_t = min(theta c(t), (1 - theta) s(t))`; a pinned tensor can only be swapped.
+    fn weights(&self, graph: &Graph, theta: f64, units_per_byte: f64) -> Vec<f64> {
+        (0..graph.len())
+            .map(|t| {
+                let node = graph.node(t);
+                let swap = (1.0 - theta) * node.output_bytes as f64 * units_per_byte;
+                if graph.is_pinned(t) {
+                    swap
+                } else {
+                    (theta * node.compute_time).min(swap)
+                }
+            })
+            .collect()
+    }
+
+    /// The largest fractional-knapsack cover cost over single points, and the dual vector
+    /// that attains it (`y` at that point = the ratio of the last item taken).
+    fn best_single_point(&self, weights: &[f64]) -> (f64, Vec<f64>) {
+        let mut best = (0.0, 0, 0.0);
+        let mut items: Vec<(f64, f64)> = Vec::new();
+        for p in 0..self.points.len() {
+            items.clear();
+            // A tensor of no bytes covers nothing.
+            items.extend(
+                self.items_of(p)
+                    .iter()
+                    .map(|&t| (weights[t as usize], self.bytes_of(t as usize)))
+                    .filter(|&(_, b)| b > 0.0),
+            );
+            items.sort_by(|a, b| (a.0 / a.1.max(1.0)).total_cmp(&(b.0 / b.1.max(1.0))));
+            let (mut left, mut cost, mut ratio) = (self.demand[p], 0.0, 0.0);
+            for &(w, b) in &items {
+                if left <= 0.0 {
+                    break;
+                }
+                ratio = w / b.max(1.0);
+                if b >= left {
+                    cost += w * left / b.max(1.0);
+                    left = 0.0;
+                } else {
+                    cost += w;
+                    left -= b;
+                }
+            }
+            if left > 0.0 {
+                return (f64::INFINITY, Vec::new());
+            }
+            if cost > best.0 {
+                best = (cost, p, ratio);
+            }
+        }
+        let mut y = vec![0.0; self.points.len()];
+        if best.0 > 0.0 {
+            y[best.1] = best.2;
+        }
+        // The knapsack's cost equals g(y) in exact arithmetic; the bound is g(y) itself,
+        // which weak duality makes valid for any y >= 0 whatever the rounding.
+        (self.dual(weights, &y).0, y)
+    }
+
+    /// `g(y)` of the module docs, and `x_t = [bytes(t) Y_t > w_t]`, its minimiser.
+    fn dual(&self, weights: &[f64], y: &[f64]) -> (f64, Vec<bool>) {
+        let mut value: f64 = self.demand.iter().zip(y).map(|(d, y)| d * y).sum();
+        let mut x = vec![false; self.item_bytes.len()];
+        for (t, taken) in x.iter_mut().enumerate() {
+            let points = &self.item_points[self.item_start[t]..self.item_start[t + 1]];
+            if points.is_empty() {
+                continue;
+            }
+            let covered: f64 = points.iter().map(|&p| y[p as usize]).sum();
+            let excess = self.item_bytes[t] * covered - weights[t];
+            if excess > 0.0 {
+                value -= excess;
+                *taken = true;
+            }
+        }
+        (value, x)
+    }
+
+    /// Projected subgradient ascent of `g` from `y` (Polyak steps towards `target`, an
+    /// upper bound on the LP when known), until `deadline` or [`CLIMB_STEPS`]. Returns the
+    /// best `g` met.
+    fn climb(
+        &self,
+        weights: &[f64],
+        mut y: Vec<f64>,
+        target: Option<f64>,
+        deadline: Instant,
+    ) -> f64 {
+        let mut best = self.dual(weights, &y).0;
+        let mut scale = 1.0;
+        let mut since_better = 0;
+        for _ in 0..CLIMB_STEPS {
+            if Instant::now() >= deadline {
+                break;
+            }
+            let (value, x) = self.dual(weights, &y);
+            if value > best {
+                best = value;
+                since_better = 0;
+            } else {
+                since_better += 1;
+                if since_better >= 5 {
+                    scale /= 2.0;
+                    since_better = 0;
+                }
+            }
+            let slope: Vec<f64> = (0..self.points.len())
+                .map(|p| {
+                    let covered: f64 = self
+                        .items_of(p)
+                        .iter()
+                        .filter(|&&t| x[t as usize])
+                        .map(|&t| self.item_bytes[t as usize])
+                        .sum();
+                    let s = self.demand[p] - covered;
+                    if y[p] > 0.0 || s > 0.0 { s } else { 0.0 }
+                })
+                .collect();
+            let norm: f64 = slope.iter().map(|s| s * s).sum();
+            if norm <= 0.0 || scale < 1e-6 {
+                break;
+            }
+            let room = match target {
+                Some(t) if t > value => t - value,
+                _ => 0.1 * best.abs().max(f64::MIN_POSITIVE),
+            };
+            let step = scale * room / norm;
+            for (yp, s) in y.iter_mut().zip(&slope) {
+                *yp = (*yp + step * s).max(0.0);
+            }
+        }
+        best
+    }
+
+    fn bytes_of(&self, t: usize) -> f64 {
+        self.item_bytes.get(t).copied().unwrap_or(0.0)
+    }
+}
+
+/// Subgradient steps at most.
+const CLIMB_STEPS: usize = 300;
+
+/// `L(v)` of the module docs for every node, from ancestor and descendant bit sets over
+/// [`Precedence`] (whose edges all go from lower to higher node ids): t is in `L(v)` when
+/// v is a descendant of t, v is an ancestor of one of t's readers, and v does not read t.
+fn live_sets(graph: &Graph) -> Vec<Vec<u32>> {
+    let n = graph.len();
+    let prec = Precedence::of(graph);
+    let words = n.div_ceil(64);
+    let set = |bits: &mut [u64], i: usize| bits[i / 64] |= 1 << (i % 64);
+    let mut anc = vec![0u64; n * words];
+    for v in 0..n {
+        for &p in &prec.preds[v] {
+            let (head, tail) = anc.split_at_mut(v * words);
+            let row = &mut tail[..words];
+            for (a, b) in row.iter_mut().zip(&head[p * words..(p + 1) * words]) {
+                *a |= b;
+            }
+            set(row, p);
+        }
+    }
+    let mut desc = vec![0u64; n * words];
+    for v in (0..n).rev() {
+        for &s in &prec.succs[v] {
+            let (head, tail) = desc.split_at_mut(s * words);
+            let row = &mut head[v * words..(v + 1) * words];
+            for (a, b) in row.iter_mut().zip(&tail[..words]) {
+                *a |= b;
+            }
+            set(row, s);
+        }
+    }
+    let mut sets = vec![Vec::new(); n];
+    let mut covers = vec![0u64; words];
+    for t in 0..n {
+        let users = graph.users(t);
+        if users.is_empty() {
+            continue;
+        }
+        covers.fill(0);
+        for &u in users {
+            for (c, a) in covers.iter_mut().zip(&anc[u * words..(u + 1) * words]) {
+                *c |= a;
+            }
+        }
+        for (c, d) in covers.iter_mut().zip(&desc[t * words..(t + 1) * words]) {
+            *c &= d;
+        }
+        for &u in users {
+            covers[u / 64] &= !(1 << (u % 64));
+        }
+        for (w, &word) in covers.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let v = w * 64 + bits.trailing_zeros() as usize;
+                sets[v].push(t as u32);
+                bits &= bits - 1;
+            }
+        }
+    }
+    sets
+}

@@ -1,0 +1,434 @@
+//! `anytime`: the general-DAG solver, improving its plan until a deadline.
+//!
+//! The reasoning, in three layers:
+//!
+//! 1. **Order** ([`order`]). The store-all peak depends on the order the operations run in;
+//!    a memory-aware topological order often fits the budget with nothing recomputed
+//!    (FastSA's observation on Moccasin's random layered graphs). Candidate orders: the
+//!    given one, and list schedules with several tie-breaks.
+//! 2. **Evict on top** ([`crate::exact::evict`]). On each order (the graph renumbered in it),
+//!    the greedy eviction with Belady look-ahead plus its local search makes a full
+//!    schedule: values are freed and recomputed as often as needed. Its steps are mapped
+//!    back to the graph's node ids and the simulator judges the plan on the original graph.
+//! 3. **Improve until the deadline.** Local search on the orders (window moves lowering the
+//!    memory above the budget), each improvement re-planned, the fastest simulated plan
+//!    kept. A zero-overhead plan ends the search: nothing can beat it.
+//!
+//! Whenever some order's eviction pass fits, a plan is returned; when none does, the
+//! error reports the smallest peak reached. A budget under [`Graph::memory_floor`] is
+//! refused up front, naming the floor. [`bound`] gives the lower bound printed beside.
+//!
+//! A graph marked [`Graph::with_fixed_order`] (the engine's profiled steps) is planned in
+//! its own order only: layer 2 alone, still under the deadline.
+
+pub mod bound;
+pub mod order;
+
+use std::time::{Duration, Instant};
+
+use crate::error::PlanError;
+use crate::exact::evict;
+use crate::ir::{Graph, NodeId};
+use crate::plan::{Decision, Step};
+use crate::strategy::baselines::StoreAll;
+use crate::strategy::{Planned, Problem, Strategy, plan_from_steps};
+
+use order::{Evaluator, Precedence, Rng, Searched, TIE_BREAKS, list_schedule, reordered};
+
+pub const NAME: &str = "anytime";
+
+/// The default time limit of a search: 1 s up to 1,000 nodes, then 1 ms per node (5 s at
+/// 5,000 nodes, 10 s at 10,000).
+pub fn default_time_limit(nodes: usize) -> Duration {
+    Duration::from_millis(nodes.max(1000) as u64)
+}
+
+/// The strategy. Without a time limit it uses [`default_time_limit`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Anytime {
+    pub time_limit: Option<Duration>,
+}
+
+impl Strategy for Anytime {
+    fn name(&self) -> String {
+        NAME.into()
+    }
+    fn summary(&self) -> &'static str {
+        "memory-aware topological orders (list scheduling, local moves), eviction on top, improved until the time limit"
+    }
+    fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
+        let limit = self
+            .time_limit
+            .unwrap_or_else(|| default_time_limit(problem.graph.len()));
+        solve(problem, Instant::now() + limit, None, |_, _| {})
+    }
+}
+
+/// Refuses a budget under the floor, naming it.
+pub fn check_floor(problem: &Problem) -> Result<(), PlanError> {
+    let floor = problem.graph.memory_floor();
+    if problem.budget_bytes < floor {
+        return Err(PlanError::BelowFloor {
+            budget: problem.budget_bytes,
+            floor,
+        });
+    }
+    Ok(())
+}
+
+/// Runs the solver until `deadline` (see the module docs). `incumbent`, a plan found by
+/// other means, is the one to beat: the result is never slower than it (and is it when
+/// nothing better is found). `progress(stage, best overhead)` is called as the search goes.
+pub fn solve(
+    problem: &Problem,
+    deadline: Instant,
+    incumbent: Option<Planned>,
+    mut progress: impl FnMut(&str, Option<f64>),
+) -> Result<Planned, PlanError> {
+    check_floor(problem)?;
+    let graph = problem.graph;
+    let mut best = Best {
+        planned: incumbent,
+        smallest_peak: None,
+    };
+    let prec = Precedence::of(graph);
+    let mut eval = Evaluator::new(graph, problem.budget_bytes);
+    let mut search = OrderSearch {
+        states: candidate_orders(graph, &prec, problem.budget_bytes, &mut eval),
+        prec,
+        eval,
+        rng: Rng::new(0x5EED),
+        stale: Vec::new(),
+        round: 0,
+    };
+    search.stale = vec![0; search.states.len()];
+    // 1. Orders first: memory-aware orders cost no recomputation at all, so a share of the
+    //    time goes to lowering their memory above the budget before any eviction runs.
+    let now = Instant::now();
+    let orders_until = now + deadline.saturating_duration_since(now).mul_f64(ORDER_SHARE);
+    progress("searching orders", best.overhead());
+    while Instant::now() < orders_until
+        && search.best_excess() > 0
+        && search.improve_once(orders_until)
+    {}
+    // 2. Evict on the best orders, then on the given one (evict's own plan), then on the
+    //    other candidates.
+    let mut planned_orders: Vec<Vec<NodeId>> = Vec::new();
+    let given: Vec<NodeId> = (0..graph.len()).collect();
+    let mut queue: Vec<Vec<NodeId>> = vec![search.states[0].order.clone(), given];
+    queue.extend(search.states.iter().skip(1).map(|s| s.order.clone()));
+    queue.dedup();
+    for (k, order) in queue.into_iter().enumerate() {
+        if k > 0 && Instant::now() >= deadline {
+            break;
+        }
+        progress("evicting on the best orders", best.overhead());
+        if planned_orders.contains(&order) {
+            continue;
+        }
+        best.offer(plan_in_order(problem, &order, deadline));
+        planned_orders.push(order);
+        if best.overhead() == Some(0.0) {
+            return best.into_result(problem);
+        }
+    }
+    // 3. Until the deadline: improve the orders, re-plan each improvement.
+    while Instant::now() < deadline && !graph.order_is_fixed() {
+        progress("improving the order", best.overhead());
+        let Some(k) = search.improve_round(deadline) else {
+            break;
+        };
+        best.offer(plan_in_order(problem, &search.states[k].order, deadline));
+        if best.overhead() == Some(0.0) {
+            break;
+        }
+    }
+    if best.planned.is_none() {
+        // No eviction pass fitted at the budget on any order. Passes are not monotone in
+        // the budget: one run at a lower budget may fit (evict's own search for the least
+        // reachable peak), so try it on the given order before giving up.
+        progress("searching a smaller budget", None);
+        let last_resort = deadline.max(Instant::now() + LAST_RESORT);
+        best.offer(evict::plan_smaller_budget(problem, last_resort));
+    }
+    best.into_result(problem)
+}
+
+/// Share of the solver's time spent on orders alone before the first eviction.
+const ORDER_SHARE: f64 = 0.3;
+
+/// Candidate orders under local search, round robin.
+struct OrderSearch<'g> {
+    states: Vec<Searched>,
+    prec: Precedence,
+    eval: Evaluator<'g>,
+    rng: Rng,
+    /// Slices without improvement, per state.
+    stale: Vec<usize>,
+    round: usize,
+}
+
+impl OrderSearch<'_> {
+    fn best_excess(&self) -> u64 {
+        self.states
+            .iter()
+            .map(|s| s.profile.excess)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// One slice of local search on the next state that still improves; the index of the
+    /// state when it improved, `None` when every state has gone stale or the order is fixed.
+    fn improve_round(&mut self, deadline: Instant) -> Option<usize> {
+        loop {
+            if self.stale.iter().all(|&s| s >= STALE_ROUNDS) || Instant::now() >= deadline {
+                return None;
+            }
+            let k = self.round % self.states.len();
+            self.round += 1;
+            if self.stale[k] >= STALE_ROUNDS {
+                continue;
+            }
+            let slice = (4 * self.states[k].order.len()).max(256);
+            let improved = order::improve(
+                &mut self.states[k],
+                &self.prec,
+                &mut self.eval,
+                &mut self.rng,
+                slice,
+                || Instant::now() >= deadline,
+            );
+            if improved {
+                self.stale[k] = 0;
+                return Some(k);
+            }
+            self.stale[k] += 1;
+        }
+    }
+
+    /// [`OrderSearch::improve_round`], keeping the states sorted best first; false when
+    /// nothing improves any more.
+    fn improve_once(&mut self, deadline: Instant) -> bool {
+        let improved = self.improve_round(deadline).is_some();
+        // Sort states and their stale counts together.
+        let mut paired: Vec<(Searched, usize)> =
+            self.states.drain(..).zip(self.stale.drain(..)).collect();
+        paired.sort_by_key(|(s, _)| s.profile);
+        for (s, k) in paired {
+            self.states.push(s);
+            self.stale.push(k);
+        }
+        improved
+    }
+}
+
+/// Time the last resort may take past the deadline when nothing fits.
+const LAST_RESORT: Duration = Duration::from_secs(1);
+
+/// Local-search slices without improvement after which an order is left alone.
+const STALE_ROUNDS: usize = 3;
+
+/// The given order and the distinct list schedules, best profile first (the given order
+/// first among equals).
+fn candidate_orders(
+    graph: &Graph,
+    prec: &Precedence,
+    budget: u64,
+    eval: &mut Evaluator,
+) -> Vec<Searched> {
+    let given: Vec<NodeId> = (0..graph.len()).collect();
+    let mut states = vec![Searched::new(given, eval)];
+    if graph.order_is_fixed() {
+        return states;
+    }
+    for tie in TIE_BREAKS {
+        let order = list_schedule(graph, prec, budget, tie);
+        if states.iter().all(|s| s.order != order) {
+            states.push(Searched::new(order, eval));
+        }
+    }
+    // Stable: the given order stays first among orders with its profile.
+    states.sort_by_key(|s| s.profile);
+    states
+}
+
+/// The best plan so far and the smallest peak of the attempts that did not fit.
+struct Best {
+    planned: Option<Planned>,
+    smallest_peak: Option<u64>,
+}
+
+impl Best {
+    fn overhead(&self) -> Option<f64> {
+        self.planned.as_ref().map(|p| p.report.overhead())
+    }
+
+    fn offer(&mut self, result: Result<Planned, PlanError>) {
+        match result {
+            Ok(planned) => {
+                let faster = self
+                    .planned
+                    .as_ref()
+                    .is_none_or(|b| planned.report.total_time < b.report.total_time);
+                if faster {
+                    self.planned = Some(planned);
+                }
+            }
+            Err(PlanError::OverBudget { best_peak, .. }) => {
+                self.smallest_peak =
+                    Some(self.smallest_peak.map_or(best_peak, |p| p.min(best_peak)));
+            }
+            // Other errors (a renumbering the IR refuses, an invalid schedule) leave this
+            // order out; the given order always stays a candidate.
+            Err(_) => {}
+        }
+    }
+
+    fn into_result(self, problem: &Problem) -> Result<Planned, PlanError> {
+        self.planned.ok_or_else(|| PlanError::OverBudget {
+            strategy: NAME.into(),
+            budget: problem.budget_bytes,
+            best_peak: self
+                .smallest_peak
+                .unwrap_or_else(|| problem.graph.store_all_peak()),
+        })
+    }
+}
+
+/// Plans the graph run in `order`: store-all when the order's peak fits (no overhead),
+/// else eviction ([`evict_until`]); the steps are mapped back and simulated on the
+/// original graph.
+pub fn plan_in_order(
+    problem: &Problem,
+    order: &[NodeId],
+    deadline: Instant,
+) -> Result<Planned, PlanError> {
+    let identity = order.iter().enumerate().all(|(k, &v)| k == v);
+    let renumbered;
+    let graph = if identity {
+        problem.graph
+    } else {
+        renumbered = reordered(problem.graph, order).map_err(|e| PlanError::NotApplicable {
+            strategy: NAME.into(),
+            why: format!("the order cannot be renumbered: {e}"),
+        })?;
+        &renumbered
+    };
+    let local = Problem { graph, ..*problem };
+    let planned = if graph.store_all_peak() <= problem.budget_bytes {
+        StoreAll.plan(&local)?
+    } else {
+        evict_until(&local, deadline)?
+    };
+    let steps = planned
+        .plan
+        .steps
+        .iter()
+        .map(|&s| map_step(s, order))
+        .collect();
+    let decisions = planned.plan.decisions.iter().enumerate().fold(
+        vec![Decision::Keep; order.len()],
+        |mut all, (k, d)| {
+            all[order[k]] = map_decision(d, order);
+            all
+        },
+    );
+    plan_from_steps(problem, NAME, steps, decisions)
+}
+
+/// Evict's passes (every weighting, on profiled and on unit costs) and its local search on
+/// the best, as [`Evict`] runs them, but stopping at `deadline` and without its search for
+/// a smaller budget when no pass fits (which [`solve`] runs once, as a last resort).
+fn evict_until(problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+    let graph = problem.graph;
+    let unit = graph.with_unit_costs();
+    let mut best: Option<(evict::Weights, Vec<Step>, f64)> = None;
+    let mut smallest_need = u64::MAX;
+    'passes: for weights in evict::weightings() {
+        for on in [graph, &unit] {
+            if best.is_some() && Instant::now() >= deadline {
+                break 'passes;
+            }
+            match evict::evict_pass(on, problem.budget_bytes, weights) {
+                evict::Pass::Fits { steps, .. } => {
+                    let time = evict::compute_time(graph, &steps);
+                    if best.as_ref().is_none_or(|b| time < b.2) {
+                        best = Some((weights, steps, time));
+                    }
+                }
+                evict::Pass::Stuck { needed } => smallest_need = smallest_need.min(needed),
+            }
+        }
+    }
+    let Some((weights, steps, time)) = best else {
+        return Err(PlanError::OverBudget {
+            strategy: NAME.into(),
+            budget: problem.budget_bytes,
+            best_peak: smallest_need,
+        });
+    };
+    let steps = if Instant::now() < deadline {
+        evict::refine(graph, problem.budget_bytes, weights, steps, time)
+    } else {
+        steps
+    };
+    let decisions = crate::exact::chain_graph::decisions_of(graph, &steps);
+    plan_from_steps(problem, NAME, steps, decisions)
+}
+
+fn map_step(step: Step, order: &[NodeId]) -> Step {
+    match step {
+        Step::Compute { node } => Step::Compute { node: order[node] },
+        Step::Free { tensor } => Step::Free {
+            tensor: order[tensor],
+        },
+        Step::SwapOut { tensor } => Step::SwapOut {
+            tensor: order[tensor],
+        },
+        Step::SwapIn { tensor } => Step::SwapIn {
+            tensor: order[tensor],
+        },
+    }
+}
+
+fn map_decision(decision: &Decision, order: &[NodeId]) -> Decision {
+    match decision {
+        Decision::Keep => Decision::Keep,
+        Decision::Swap {
+            swap_out_after,
+            prefetch_at,
+            use_at,
+        } => Decision::Swap {
+            swap_out_after: order[*swap_out_after],
+            prefetch_at: order[*prefetch_at],
+            use_at: order[*use_at],
+        },
+        Decision::Recompute {
+            from,
+            drop_after,
+            use_at,
+        } => Decision::Recompute {
+            from: from.iter().map(|&f| order[f]).collect(),
+            drop_after: order[*drop_after],
+            use_at: order[*use_at],
+        },
+    }
+}
+
+/// Whether a schedule computes some node for the first time before a node with a lower id:
+/// the plan runs the operations in another order than the graph's.
+pub fn reorders(steps: &[Step]) -> bool {
+    let mut last_first: Option<NodeId> = None;
+    let mut seen = std::collections::HashSet::new();
+    for step in steps {
+        if let Step::Compute { node } = *step
+            && seen.insert(node)
+        {
+            if last_first.is_some_and(|l| node < l) {
+                return true;
+            }
+            last_first = Some(node);
+        }
+    }
+    false
+}
