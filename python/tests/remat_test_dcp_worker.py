@@ -65,41 +65,47 @@ def save(rank: int, world: int, init_file: str, path: str) -> None:
         dist.destroy_process_group()
 
 
-def load_and_check(
-    rank: int, world: int, init_file: str, path: str, result_dir: str, source: str
-) -> None:
-    """Loads ``path`` with DCP into DTensors sharded on dim 0 and checks each local shard
-    against the right slice of the original (``source``: "state_dict", or a safetensors
-    file of whole tensors); writes what it checked to ``result_dir/rank-R.json``."""
+def load_and_check(rank: int, world: int, init_file: str, jobs: list, result_dir: str) -> None:
+    """For each ``(label, checkpoint, source)`` of ``jobs``: loads the checkpoint with DCP
+    into DTensors sharded on dim 0 and checks each local shard against the right slice of
+    the original (``source``: "state_dict", or a safetensors file of whole tensors); writes
+    the local shapes it checked to ``result_dir/LABEL-rank-R.json``. One process group
+    serves every job: starting processes that import torch is the slow part."""
     mesh = join(rank, world, init_file)
     try:
-        expected = _expected(source)
-        sd = {}
-        for name, full in expected.items():
-            if full.dim() == 0:
-                sd[name] = torch.zeros_like(full)
-            else:
-                sd[name] = dtensor_zeros(
-                    *full.shape, dtype=full.dtype, device_mesh=mesh, placements=[Shard(0)]
-                )
-        dcp.load(sd, storage_reader=dcp.HuggingFaceStorageReader(path))
-        checked = {}
-        for name, full in expected.items():
-            got = sd[name] if full.dim() == 0 else sd[name].to_local()
-            want = full if full.dim() == 0 else dim0_slice(full, rank, world)
-            if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
-                raise AssertionError(
-                    f"rank {rank}: {name}: {got.dtype} {tuple(got.shape)}, "
-                    f"want {want.dtype} {tuple(want.shape)}"
-                )
-            # Bit for bit: compare the bytes, not the values.
-            if not torch.equal(_bytes(got), _bytes(want)):
-                raise AssertionError(f"rank {rank}: {name}: local shard differs from the original")
-            checked[name] = list(got.shape)
-        with open(os.path.join(result_dir, f"rank-{rank}.json"), "w") as f:
-            json.dump(checked, f)
+        for label, path, source in jobs:
+            checked = _load_and_check_one(rank, world, mesh, path, source)
+            with open(os.path.join(result_dir, f"{label}-rank-{rank}.json"), "w") as f:
+                json.dump(checked, f)
     finally:
         dist.destroy_process_group()
+
+
+def _load_and_check_one(rank: int, world: int, mesh, path: str, source: str) -> dict:
+    expected = _expected(source)
+    sd = {}
+    for name, full in expected.items():
+        if full.dim() == 0:
+            sd[name] = torch.zeros_like(full)
+        else:
+            sd[name] = dtensor_zeros(
+                *full.shape, dtype=full.dtype, device_mesh=mesh, placements=[Shard(0)]
+            )
+    dcp.load(sd, storage_reader=dcp.HuggingFaceStorageReader(path))
+    checked = {}
+    for name, full in expected.items():
+        got = sd[name] if full.dim() == 0 else sd[name].to_local()
+        want = full if full.dim() == 0 else dim0_slice(full, rank, world)
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            raise AssertionError(
+                f"{path}: rank {rank}: {name}: {got.dtype} {tuple(got.shape)}, "
+                f"want {want.dtype} {tuple(want.shape)}"
+            )
+        # Bit for bit: compare the bytes, not the values.
+        if not torch.equal(_bytes(got), _bytes(want)):
+            raise AssertionError(f"{path}: rank {rank}: {name}: local shard differs from the original")
+        checked[name] = list(got.shape)
+    return checked
 
 
 def _expected(source: str) -> dict:
