@@ -180,8 +180,18 @@ fn plan_one(
                 let exact = outcome.proved_optimal;
                 let name = match (&outcome.planned, exact) {
                     (_, true) => s.name(),
-                    (Some(_), false) => format!("{} (incumbent; optimum >= {bound})", s.name()),
-                    (None, false) => format!("{} (none in time; optimum >= {bound})", s.name()),
+                    (Some(_), false) => {
+                        format!(
+                            "{} (incumbent; recompute-only optimum >= {bound})",
+                            s.name()
+                        )
+                    }
+                    (None, false) => {
+                        format!(
+                            "{} (none in time; recompute-only optimum >= {bound})",
+                            s.name()
+                        )
+                    }
                 };
                 let result = outcome.planned.ok_or_else(|| PlanError::NotApplicable {
                     strategy: s.name(),
