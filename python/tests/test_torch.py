@@ -137,6 +137,31 @@ def test_dropout_nodes_are_marked_random():
     model, inputs = mlp_case(p=0.3)
     captured = rt.capture(model, inputs, loss_fn=mlp_loss, runs=1)
     assert sum(n.is_random for n in captured.nodes) == 4
+    # Random ops draw from one stream in node order: the graph tells the planner to keep
+    # that order, and no plan of it reorders.
+    assert json.loads(captured.to_json())["fixed_order"] is True
+    for fraction in (0.6, 0.3):
+        try:
+            plan = remat.plan(captured, budget(captured, fraction))
+        except remat.BudgetError:
+            continue
+        assert not plan.reorders
+
+
+def test_a_step_without_random_ops_may_be_reordered_and_stays_exact():
+    model, inputs = mlp_case(p=0.0)
+    captured = rt.capture(model, inputs, loss_fn=mlp_loss, runs=1)
+    assert "fixed_order" not in json.loads(captured.to_json())
+    _, reference = run(rt.apply(captured), inputs)
+    for fraction in (0.7, 0.4):
+        try:
+            plan = remat.plan(captured, budget(captured, fraction), strategy="anytime")
+        except remat.BudgetError:
+            continue
+        step = rt.apply(captured, plan)
+        _, grads = run(step, inputs)
+        assert_same(reference, grads)
+        assert step.stats.peak_total_bytes <= plan.peak_bytes
 
 
 def test_inplace_ops_are_functionalized_and_buffers_untouched():

@@ -58,13 +58,25 @@ class Captured:
     def param_names(self) -> list[str]:
         return self.traced.param_names
 
+    @property
+    def has_random_ops(self) -> bool:
+        """Whether the step draws random numbers (dropout): they come from one generator
+        stream in node order, so a plan must compute them first in that order."""
+        return any(n.is_random for n in self.nodes)
+
     def to_dict(self) -> dict:
-        return {
+        graph = {
             "format": FORMAT,
             "version": VERSION,
             "name": self.name,
             "time_unit_s": TIME_UNIT_S,
             "static_bytes": self.static_bytes,
+        }
+        if self.has_random_ops:
+            # The planner then keeps the node order (it may otherwise reorder operations to
+            # lower the peak), so replayed random ops draw what the unplanned step draws.
+            graph["fixed_order"] = True
+        return graph | {
             "nodes": [
                 {
                     "name": n.name,

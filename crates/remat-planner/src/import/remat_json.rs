@@ -24,6 +24,10 @@
 //!   tensor may be kept or swapped, never dropped and recomputed (the engine's gradient
 //!   buffers, which later ops accumulate into in place). See [`Graph::with_pinned`].
 //!   Written only when `true`.
+//! - `fixed_order` (optional, top level, default `false`): first computations must follow
+//!   the node order ([`Graph::with_fixed_order`]): a step whose random ops draw from one
+//!   stream in order (dropout), or that accumulates in place in node order. Written only
+//!   when `true`.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -79,9 +83,18 @@ pub(crate) fn from_value(file: &str, object: &Map<String, Value>) -> Result<Grap
         file: file.to_string(),
         error,
     };
-    Graph::new(name, nodes, static_bytes, time_unit_s)
+    let fixed_order = match object.get("fixed_order") {
+        Some(_) => top.boolean("fixed_order")?,
+        None => false,
+    };
+    let graph = Graph::new(name, nodes, static_bytes, time_unit_s)
         .and_then(|graph| graph.with_pinned(pinned))
-        .map_err(as_import)
+        .map_err(as_import)?;
+    Ok(if fixed_order {
+        graph.with_fixed_order()
+    } else {
+        graph
+    })
 }
 
 /// One node and its `pinned` mark.
@@ -153,6 +166,8 @@ struct FileOut<'a> {
     name: &'a str,
     time_unit_s: f64,
     static_bytes: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    fixed_order: bool,
     nodes: Vec<NodeOut<'a>>,
 }
 
@@ -174,6 +189,7 @@ pub fn to_json(graph: &Graph) -> String {
         name: graph.name(),
         time_unit_s: graph.time_unit_s(),
         static_bytes: graph.static_bytes(),
+        fixed_order: graph.order_is_fixed(),
         nodes: graph
             .nodes()
             .iter()
@@ -225,6 +241,32 @@ mod tests {
             .to_string();
         assert!(
             err.contains("bad.json") && err.contains("`b`") && err.contains("pinned"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_fixed_order_round_trips_and_defaults_to_free() {
+        let plain = parse("g.json", GOOD, ImportOptions::default()).unwrap();
+        assert!(!plain.order_is_fixed());
+        assert!(!to_json(&plain).contains("fixed_order"));
+        let text = GOOD.replace(
+            "\"static_bytes\": 8,",
+            "\"static_bytes\": 8, \"fixed_order\": true,",
+        );
+        let fixed = parse("f.json", &text, ImportOptions::default()).unwrap();
+        assert!(fixed.order_is_fixed());
+        let again = parse("again.json", &to_json(&fixed), ImportOptions::default()).unwrap();
+        assert!(again.order_is_fixed());
+        let bad = GOOD.replace(
+            "\"static_bytes\": 8,",
+            "\"static_bytes\": 8, \"fixed_order\": 1,",
+        );
+        let err = parse("bad.json", &bad, ImportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bad.json") && err.contains("fixed_order"),
             "{err}"
         );
     }
