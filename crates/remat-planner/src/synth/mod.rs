@@ -7,7 +7,7 @@
 //! - [`random_layered`] ([`layered`]): the random layered DAGs of the Moccasin benchmark
 //!   (Gagrani et al., "Neural Topological Ordering for Computation Graphs", NeurIPS 2022,
 //!   Appendix A), with the parameters its file names spell.
-//! - [`transformer`] ([`transformer`](mod@transformer)): the training step of a
+//! - [`transformer()`] ([`transformer`](mod@transformer)): the training step of a
 //!   decoder-only transformer, op by op, forward and backward, with sizes and roofline
 //!   times derived from the model's shape.
 
