@@ -113,6 +113,18 @@ pub fn evict_pass_protecting(
     weights: Weights,
     protected: &[bool],
 ) -> Pass {
+    evict_pass_until(graph, budget_bytes, weights, protected, None)
+}
+
+/// [`evict_pass_protecting`] that gives up at `deadline` (reported as stuck at the
+/// store-all peak): on graphs where rebuilds chain, one pass can take seconds.
+pub fn evict_pass_until(
+    graph: &Graph,
+    budget_bytes: u64,
+    weights: Weights,
+    protected: &[bool],
+    deadline: Option<std::time::Instant>,
+) -> Pass {
     let Some(cap) = budget_bytes.checked_sub(graph.static_bytes()) else {
         return Pass::Stuck {
             needed: graph.memory_floor(),
@@ -139,6 +151,11 @@ pub fn evict_pass_protecting(
         time: 0.0,
     };
     for v in 0..graph.len() {
+        if v % 8 == 0 && deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            return Pass::Stuck {
+                needed: graph.store_all_peak(),
+            };
+        }
         ev.now = v;
         if let Err(needed) = ev.materialize(v) {
             return Pass::Stuck {
@@ -494,18 +511,11 @@ fn smallest_reachable(problem: &Problem, deadline: Option<std::time::Instant>) -
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        let fits = weightings().find_map(|weights| match evict_pass(graph, mid, weights) {
-            Pass::Fits { steps, time } => {
-                let report = crate::sim::simulate_steps(graph, &steps, problem.bandwidth).ok()?;
-                Some(Reached {
-                    peak: report.peak_bytes,
-                    budget: mid,
-                    weights,
-                    steps,
-                    time,
-                })
+        let fits = weightings().find_map(|weights| {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return None;
             }
-            Pass::Stuck { .. } => None,
+            evict_pass_result(graph, problem, mid, weights, deadline)
         });
         match fits {
             Some(reached) if reached.peak <= mid => {
@@ -516,6 +526,29 @@ fn smallest_reachable(problem: &Problem, deadline: Option<std::time::Instant>) -
         }
     }
     best
+}
+
+/// One pass at `budget`, simulated: the schedule and its peak when it fits.
+fn evict_pass_result(
+    graph: &Graph,
+    problem: &Problem,
+    mid: u64,
+    weights: Weights,
+    deadline: Option<std::time::Instant>,
+) -> Option<Reached> {
+    match evict_pass_until(graph, mid, weights, &vec![false; graph.len()], deadline) {
+        Pass::Fits { steps, time } => {
+            let report = crate::sim::simulate_steps(graph, &steps, problem.bandwidth).ok()?;
+            Some(Reached {
+                peak: report.peak_bytes,
+                budget: mid,
+                weights,
+                steps,
+                time,
+            })
+        }
+        Pass::Stuck { .. } => None,
+    }
 }
 
 #[cfg(test)]

@@ -344,12 +344,25 @@ fn evict_until(problem: &Problem, deadline: Instant) -> Result<Planned, PlanErro
     let unit = graph.with_unit_costs();
     let mut best: Option<(evict::Weights, Vec<Step>, f64)> = None;
     let mut smallest_need = u64::MAX;
+    let mut passes = 0;
     'passes: for weights in evict::weightings() {
         for on in [graph, &unit] {
-            if best.is_some() && Instant::now() >= deadline {
+            // At least one pass, then none past the deadline: on graphs where the passes
+            // thrash (each a long chain of rebuilds) one pass can take a second.
+            if passes > 0 && Instant::now() >= deadline {
                 break 'passes;
             }
-            match evict::evict_pass(on, problem.budget_bytes, weights) {
+            passes += 1;
+            // The first pass may run past the deadline by LAST_RESORT at most.
+            let stop = deadline.max(Instant::now() + LAST_RESORT);
+            let stop = if passes == 1 { stop } else { deadline };
+            match evict::evict_pass_until(
+                on,
+                problem.budget_bytes,
+                weights,
+                &vec![false; on.len()],
+                Some(stop),
+            ) {
                 evict::Pass::Fits { steps, .. } => {
                     let time = evict::compute_time(graph, &steps);
                     if best.as_ref().is_none_or(|b| time < b.2) {
