@@ -296,7 +296,7 @@ impl Best {
 }
 
 /// Plans the graph run in `order`: store-all when the order's peak fits (no overhead),
-/// else eviction ([`evict_until`]); the steps are mapped back and simulated on the
+/// else eviction (`evict_until`); the steps are mapped back and simulated on the
 /// original graph.
 pub fn plan_in_order(
     problem: &Problem,
