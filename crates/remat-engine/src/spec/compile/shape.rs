@@ -1,5 +1,5 @@
 //! Shapes in named dims: each entry is a product (`*`) of integers, names from the spec's
-//! `[dims]` table and model-config keys.
+//! `[dims]` table and model-config keys; a factor `a/b` divides rounding up (chunk counts).
 
 use std::collections::BTreeMap;
 
@@ -26,7 +26,7 @@ impl ShapeResolver<'_> {
         };
         let mut product: usize = 1;
         for factor in text.split('*').map(str::trim) {
-            let value = self.factor(factor, true).map_err(bad)?;
+            let value = self.quotient(factor).map_err(bad)?;
             product = product
                 .checked_mul(value)
                 .ok_or_else(|| SpecError::BadShape {
@@ -37,6 +37,19 @@ impl ShapeResolver<'_> {
                 })?;
         }
         Ok(product)
+    }
+
+    /// `a/b` divides rounding up (a number of chunks: `T/L`); otherwise one factor.
+    fn quotient(&self, factor: &str) -> std::result::Result<usize, String> {
+        let Some((num, den)) = factor.split_once('/') else {
+            return self.factor(factor, true);
+        };
+        let (num, den) = (num.trim(), den.trim());
+        let den_value = self.factor(den, true)?;
+        if den_value == 0 {
+            return Err(format!("`{den}` is 0: `{factor}` divides by zero"));
+        }
+        Ok(self.factor(num, true)?.div_ceil(den_value))
     }
 
     /// An integer, a named dim (expanded one level, into config keys and integers), or a
@@ -87,5 +100,32 @@ impl ShapeResolver<'_> {
                 "`{factor}` is neither a dim of the spec nor a key of the model config (override it with `--set {factor}=N`)"
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Value;
+
+    #[test]
+    fn a_quotient_rounds_up_and_refuses_zero() {
+        let dims = BTreeMap::from([("L".to_string(), "scan_chunk".to_string())]);
+        let config = ModelConfig::new("t")
+            .set("seq_len", Value::Int(10))
+            .set("scan_chunk", Value::Int(4))
+            .set("zero", Value::Int(0));
+        let r = ShapeResolver {
+            block: "b",
+            dims: &dims,
+            config: &config,
+        };
+        let shape = ["seq_len/L".to_string(), "2*seq_len/5".to_string()];
+        assert_eq!(r.shape("s", &shape).unwrap(), vec![3, 4]);
+        let err = r
+            .shape("s", &["seq_len/zero".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("divides by zero"), "{err}");
     }
 }

@@ -192,6 +192,20 @@ pub fn execute(
         "moe_combine" => Ok(vec![
             super::moe::combine(arg(0)?, arg(1)?, opt(2)).map_err(bad)?,
         ]),
+        "causal_conv1d" => Ok(vec![
+            super::ssm::causal_conv1d(arg(0)?, arg(1)?, opt(2)).map_err(bad)?,
+        ]),
+        "silu" => Ok(vec![super::ssm::silu(arg(0)?)]),
+        "softplus" => Ok(vec![super::ssm::softplus(arg(0)?)]),
+        "dt_proj" => Ok(vec![
+            super::ssm::dt_proj(arg(0)?, arg(1)?, opt(2)).map_err(bad)?,
+        ]),
+        "selective_scan" => {
+            let chunk = attr_usize(env, op, attrs, "chunk")?;
+            super::ssm::selective_scan(arg(0)?, arg(1)?, arg(2)?, arg(3)?, arg(4)?, chunk)
+                .map_err(bad)
+        }
+        "mamba_gate" => Ok(vec![super::ssm::gate(arg(0)?, arg(1)?).map_err(bad)?]),
         other => Err(bad(format!("`{other}` has no implementation"))),
     }
 }
