@@ -1,5 +1,5 @@
-//! `remat train --block qwen3|qwen3-moe [--spec FILE] [--mode full|lora]`: trains a
-//! Qwen3-style model whose blocks run through a compiled recompute spec, on the same task as
+//! `remat train --block qwen3|qwen3-moe|mamba [--spec FILE] [--mode full|lora]`: trains a
+//! Qwen3-style or Mamba model whose blocks run through a compiled recompute spec, on the same task as
 //! `remat train` (the embedded reversal task or `--data`). `--spec FILE` alone names its
 //! block. Every buffer (parameters, optimizer state, gradients, activations, scratch) is
 //! charged to one memory pool, so `--memory-budget` applies and the reported peak is
@@ -13,11 +13,17 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::qwen3::{self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv};
+use remat_engine::models::mamba::{self, Mamba, MambaDims};
+use remat_engine::models::qwen3::{
+    self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv, StepStats,
+};
 use remat_engine::pool::{Category, MemoryPool, Reservation};
+use remat_engine::spec::Plan;
 use remat_engine::spec::run::check;
+use remat_engine::spec::run::lora::LayerAdapters;
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
+use remat_engine::spec::run::ops::Act;
 use remat_engine::spec::{BlockSpec, Mode, Value, compile};
 use remat_engine::swap::HostStore;
 
@@ -28,8 +34,8 @@ use super::train_auto::PolicyChoice;
 /// Flags of spec-driven training (flattened into `remat train`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SpecArgs {
-    /// Train a spec-driven block instead of the GPT: qwen3 or qwen3-moe (default: the
-    /// block --spec names, else qwen3).
+    /// Train a spec-driven block instead of the GPT: qwen3, qwen3-moe or mamba (default:
+    /// the block --spec names, else qwen3).
     #[arg(long)]
     pub block: Option<String>,
     /// Recompute spec (default: the shipped spec of --block).
@@ -42,7 +48,8 @@ pub struct SpecArgs {
     /// Override a --block config value: KEY=VALUE (repeatable).
     #[arg(long = "block-set", value_name = "KEY=VALUE")]
     pub block_set: Vec<String>,
-    /// full (every weight) or lora (adapters on q, k, v, o, gate, up, down).
+    /// full (every weight) or lora (adapters on q, k, v, o, gate, up, down; Mamba: on
+    /// in_proj, x_proj, out_proj).
     #[arg(long, default_value = "full")]
     pub mode: Mode,
     /// LoRA rank, alpha and dropout.
@@ -96,8 +103,132 @@ impl AdamW {
     }
 }
 
-fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) -> anyhow::Result<()> {
+/// The block a spec-driven run stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Qwen3(BlockKind),
+    Mamba,
+}
+
+impl Block {
+    fn name(self) -> &'static str {
+        match self {
+            Block::Qwen3(kind) => kind.spec_name(),
+            Block::Mamba => mamba::BLOCK,
+        }
+    }
+
+    /// The block named exactly `name`.
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            mamba::BLOCK => Some(Block::Mamba),
+            _ => BlockKind::from_name(name).map(Block::Qwen3),
+        }
+    }
+
+    /// The block a spec is written for: its name exactly, or with `-derived` / `-save-all`.
+    fn of_spec(spec_name: &str) -> Option<Self> {
+        let base = ["-derived", "-save-all"]
+            .iter()
+            .find_map(|suffix| spec_name.strip_suffix(suffix))
+            .unwrap_or(spec_name);
+        Self::from_name(base)
+    }
+
+    fn config_keys(self) -> &'static [&'static str] {
+        match self {
+            Block::Qwen3(_) => qwen3::CONFIG_KEYS,
+            Block::Mamba => mamba::CONFIG_KEYS,
+        }
+    }
+
+    fn lora_targets(self) -> &'static [&'static str] {
+        match self {
+            Block::Qwen3(_) => &["q", "k", "v", "o", "gate", "up", "down"],
+            Block::Mamba => mamba::LORA_TARGETS,
+        }
+    }
+}
+
+/// A spec-driven model being trained.
+enum Trainee {
+    Qwen3(Qwen3),
+    Mamba(Mamba),
+}
+
+/// The trainable buffers of a [`Trainee`], for the optimizer.
+struct Parts<'a> {
+    embed: &'a mut Act,
+    final_norm: &'a mut Act,
+    lm_head: &'a mut Act,
+    layers: &'a mut [BTreeMap<String, Act>],
+    adapters: Option<&'a mut Vec<LayerAdapters>>,
+}
+
+impl Trainee {
+    fn step(
+        &self,
+        plan: &Plan,
+        tokens: &[u32],
+        targets: &[u32],
+        env: StepEnv,
+    ) -> remat_engine::spec::run::RunResult<(Qwen3Grads, StepStats)> {
+        match self {
+            Trainee::Qwen3(m) => m.step(plan, tokens, targets, env),
+            Trainee::Mamba(m) => m.step(plan, tokens, targets, env),
+        }
+    }
+
+    fn check_plan(&self, plan: &Plan) -> remat_engine::spec::run::RunResult<()> {
+        match self {
+            Trainee::Qwen3(m) => m.check_plan(plan),
+            Trainee::Mamba(m) => m.check_plan(plan),
+        }
+    }
+
+    fn trainable(&self, mode: Mode) -> usize {
+        match self {
+            Trainee::Qwen3(m) => m.trainable(mode),
+            Trainee::Mamba(m) => m.trainable(mode),
+        }
+    }
+
+    /// `(layers, hidden)`.
+    fn size(&self) -> (usize, usize) {
+        match self {
+            Trainee::Qwen3(m) => (m.dims.layers, m.dims.hidden),
+            Trainee::Mamba(m) => (m.dims.layers, m.dims.hidden),
+        }
+    }
+
+    fn parts(&mut self) -> Parts<'_> {
+        match self {
+            Trainee::Qwen3(m) => Parts {
+                embed: &mut m.embed,
+                final_norm: &mut m.final_norm,
+                lm_head: &mut m.lm_head,
+                layers: &mut m.layers,
+                adapters: m.lora.as_mut().map(|(_, a)| a),
+            },
+            Trainee::Mamba(m) => Parts {
+                embed: &mut m.embed,
+                final_norm: &mut m.final_norm,
+                lm_head: &mut m.lm_head,
+                layers: &mut m.layers,
+                adapters: m.lora.as_mut().map(|(_, a)| a),
+            },
+        }
+    }
+}
+
+fn apply(
+    opt: &mut AdamW,
+    model: &mut Trainee,
+    grads: &Qwen3Grads,
+    mode: Mode,
+) -> anyhow::Result<()> {
     opt.step += 1;
+    let model = model.parts();
     match mode {
         Mode::Full => {
             opt.update("embed", &mut model.embed.data, &grads.embed)?;
@@ -112,7 +243,7 @@ fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) -> 
             }
         }
         Mode::Lora => {
-            let Some((_, adapters)) = model.lora.as_mut() else {
+            let Some(adapters) = model.adapters else {
                 return Ok(());
             };
             for (l, (layer, g)) in adapters.iter_mut().zip(&grads.adapters).enumerate() {
@@ -128,9 +259,9 @@ fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) -> 
     Ok(())
 }
 
-fn block_kind(name: &str) -> anyhow::Result<BlockKind> {
-    BlockKind::from_name(name).ok_or_else(|| {
-        anyhow::anyhow!("unknown --block `{name}` (expected exactly qwen3 or qwen3-moe)")
+fn block_kind(name: &str) -> anyhow::Result<Block> {
+    Block::from_name(name).ok_or_else(|| {
+        anyhow::anyhow!("unknown --block `{name}` (expected exactly qwen3, qwen3-moe or mamba)")
     })
 }
 
@@ -161,18 +292,18 @@ fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
     }
 }
 
-/// The block and spec to train: `--spec FILE` names its block (exactly `qwen3` or
-/// `qwen3-moe`, or those with `-derived`); `--block`, when also given, must agree.
-fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>, String)> {
+/// The block and spec to train: `--spec FILE` names its block (exactly `qwen3`,
+/// `qwen3-moe` or `mamba`, or those with `-derived`); `--block`, when also given, must agree.
+fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(Block, Option<BlockSpec>, String)> {
     let Some(path) = &sa.spec else {
         let block = sa.block.as_deref().unwrap_or("qwen3");
         return Ok((block_kind(block)?, None, block.to_string()));
     };
     let source = path.display().to_string();
     let spec = BlockSpec::load(path)?;
-    let Some(kind) = BlockKind::of_spec(&spec.name) else {
+    let Some(kind) = Block::of_spec(&spec.name) else {
         anyhow::bail!(
-            "spec {source} is for block `{}`; remat trains qwen3 and qwen3-moe (a spec's `name` must be exactly one of them, or end in -derived)",
+            "spec {source} is for block `{}`; remat trains qwen3, qwen3-moe and mamba (a spec's `name` must be exactly one of them, or end in -derived)",
             spec.name
         );
     };
@@ -182,7 +313,7 @@ fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>,
         anyhow::bail!(
             "--block {block} but spec {source} is for block `{}`; drop --block (it is inferred from the spec) or pass --block {}",
             spec.name,
-            kind.spec_name()
+            kind.name()
         );
     }
     Ok((kind, Some(spec), source))
@@ -192,6 +323,7 @@ fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>,
 /// ones the task decides (`vocab_size`, `batch`, `seq_len`): those would be overwritten
 /// without a word.
 fn check_block_sets(
+    block: Block,
     sets: &[String],
     config: &remat_engine::spec::ModelConfig,
     spec: &BlockSpec,
@@ -212,7 +344,7 @@ fn check_block_sets(
         if let Some(flag) = from_task {
             anyhow::bail!("--block-set {key}: `{key}` is set by {flag}, not by --block-set");
         }
-        let known = qwen3::CONFIG_KEYS.contains(&key)
+        let known = block.config_keys().contains(&key)
             || config.get(key).is_some()
             || spec.config_defaults.contains_key(key)
             || spec_names(spec).any(|name| name == key);
@@ -221,7 +353,7 @@ fn check_block_sets(
             "--block-set {key}: `{key}` is not a key the {} model, its config or spec `{}` reads (known: {})",
             spec.name,
             spec.name,
-            qwen3::CONFIG_KEYS.join(", ")
+            block.config_keys().join(", ")
         );
     }
     Ok(())
@@ -267,16 +399,16 @@ pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
 fn train(
     args: &super::train::Args,
     task: &Task,
-    kind: BlockKind,
+    kind: Block,
     spec: Option<BlockSpec>,
     spec_source: &str,
     pool: Arc<MemoryPool>,
 ) -> anyhow::Result<()> {
     let sa = &args.spec_args;
-    let block = kind.spec_name();
+    let block = kind.name();
     let (shipped_spec, mut config) = load_spec_and_config(block, sa.block_config.as_deref(), &[])?;
     let spec = spec.unwrap_or(shipped_spec);
-    check_block_sets(&sa.block_set, &config, &spec)?;
+    check_block_sets(kind, &sa.block_set, &config, &spec)?;
     for assignment in &sa.block_set {
         config.apply_override(assignment)?;
     }
@@ -292,26 +424,33 @@ fn train(
         rank: sa.lora_rank,
         alpha: sa.lora_alpha,
         dropout: sa.lora_dropout,
-        targets: ["q", "k", "v", "o", "gate", "up", "down"]
-            .map(String::from)
-            .to_vec(),
+        targets: kind.lora_targets().iter().map(|t| t.to_string()).collect(),
         seed: args.seed ^ 0x10ba,
     });
     // The parameters' bytes come from the dims alone, so an impossible model is refused by
     // the budget before a single weight is allocated (and the weights are allocated
     // fallibly when there is no budget).
-    let dims = Qwen3Dims::from_config(&plan.config, kind)?;
-    let param_bytes = dims
-        .param_count(lora.as_ref().map(|l| (l.rank, l.targets.as_slice())))?
+    let lora_sizes = lora.as_ref().map(|l| (l.rank, l.targets.as_slice()));
+    let param_count = match kind {
+        Block::Qwen3(k) => Qwen3Dims::from_config(&plan.config, k)?.param_count(lora_sizes)?,
+        Block::Mamba => MambaDims::from_config(&plan.config)?.param_count(lora_sizes)?,
+    };
+    let param_bytes = param_count
         .checked_mul(4)
         .context("the model's parameter bytes overflow a 64-bit count")?;
     let _params = pool
         .reserve(param_bytes, Category::Parameters, None)
         .map_err(|oom| oom.at("model parameters"))?;
-    let mut model = Qwen3::new(kind, &plan.config, args.seed)?;
+    let mut model = match kind {
+        Block::Qwen3(k) => Trainee::Qwen3(Qwen3::new(k, &plan.config, args.seed)?),
+        Block::Mamba => Trainee::Mamba(Mamba::new(&plan.config, args.seed)?),
+    };
     if let Some(path) = &args.files.init {
         // The error names the file and the tensor.
-        qwen3::hf::load_params(&mut model, path).context("--init")?;
+        match &mut model {
+            Trainee::Qwen3(m) => qwen3::hf::load_params(m, path).context("--init")?,
+            Trainee::Mamba(m) => mamba::hf::load_params(m, path).context("--init")?,
+        }
         println!("loaded parameters from {}", path.display());
     }
     if let Some(path) = &args.files.dump_grads {
@@ -323,7 +462,10 @@ fn train(
         remat_engine::models::gpt::hf::check_target(path).context("--dump-grads")?;
     }
     if let Some(lora) = lora {
-        model = model.with_lora(lora, false)?;
+        model = match model {
+            Trainee::Qwen3(m) => Trainee::Qwen3(m.with_lora(lora, false)?),
+            Trainee::Mamba(m) => Trainee::Mamba(m.with_lora(lora, false)?),
+        };
     }
     model
         .check_plan(&plan)
@@ -332,8 +474,8 @@ fn train(
         "{} block, spec {spec_source}, {} mode: {} layers, hidden {}, {} trainable parameters; {}{}",
         block,
         sa.mode.name(),
-        model.dims.layers,
-        model.dims.hidden,
+        model.size().0,
+        model.size().1,
         model.trainable(sa.mode),
         task.describe(),
         args.memory_budget.map_or(String::new(), |b| format!(
@@ -370,8 +512,12 @@ fn train(
             .step(&plan, &batch.tokens, &batch.targets, env)
             .with_context(|| format!("step {step}"))?;
         if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
-            qwen3::hf::save_grads(path, &model, &grads, &batch, f64::from(stats.loss))
-                .context("--dump-grads")?;
+            let loss = f64::from(stats.loss);
+            match &model {
+                Trainee::Qwen3(m) => qwen3::hf::save_grads(path, m, &grads, &batch, loss),
+                Trainee::Mamba(m) => mamba::hf::save_grads(path, m, &grads, &batch, loss),
+            }
+            .context("--dump-grads")?;
             bar.suspend(|| {
                 println!(
                     "wrote the first step's gradients and its batch and loss to {}",

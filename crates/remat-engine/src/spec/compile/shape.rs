@@ -1,5 +1,6 @@
-//! Shapes in named dims: each entry is a product (`*`) of integers, names from the spec's
-//! `[dims]` table and model-config keys; a factor `a/b` divides rounding up (chunk counts).
+//! Shapes in named dims: each entry is a sum (`+`) of products (`*`) of integers, names from
+//! the spec's `[dims]` table and model-config keys; a factor `a/b` divides rounding up (chunk
+//! counts).
 
 use std::collections::BTreeMap;
 
@@ -24,19 +25,22 @@ impl ShapeResolver<'_> {
             dim: text.into(),
             reason,
         };
-        let mut product: usize = 1;
-        for factor in text.split('*').map(str::trim) {
-            let value = self.quotient(factor).map_err(bad)?;
-            product = product
-                .checked_mul(value)
-                .ok_or_else(|| SpecError::BadShape {
-                    block: self.block.into(),
-                    owner: owner.into(),
-                    dim: text.into(),
-                    reason: "overflows".into(),
-                })?;
+        let overflow = || SpecError::BadShape {
+            block: self.block.into(),
+            owner: owner.into(),
+            dim: text.into(),
+            reason: "overflows".into(),
+        };
+        let mut sum: usize = 0;
+        for term in text.split('+').map(str::trim) {
+            let mut product: usize = 1;
+            for factor in term.split('*').map(str::trim) {
+                let value = self.quotient(factor).map_err(bad)?;
+                product = product.checked_mul(value).ok_or_else(overflow)?;
+            }
+            sum = sum.checked_add(product).ok_or_else(overflow)?;
         }
-        Ok(product)
+        Ok(sum)
     }
 
     /// `a/b` divides rounding up (a number of chunks: `T/L`); otherwise one factor.
@@ -109,7 +113,7 @@ mod tests {
     use crate::spec::Value;
 
     #[test]
-    fn a_quotient_rounds_up_and_refuses_zero() {
+    fn sums_of_products_and_quotients_rounding_up() {
         let dims = BTreeMap::from([("L".to_string(), "scan_chunk".to_string())]);
         let config = ModelConfig::new("t")
             .set("seq_len", Value::Int(10))
@@ -120,8 +124,12 @@ mod tests {
             dims: &dims,
             config: &config,
         };
-        let shape = ["seq_len/L".to_string(), "2*seq_len/5".to_string()];
-        assert_eq!(r.shape("s", &shape).unwrap(), vec![3, 4]);
+        let shape = [
+            "seq_len/L".to_string(),
+            "2*seq_len/5".to_string(),
+            "L + 2*seq_len".to_string(),
+        ];
+        assert_eq!(r.shape("s", &shape).unwrap(), vec![3, 4, 24]);
         let err = r
             .shape("s", &["seq_len/zero".into()])
             .unwrap_err()

@@ -49,7 +49,8 @@ impl Act {
 /// What an op runs with besides its operands.
 pub struct OpEnv<'a> {
     pub config: &'a ModelConfig,
-    pub rope: &'a RopeTable<f32>,
+    /// `None` in models without attention: the `rope` op is then an error.
+    pub rope: Option<&'a RopeTable<f32>>,
     /// The slot being produced, for error messages.
     pub slot: &'a str,
 }
@@ -157,7 +158,10 @@ pub fn execute(
         "rope" => {
             let x = arg(0)?;
             let head_dim = attr_usize(env, op, attrs, "head_dim")?;
-            Ok(vec![rope(env.rope, x, head_dim, false).map_err(kernel)?])
+            let table = env
+                .rope
+                .ok_or_else(|| bad("this model has no RoPE table (no attention)".into()))?;
+            Ok(vec![rope(table, x, head_dim, false).map_err(kernel)?])
         }
         "attention" => {
             let (q, k, v) = (arg(0)?, arg(1)?, arg(2)?);
