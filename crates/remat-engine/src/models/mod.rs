@@ -2,6 +2,7 @@
 
 pub mod gpt;
 pub mod hf_file;
+pub mod hybrid;
 pub mod mamba;
 pub mod mlp;
 pub mod qwen3;

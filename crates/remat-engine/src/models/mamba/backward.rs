@@ -75,7 +75,7 @@ fn linear_backward(
 
 impl Mamba {
     /// One block's backward: takes the gradient of its output, returns its input's.
-    pub(super) fn block_backward(
+    pub(crate) fn block_backward(
         &self,
         b: &mut Backward,
         dout: Scratch,

@@ -8,7 +8,7 @@ use crate::spec::run::exec::{Forward, Src};
 use super::Mamba;
 
 impl Mamba {
-    pub(super) fn block_forward(&self, f: &mut Forward) -> RunResult<()> {
+    pub(crate) fn block_forward(&self, f: &mut Forward) -> RunResult<()> {
         use Src::{Input, OptParam, Param, Slot};
         let eps = ("eps", Value::Str("layer_norm_epsilon".into()));
         f.call(

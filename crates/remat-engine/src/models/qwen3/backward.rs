@@ -137,7 +137,7 @@ const QK_NORM_READS: [&str; 4] = ["q_lin", "k_lin", "q_rstd", "k_rstd"];
 impl Qwen3 {
     /// Every slot this model's backward reads: a spec must declare each of them (checked
     /// before a step, so a spec for another block fails before any work).
-    pub(super) fn backward_reads(&self) -> Vec<&'static str> {
+    pub(crate) fn backward_reads(&self) -> Vec<&'static str> {
         let d = &self.dims;
         let mut reads: Vec<&'static str> = match self.kind {
             BlockKind::Dense => DENSE_MLP_READS.to_vec(),
@@ -226,7 +226,7 @@ impl Qwen3 {
     }
 
     /// One block's backward: takes the gradient of its output, returns its input's.
-    pub(super) fn block_backward(
+    pub(crate) fn block_backward(
         &self,
         b: &mut Backward,
         dout: Scratch,

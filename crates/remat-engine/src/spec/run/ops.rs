@@ -136,7 +136,7 @@ pub fn execute(
             let mut y = vec![0.0; x.data.len()];
             let mut rstd = vec![0.0; rows];
             kernels::rmsnorm_forward(&x.data, &w.data, eps, &mut y, &mut rstd).map_err(kernel)?;
-            let rstd_shape = rstd_shape(&x.shape, w.data.len(), rows);
+            let rstd_shape = rstd_shape(&x.shape, w.data.len(), rows, op == "head_rmsnorm");
             Ok(vec![
                 Act::new(y, x.shape.clone()),
                 Act::new(rstd, rstd_shape),
@@ -215,14 +215,15 @@ pub fn execute(
 }
 
 /// One reciprocal std per normalised row: `[B, T]` for a norm over the hidden size,
-/// `[B, T, heads]` for a per-head norm of `[B, T, heads * head_dim]` (as specs declare it).
-fn rstd_shape(x_shape: &[usize], norm_len: usize, rows: usize) -> Vec<usize> {
+/// `[B, T, heads]` for a per-head norm of `[B, T, heads * head_dim]` (as specs declare it;
+/// one head too: a single key/value head gives `[B, T, 1]`, not `[B, T]`).
+fn rstd_shape(x_shape: &[usize], norm_len: usize, rows: usize, per_head: bool) -> Vec<usize> {
     let (last, lead) = match x_shape.split_last() {
         Some((last, lead)) => (*last, lead.to_vec()),
         None => return vec![rows],
     };
     let mut s = lead;
-    if norm_len > 0 && last != norm_len && last % norm_len == 0 {
+    if norm_len > 0 && (per_head || last != norm_len) && last % norm_len == 0 {
         s.push(last / norm_len);
     }
     if s.iter().product::<usize>() != rows {
