@@ -316,3 +316,53 @@ fn train_runs_mamba_and_round_trips_hugging_face_names() {
         "{err}"
     );
 }
+
+/// A hybrid (a block type per layer) trains in both modes; an unknown block in
+/// `layer_types`, a key no block reads and `--dump-grads` are refused naming the field.
+#[test]
+fn train_runs_a_hybrid_model() {
+    let small = [
+        "--block",
+        "hybrid",
+        "--block-set",
+        "layer_types=mamba qwen3",
+        "--block-set",
+        "hidden_size=16",
+        "--block-set",
+        "mamba.intermediate_size=32",
+        "--block-set",
+        "qwen3.head_dim=4",
+        "--block-set",
+        "qwen3.intermediate_size=24",
+    ];
+    for mode in ["full", "lora"] {
+        let mut args = small.to_vec();
+        args.extend(["--mode", mode]);
+        let (ok, out, err) = train(&args);
+        assert!(ok, "{mode}: {err}");
+        assert!(
+            out.contains("hybrid block") && out.contains("2 layers"),
+            "{out}"
+        );
+    }
+    let mut args = small.to_vec();
+    args.extend(["--block-set", "layer_types=mamba,attn"]);
+    let (ok, _, err) = train(&args);
+    assert!(
+        !ok && err.contains("layer_types") && err.contains("`attn`"),
+        "{err}"
+    );
+    let mut args = small.to_vec();
+    args.extend(["--block-set", "mamba.num_experts=2"]);
+    let (ok, _, err) = train(&args);
+    assert!(!ok && err.contains("mamba.num_experts"), "{err}");
+    let tmp = tempfile::tempdir().unwrap();
+    let dump = tmp.path().join("g.safetensors");
+    let mut args = small.to_vec();
+    args.extend(["--dump-grads", dump.to_str().unwrap()]);
+    let (ok, _, err) = train(&args);
+    assert!(
+        !ok && err.contains("--dump-grads does not apply to --block hybrid"),
+        "{err}"
+    );
+}

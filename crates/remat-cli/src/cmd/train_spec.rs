@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use remat_engine::models::hybrid::{self, Hybrid};
 use remat_engine::models::mamba::{self, Mamba, MambaDims};
 use remat_engine::models::qwen3::{
     self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv, StepStats,
@@ -24,7 +25,8 @@ use remat_engine::spec::run::lora::LayerAdapters;
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::run::ops::Act;
-use remat_engine::spec::{BlockSpec, Mode, Value, compile};
+use remat_engine::spec::shipped::{HYBRID_CONFIG_FILE, HYBRID_CONFIG_TEXT};
+use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Value, compile};
 use remat_engine::swap::HostStore;
 
 use super::spec::{human_bytes, load_spec_and_config, print_table};
@@ -108,6 +110,8 @@ impl AdamW {
 enum Block {
     Qwen3(BlockKind),
     Mamba,
+    /// A block type per layer (`layer_types`), each under its shipped spec.
+    Hybrid,
 }
 
 impl Block {
@@ -115,6 +119,7 @@ impl Block {
         match self {
             Block::Qwen3(kind) => kind.spec_name(),
             Block::Mamba => mamba::BLOCK,
+            Block::Hybrid => "hybrid",
         }
     }
 
@@ -122,6 +127,7 @@ impl Block {
     fn from_name(name: &str) -> Option<Self> {
         match name {
             mamba::BLOCK => Some(Block::Mamba),
+            "hybrid" => Some(Block::Hybrid),
             _ => BlockKind::from_name(name).map(Block::Qwen3),
         }
     }
@@ -132,13 +138,30 @@ impl Block {
             .iter()
             .find_map(|suffix| spec_name.strip_suffix(suffix))
             .unwrap_or(spec_name);
-        Self::from_name(base)
+        // A hybrid is a config of several specs, never one spec's name.
+        Self::from_name(base).filter(|b| *b != Block::Hybrid)
     }
 
-    fn config_keys(self) -> &'static [&'static str] {
+    /// Whether `--block-set` may set `key`: one the model reads; for a hybrid, a common
+    /// key or `TYPE.KEY` with a key that block type reads.
+    fn reads_key(self, key: &str) -> bool {
         match self {
-            Block::Qwen3(_) => qwen3::CONFIG_KEYS,
-            Block::Mamba => mamba::CONFIG_KEYS,
+            Block::Qwen3(_) => qwen3::CONFIG_KEYS.contains(&key),
+            Block::Mamba => mamba::CONFIG_KEYS.contains(&key),
+            Block::Hybrid => match key.split_once('.') {
+                Some(("mamba", k)) => mamba::CONFIG_KEYS.contains(&k),
+                Some(("qwen3" | "qwen3-moe", k)) => qwen3::CONFIG_KEYS.contains(&k),
+                Some(_) => false,
+                None => ["layer_types", "hidden_size", "rms_norm_eps"].contains(&key),
+            },
+        }
+    }
+
+    fn config_keys(self) -> String {
+        match self {
+            Block::Qwen3(_) => qwen3::CONFIG_KEYS.join(", "),
+            Block::Mamba => mamba::CONFIG_KEYS.join(", "),
+            Block::Hybrid => "layer_types, hidden_size, rms_norm_eps, and TYPE.KEY for a key of block TYPE (mamba, qwen3, qwen3-moe)".into(),
         }
     }
 
@@ -146,6 +169,7 @@ impl Block {
         match self {
             Block::Qwen3(_) => &["q", "k", "v", "o", "gate", "up", "down"],
             Block::Mamba => mamba::LORA_TARGETS,
+            Block::Hybrid => &["q", "k", "v", "o", "gate", "up", "down", "in", "x", "out"],
         }
     }
 }
@@ -154,6 +178,7 @@ impl Block {
 enum Trainee {
     Qwen3(Qwen3),
     Mamba(Mamba),
+    Hybrid(Hybrid),
 }
 
 /// The trainable buffers of a [`Trainee`], for the optimizer.
@@ -166,30 +191,37 @@ struct Parts<'a> {
 }
 
 impl Trainee {
+    /// One step under `plans`: one plan, or one per block type of a hybrid.
     fn step(
         &self,
-        plan: &Plan,
+        plans: &[Plan],
         tokens: &[u32],
         targets: &[u32],
         env: StepEnv,
-    ) -> remat_engine::spec::run::RunResult<(Qwen3Grads, StepStats)> {
-        match self {
-            Trainee::Qwen3(m) => m.step(plan, tokens, targets, env),
-            Trainee::Mamba(m) => m.step(plan, tokens, targets, env),
-        }
+    ) -> anyhow::Result<(Qwen3Grads, StepStats)> {
+        let one = || plans.first().context("no plan");
+        Ok(match self {
+            Trainee::Qwen3(m) => m.step(one()?, tokens, targets, env)?,
+            Trainee::Mamba(m) => m.step(one()?, tokens, targets, env)?,
+            Trainee::Hybrid(m) => m.step(plans, tokens, targets, env)?,
+        })
     }
 
-    fn check_plan(&self, plan: &Plan) -> remat_engine::spec::run::RunResult<()> {
+    fn check_plans(&self, plans: &[Plan]) -> anyhow::Result<()> {
+        let one = || plans.first().context("no plan");
         match self {
-            Trainee::Qwen3(m) => m.check_plan(plan),
-            Trainee::Mamba(m) => m.check_plan(plan),
+            Trainee::Qwen3(m) => m.check_plan(one()?)?,
+            Trainee::Mamba(m) => m.check_plan(one()?)?,
+            Trainee::Hybrid(m) => m.check_plans(plans)?,
         }
+        Ok(())
     }
 
     fn trainable(&self, mode: Mode) -> usize {
         match self {
             Trainee::Qwen3(m) => m.trainable(mode),
             Trainee::Mamba(m) => m.trainable(mode),
+            Trainee::Hybrid(m) => m.trainable(mode),
         }
     }
 
@@ -198,6 +230,7 @@ impl Trainee {
         match self {
             Trainee::Qwen3(m) => (m.dims.layers, m.dims.hidden),
             Trainee::Mamba(m) => (m.dims.layers, m.dims.hidden),
+            Trainee::Hybrid(m) => (m.layers.len(), m.embed.shape[1]),
         }
     }
 
@@ -211,6 +244,13 @@ impl Trainee {
                 adapters: m.lora.as_mut().map(|(_, a)| a),
             },
             Trainee::Mamba(m) => Parts {
+                embed: &mut m.embed,
+                final_norm: &mut m.final_norm,
+                lm_head: &mut m.lm_head,
+                layers: &mut m.layers,
+                adapters: m.lora.as_mut().map(|(_, a)| a),
+            },
+            Trainee::Hybrid(m) => Parts {
                 embed: &mut m.embed,
                 final_norm: &mut m.final_norm,
                 lm_head: &mut m.lm_head,
@@ -326,7 +366,7 @@ fn check_block_sets(
     block: Block,
     sets: &[String],
     config: &remat_engine::spec::ModelConfig,
-    spec: &BlockSpec,
+    spec: Option<&BlockSpec>,
 ) -> anyhow::Result<()> {
     for assignment in sets {
         let key = assignment
@@ -344,16 +384,16 @@ fn check_block_sets(
         if let Some(flag) = from_task {
             anyhow::bail!("--block-set {key}: `{key}` is set by {flag}, not by --block-set");
         }
-        let known = block.config_keys().contains(&key)
+        let known = block.reads_key(key)
             || config.get(key).is_some()
-            || spec.config_defaults.contains_key(key)
-            || spec_names(spec).any(|name| name == key);
+            || spec.is_some_and(|s| {
+                s.config_defaults.contains_key(key) || spec_names(s).any(|name| name == key)
+            });
         anyhow::ensure!(
             known,
-            "--block-set {key}: `{key}` is not a key the {} model, its config or spec `{}` reads (known: {})",
-            spec.name,
-            spec.name,
-            block.config_keys().join(", ")
+            "--block-set {key}: `{key}` is not a key the {} model, its config or spec reads (known: {})",
+            block.name(),
+            block.config_keys()
         );
     }
     Ok(())
@@ -384,6 +424,28 @@ fn spec_names(spec: &BlockSpec) -> impl Iterator<Item = &str> {
     })
 }
 
+/// One plan per block type of a hybrid config (in order of first use), each compiled from
+/// the type's shipped spec against the type's own config.
+fn hybrid_plans(config: &ModelConfig, mode: Mode) -> anyhow::Result<Vec<Plan>> {
+    let types = hybrid::layer_types(config)?;
+    let mut seen: Vec<&str> = Vec::new();
+    let mut plans = Vec::new();
+    for t in &types {
+        if seen.contains(&t.as_str()) {
+            continue;
+        }
+        seen.push(t);
+        let shipped = remat_engine::spec::shipped::ShippedBlock::by_name(t)
+            .with_context(|| format!("`layer_types` names `{t}`, which has no shipped spec"))?;
+        let block_config = hybrid::block_config(config, t, types.len());
+        plans.push(
+            compile(&shipped.spec()?, &block_config, mode)
+                .with_context(|| format!("compiling {} for the `{t}` layers", shipped.spec_file))?,
+        );
+    }
+    Ok(plans)
+}
+
 /// Runs spec-driven training with `remat train`'s common flags.
 pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
     reject_unused_flags(args)?;
@@ -406,9 +468,17 @@ fn train(
 ) -> anyhow::Result<()> {
     let sa = &args.spec_args;
     let block = kind.name();
-    let (shipped_spec, mut config) = load_spec_and_config(block, sa.block_config.as_deref(), &[])?;
-    let spec = spec.unwrap_or(shipped_spec);
-    check_block_sets(kind, &sa.block_set, &config, &spec)?;
+    let (spec, mut config) = if kind == Block::Hybrid {
+        let config = match sa.block_config.as_deref() {
+            Some(path) => ModelConfig::load(path)?,
+            None => ModelConfig::parse(HYBRID_CONFIG_TEXT, HYBRID_CONFIG_FILE)?,
+        };
+        (None, config)
+    } else {
+        let (shipped_spec, config) = load_spec_and_config(block, sa.block_config.as_deref(), &[])?;
+        (Some(spec.unwrap_or(shipped_spec)), config)
+    };
+    check_block_sets(kind, &sa.block_set, &config, spec.as_ref())?;
     for assignment in &sa.block_set {
         config.apply_override(assignment)?;
     }
@@ -416,10 +486,16 @@ fn train(
         .set("vocab_size", Value::Int(task.vocab() as i64))
         .set("batch", Value::Int(args.batch as i64))
         .set("seq_len", Value::Int(task.seq() as i64));
-    let plan =
-        compile(&spec, &config, sa.mode).with_context(|| format!("compiling {spec_source}"))?;
+    let plans: Vec<Plan> = match &spec {
+        Some(spec) => vec![
+            compile(spec, &config, sa.mode).with_context(|| format!("compiling {spec_source}"))?,
+        ],
+        None => hybrid_plans(&config, sa.mode)?,
+    };
     // Before the model exists: a spec the runtime cannot run fails in milliseconds.
-    check::check_dtypes(&plan).with_context(|| format!("spec {spec_source}"))?;
+    for plan in &plans {
+        check::check_dtypes(plan).with_context(|| format!("spec {}", plan.spec().name))?;
+    }
     let lora = (sa.mode == Mode::Lora).then(|| LoraConfig {
         rank: sa.lora_rank,
         alpha: sa.lora_alpha,
@@ -431,25 +507,45 @@ fn train(
     // the budget before a single weight is allocated (and the weights are allocated
     // fallibly when there is no budget).
     let lora_sizes = lora.as_ref().map(|l| (l.rank, l.targets.as_slice()));
+    let block_config = &plans[0].config;
     let param_count = match kind {
-        Block::Qwen3(k) => Qwen3Dims::from_config(&plan.config, k)?.param_count(lora_sizes)?,
-        Block::Mamba => MambaDims::from_config(&plan.config)?.param_count(lora_sizes)?,
+        Block::Qwen3(k) => Some(Qwen3Dims::from_config(block_config, k)?.param_count(lora_sizes)?),
+        Block::Mamba => Some(MambaDims::from_config(block_config)?.param_count(lora_sizes)?),
+        // Counted once built (below): its layers' sizes come from several block configs.
+        Block::Hybrid => None,
     };
-    let param_bytes = param_count
-        .checked_mul(4)
-        .context("the model's parameter bytes overflow a 64-bit count")?;
-    let _params = pool
-        .reserve(param_bytes, Category::Parameters, None)
-        .map_err(|oom| oom.at("model parameters"))?;
+    let reserve = |count: u64| -> anyhow::Result<Reservation> {
+        let bytes = count
+            .checked_mul(4)
+            .context("the model's parameter bytes overflow a 64-bit count")?;
+        Ok(pool
+            .reserve(bytes, Category::Parameters, None)
+            .map_err(|oom| oom.at("model parameters"))?)
+    };
+    let mut _params = param_count.map(reserve).transpose()?;
     let mut model = match kind {
-        Block::Qwen3(k) => Trainee::Qwen3(Qwen3::new(k, &plan.config, args.seed)?),
-        Block::Mamba => Trainee::Mamba(Mamba::new(&plan.config, args.seed)?),
+        Block::Qwen3(k) => Trainee::Qwen3(Qwen3::new(k, block_config, args.seed)?),
+        Block::Mamba => Trainee::Mamba(Mamba::new(block_config, args.seed)?),
+        Block::Hybrid => Trainee::Hybrid(Hybrid::new(&config, args.seed)?),
     };
+    if kind == Block::Hybrid
+        && let Some(flag) = [
+            ("--init", &args.files.init),
+            ("--dump-grads", &args.files.dump_grads),
+        ]
+        .iter()
+        .find_map(|(flag, path)| path.as_ref().map(|_| *flag))
+    {
+        anyhow::bail!(
+            "{flag} does not apply to --block hybrid: its layers of several block types have no single Hugging Face model (use it with --block qwen3, qwen3-moe or mamba)"
+        );
+    }
     if let Some(path) = &args.files.init {
         // The error names the file and the tensor.
         match &mut model {
             Trainee::Qwen3(m) => qwen3::hf::load_params(m, path).context("--init")?,
             Trainee::Mamba(m) => mamba::hf::load_params(m, path).context("--init")?,
+            Trainee::Hybrid(_) => anyhow::bail!("--init does not apply to --block hybrid"),
         }
         println!("loaded parameters from {}", path.display());
     }
@@ -465,10 +561,15 @@ fn train(
         model = match model {
             Trainee::Qwen3(m) => Trainee::Qwen3(m.with_lora(lora, false)?),
             Trainee::Mamba(m) => Trainee::Mamba(m.with_lora(lora, false)?),
+            Trainee::Hybrid(m) => Trainee::Hybrid(m.with_lora(lora, false)?),
         };
     }
+    if _params.is_none() {
+        let count = model.trainable(Mode::Full) + model.trainable(Mode::Lora);
+        _params = Some(reserve(count as u64)?);
+    }
     model
-        .check_plan(&plan)
+        .check_plans(&plans)
         .with_context(|| format!("spec {spec_source}"))?;
     println!(
         "{} block, spec {spec_source}, {} mode: {} layers, hidden {}, {} trainable parameters; {}{}",
@@ -509,13 +610,16 @@ fn train(
             step,
         };
         let (grads, stats) = model
-            .step(&plan, &batch.tokens, &batch.targets, env)
+            .step(&plans, &batch.tokens, &batch.targets, env)
             .with_context(|| format!("step {step}"))?;
         if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
             let loss = f64::from(stats.loss);
             match &model {
                 Trainee::Qwen3(m) => qwen3::hf::save_grads(path, m, &grads, &batch, loss),
                 Trainee::Mamba(m) => mamba::hf::save_grads(path, m, &grads, &batch, loss),
+                Trainee::Hybrid(_) => {
+                    anyhow::bail!("--dump-grads does not apply to --block hybrid")
+                }
             }
             .context("--dump-grads")?;
             bar.suspend(|| {

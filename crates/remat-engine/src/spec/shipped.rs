@@ -39,6 +39,11 @@ pub const MAMBA: ShippedBlock = ShippedBlock {
     config_text: include_str!("../../../../specs/mamba.config.toml"),
 };
 
+/// The example hybrid model config (`remat train --block hybrid`): a block type per layer,
+/// each running through its shipped spec.
+pub const HYBRID_CONFIG_FILE: &str = "specs/hybrid.config.toml";
+pub const HYBRID_CONFIG_TEXT: &str = include_str!("../../../../specs/hybrid.config.toml");
+
 pub const BLOCKS: &[ShippedBlock] = &[QWEN3, QWEN3_MOE, MAMBA];
 
 impl ShippedBlock {
