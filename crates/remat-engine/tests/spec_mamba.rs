@@ -181,3 +181,25 @@ fn the_shipped_config_builds() {
     // [B, T/L, Di, N]: 4 x 64/16 x 256 x 16.
     assert_eq!(states.shape, vec![4, 4, 256, 16]);
 }
+
+/// `remat spec derive` on the recorded block: a spec replaying every op, which trains to
+/// keep-all's gradients bit for bit.
+#[test]
+fn the_derived_spec_recomputes_everything_exactly() {
+    let cfg = config(&[]);
+    let model = Mamba::new(&cfg, 4).unwrap();
+    let spec = MAMBA.spec().unwrap();
+    let derived = model
+        .derive_spec(&compile(&spec, &cfg, Mode::Full).unwrap())
+        .unwrap();
+    assert_eq!(derived.name, "mamba-derived");
+    let derived = BlockSpec::parse(&derived.to_toml().unwrap(), "derived.toml").unwrap();
+    let plan = compile(&derived, &cfg, Mode::Full).unwrap();
+    let (g, s) = run(&model, &plan);
+    let (g_ref, _) = run(
+        &model,
+        &compile(&spec.save_everything(), &cfg, Mode::Full).unwrap(),
+    );
+    assert!(s.recomputed_ops > 0);
+    assert!(g.bit_diff(&g_ref).is_empty());
+}

@@ -10,6 +10,7 @@
 mod backward;
 mod forward;
 pub mod hf;
+mod inspect;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -477,6 +478,18 @@ impl Mamba {
             ));
         }
         check::check_dtypes(plan)?;
+        let expected = [d.batch, d.seq, d.hidden];
+        if let Some(x) = plan
+            .layers
+            .first()
+            .and_then(|l| l.inputs.iter().find(|x| x.name == "x"))
+            && x.shape != expected
+        {
+            return bad(format!(
+                "the spec's block input `x` has shape {:?}, but this run is [batch {}, seq {}, hidden {}]; a spec with fixed sizes (as `remat spec derive` writes) runs only at its own batch and sequence length (remat train: --batch, --digits N for sequence 2N or --data FILE --seq N), or write its dims as `batch` and `seq_len`",
+                x.shape, d.batch, d.seq, d.hidden
+            ));
+        }
         for (l, (layer_plan, params)) in plan.layers.iter().zip(&self.layers).enumerate() {
             for (spec, shape) in plan.spec().params.iter().zip(&layer_plan.params) {
                 let have = params.get(&spec.name).map(|p| &p.shape);
