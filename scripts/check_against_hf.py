@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Replays one `remat train` step in Hugging Face `transformers` and compares the gradients.
 
-remat's GPT is the Llama block (RMSNorm, rotate-half RoPE, SwiGLU, no biases, untied head)
-and `remat train --block qwen3|qwen3-moe` trains Qwen3 / Qwen3-MoE blocks, so with the
-same weights and batch, `transformers`' model of the dumped config must give the same loss
-and the same gradients up to float rounding. This script:
+remat's GPT is the Llama block (RMSNorm, rotate-half RoPE, SwiGLU, no biases, untied head),
+`remat train --block qwen3|qwen3-moe` trains Qwen3 / Qwen3-MoE blocks and `--block mamba`
+Mamba-1 blocks (transformers' `MambaForCausalLM`, whose CPU path is the slow reference
+scan), so with the same weights and batch, `transformers`' model of the dumped config must
+give the same loss and the same gradients up to float rounding. This script:
 
 1. runs `remat train --steps 1 --dump-grads` once to learn the model and the batch (a dump
    records its batch as `remat.input_ids` / `remat.labels` and the model as a Hugging Face
@@ -24,6 +25,7 @@ Needs `torch`, `transformers` and `safetensors` (not part of remat's CI):
     python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers safetensors
     /tmp/hf/bin/python scripts/check_against_hf.py --remat target/release/remat -- --layers 3
     /tmp/hf/bin/python scripts/check_against_hf.py -- --block qwen3-moe
+    /tmp/hf/bin/python scripts/check_against_hf.py -- --block mamba --block-set scan_chunk=5
 Arguments after `--` go to `remat train` (model sizes, --block, --data, --seed, ...).
 """
 
@@ -100,7 +102,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--remat", default="target/release/remat", help="the remat binary")
     parser.add_argument("--workdir", help="keep the files here (default: a temporary dir)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the Llama weights")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the transformers weights")
     parser.add_argument("--factor", type=float, default=10.0)
     parser.add_argument("--floor", type=float, default=1e-6)
     parser.add_argument("remat_args", nargs="*", help="arguments for `remat train` (after --)")
@@ -117,6 +119,8 @@ def main():
     for key, what in (("remat_shared_expert", "a shared expert"), ("remat_attention_bias", "attention biases")):
         if key in fields:
             sys.exit(f"the model has {what}: {fields[key]}")
+    # How remat chunks the scan changes no value: not a transformers setting.
+    fields.pop("remat_scan_chunk", None)
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     print(f"model: {type(config).__name__} {json.dumps(fields, sort_keys=True)}")
 
@@ -126,7 +130,9 @@ def main():
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(("norm.weight", "norm_f.weight", "mixer.D", "mixer.A_log")):
+                # Away from ones (norms, Mamba's D) and from log(1..N) (A_log), so that a
+                # layout mix-up cannot hide behind repeated values.
                 p.add_(0.1 * torch.randn_like(p))
             elif "experts" in name:
                 # transformers leaves fused expert weights to checkpoint loading (the
@@ -160,7 +166,7 @@ def main():
         if ours > bound(theirs):
             failures.append(f"{name}: remat's error {ours:.2e} > {bound(theirs):.2e}")
     extra = sorted(n for n in dump if not n.startswith("remat.") and n not in grads64)
-    failures += [f"{n}: in remat's dump, not a Llama parameter" for n in extra]
+    failures += [f"{n}: in remat's dump, not a parameter of the transformers model" for n in extra]
 
     width = max(len(r[0]) for r in rows) if rows else 10
     print(f"{'tensor':<{width}}  remat f32 vs f64  torch f32 vs f64  (relative L2 error)")

@@ -1,7 +1,9 @@
 //! `remat bench spec`: per-layer activation bytes (saved, recomputed, offloaded), measured
-//! memory-pool peaks and step time of the Qwen3 dense and MoE blocks under save-everything,
-//! the shipped spec (with and without its host offload) and full-block recompute (the
-//! derived spec), in full and LoRA mode, as ratios to save-everything measured in one run.
+//! memory-pool peaks and step time of the Qwen3 dense and MoE blocks and the Mamba block
+//! under save-everything, the shipped spec (with and without its host offload) and
+//! full-block recompute (Qwen3: the derived spec; Mamba: every `lora_only` slot rebuilt
+//! always, so all but the norm's rstd), in full and LoRA mode, as ratios to save-everything
+//! measured in one run.
 //!
 //! Timing: the variants run interleaved, one step each per round, so a disturbance of the
 //! shared machine hits all of them alike; the reported time is the median over the rounds
@@ -15,11 +17,13 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
+use remat_engine::models::mamba::{self, Mamba};
+use remat_engine::models::qwen3::{BlockKind, Qwen3, Qwen3Grads, StepEnv, StepStats};
 use remat_engine::pool::Category;
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
-use remat_engine::spec::shipped::{QWEN3, QWEN3_MOE};
+use remat_engine::spec::shipped::{MAMBA, QWEN3, QWEN3_MOE};
+use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
 use remat_engine::swap::HostStore;
 
@@ -59,6 +63,72 @@ fn config(args: &Args, kind: BlockKind) -> ModelConfig {
             .set("num_experts_per_tok", Value::Int(2))
             .set("moe_intermediate_size", Value::Int(args.hidden)),
     }
+}
+
+/// The Mamba benchmark model: inner width 2 x hidden, state 16, conv 4, chunk 16.
+fn mamba_config(args: &Args) -> ModelConfig {
+    ModelConfig::new("bench")
+        .set("vocab_size", Value::Int(256))
+        .set("hidden_size", Value::Int(args.hidden))
+        .set("intermediate_size", Value::Int(2 * args.hidden))
+        .set("state_size", Value::Int(16))
+        .set("conv_kernel", Value::Int(4))
+        .set("time_step_rank", Value::Int((args.hidden / 16).max(1)))
+        .set("scan_chunk", Value::Int(16))
+        .set("num_hidden_layers", Value::Int(args.layers))
+        .set("batch", Value::Int(args.batch))
+        .set("seq_len", Value::Int(args.seq))
+}
+
+/// A benchmarked model.
+enum BenchModel {
+    Qwen3(Qwen3),
+    Mamba(Mamba),
+}
+
+impl BenchModel {
+    fn rows(&self) -> usize {
+        match self {
+            BenchModel::Qwen3(m) => m.dims.batch * m.dims.seq,
+            BenchModel::Mamba(m) => m.dims.batch * m.dims.seq,
+        }
+    }
+
+    fn check_plan(&self, plan: &Plan) -> anyhow::Result<()> {
+        match self {
+            BenchModel::Qwen3(m) => m.check_plan(plan)?,
+            BenchModel::Mamba(m) => m.check_plan(plan)?,
+        }
+        Ok(())
+    }
+
+    fn step(
+        &self,
+        plan: &Plan,
+        tokens: &[u32],
+        targets: &[u32],
+        env: StepEnv,
+    ) -> anyhow::Result<(Qwen3Grads, StepStats)> {
+        Ok(match self {
+            BenchModel::Qwen3(m) => m.step(plan, tokens, targets, env)?,
+            BenchModel::Mamba(m) => m.step(plan, tokens, targets, env)?,
+        })
+    }
+}
+
+/// The Mamba variants in [`VARIANTS`] order.
+fn mamba_variants() -> anyhow::Result<Vec<BlockSpec>> {
+    let spec = MAMBA.spec()?;
+    let mut no_offload = spec.clone();
+    no_offload.inputs.iter_mut().for_each(|x| x.offload = false);
+    no_offload.slots.iter_mut().for_each(|s| s.offload = false);
+    let mut full = no_offload.clone();
+    for slot in &mut full.slots {
+        if slot.recompute_policy == RecomputePolicy::LoraOnly {
+            slot.recompute_policy = RecomputePolicy::Always;
+        }
+    }
+    Ok(vec![spec.save_everything(), spec, no_offload, full])
 }
 
 /// The variants, in table order; the first is the baseline of the ratios.
@@ -109,16 +179,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut models = Vec::new();
     let mut cases = Vec::new();
-    for kind in [BlockKind::Dense, BlockKind::Moe] {
-        let cfg = config(&args, kind);
-        let model = Qwen3::new(kind, &cfg, 1)?.with_lora(lora.clone(), true)?;
-        let specs = variants(kind, &model, &cfg)?;
+    let mamba_lora = LoraConfig {
+        targets: mamba::LORA_TARGETS.iter().map(|t| t.to_string()).collect(),
+        ..lora.clone()
+    };
+    for kind in [Some(BlockKind::Dense), Some(BlockKind::Moe), None] {
+        let (block, cfg, model, specs) = match kind {
+            Some(kind) => {
+                let cfg = config(&args, kind);
+                let model = Qwen3::new(kind, &cfg, 1)?.with_lora(lora.clone(), true)?;
+                let specs = variants(kind, &model, &cfg)?;
+                (kind.spec_name(), cfg, BenchModel::Qwen3(model), specs)
+            }
+            None => {
+                let cfg = mamba_config(&args);
+                let model = Mamba::new(&cfg, 1)?.with_lora(mamba_lora.clone(), true)?;
+                (
+                    mamba::BLOCK,
+                    cfg,
+                    BenchModel::Mamba(model),
+                    mamba_variants()?,
+                )
+            }
+        };
         for mode in [Mode::Full, Mode::Lora] {
             for (variant, spec) in VARIANTS.iter().zip(&specs) {
                 let plan = compile(spec, &cfg, mode)?;
                 model.check_plan(&plan)?;
                 cases.push(Case {
-                    block: kind.spec_name(),
+                    block,
                     model: models.len(),
                     mode,
                     variant,
@@ -155,8 +244,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// One step of `case` (step number `round`: LoRA draws fresh dropout masks each round).
-fn measure(model: &Qwen3, case: &mut Case, round: u64, timed: bool) -> anyhow::Result<()> {
-    let rows = model.dims.batch * model.dims.seq;
+fn measure(model: &BenchModel, case: &mut Case, round: u64, timed: bool) -> anyhow::Result<()> {
+    let rows = model.rows();
     let tokens: Vec<u32> = (0..rows).map(|i| (i * 31 % 256) as u32).collect();
     let targets: Vec<u32> = (0..rows).map(|i| (i * 17 % 256) as u32).collect();
     let (host, meter) = (HostStore::in_memory(), Meter::unbounded());
@@ -193,7 +282,7 @@ fn median(times: &[f64]) -> f64 {
 
 fn print_cases(args: &Args, cases: &[Case]) {
     println!(
-        "Qwen3 blocks, {} layers, hidden {}, batch {} x seq {}; bytes per layer from the plan; peaks measured by the memory pool; step time the median of {} interleaved rounds",
+        "Qwen3 and Mamba blocks, {} layers, hidden {}, batch {} x seq {}; bytes per layer from the plan; peaks measured by the memory pool; step time the median of {} interleaved rounds",
         args.layers, args.hidden, args.batch, args.seq, args.rounds
     );
     let mut table = Vec::new();

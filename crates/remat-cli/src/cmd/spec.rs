@@ -25,7 +25,7 @@ enum Command {
 
 #[derive(clap::Args)]
 pub struct DeriveArgs {
-    /// The block to record: qwen3 or qwen3-moe.
+    /// The block to record: qwen3, qwen3-moe or mamba.
     #[arg(long, default_value = "qwen3")]
     block: String,
     /// Model config (default: the shipped example config of --block).
@@ -66,19 +66,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn derive(args: DeriveArgs) -> anyhow::Result<()> {
+    use remat_engine::models::mamba::Mamba;
     use remat_engine::models::qwen3::{BlockKind, Qwen3};
     let kind = match args.block.as_str() {
-        "qwen3" => BlockKind::Dense,
-        "qwen3-moe" => BlockKind::Moe,
-        other => anyhow::bail!("unknown --block `{other}` (expected qwen3 or qwen3-moe)"),
+        "qwen3" => Some(BlockKind::Dense),
+        "qwen3-moe" => Some(BlockKind::Moe),
+        "mamba" => None,
+        other => anyhow::bail!("unknown --block `{other}` (expected qwen3, qwen3-moe or mamba)"),
     };
     let (block, mut config) = load_spec_and_config(&args.block, args.config.as_deref(), &args.set)?;
     if config.get("vocab_size").is_none() {
         config = config.set("vocab_size", remat_engine::spec::Value::Int(64));
     }
     let plan = compile(&block, &config, Mode::Full)?;
-    let model = Qwen3::new(kind, &plan.config, 0)?;
-    let derived = model.derive_spec(&plan)?;
+    let derived = match kind {
+        Some(kind) => Qwen3::new(kind, &plan.config, 0)?.derive_spec(&plan)?,
+        None => Mamba::new(&plan.config, 0)?.derive_spec(&plan)?,
+    };
     let text = if args.out.extension().is_some_and(|e| e == "json") {
         derived.to_json()?
     } else {

@@ -1,5 +1,5 @@
-//! `remat train --block qwen3|qwen3-moe [--spec FILE] [--mode full|lora]`: trains a
-//! Qwen3-style model whose blocks run through a compiled recompute spec, on the same task as
+//! `remat train --block qwen3|qwen3-moe|mamba [--spec FILE] [--mode full|lora]`: trains a
+//! Qwen3-style or Mamba model whose blocks run through a compiled recompute spec, on the same task as
 //! `remat train` (the embedded reversal task or `--data`). `--spec FILE` alone names its
 //! block. Every buffer (parameters, optimizer state, gradients, activations, scratch) is
 //! charged to one memory pool, so `--memory-budget` applies and the reported peak is
@@ -13,12 +13,20 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::qwen3::{self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv};
+use remat_engine::models::hybrid::{self, Hybrid};
+use remat_engine::models::mamba::{self, Mamba, MambaDims};
+use remat_engine::models::qwen3::{
+    self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv, StepStats,
+};
 use remat_engine::pool::{Category, MemoryPool, Reservation};
+use remat_engine::spec::Plan;
 use remat_engine::spec::run::check;
+use remat_engine::spec::run::lora::LayerAdapters;
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
-use remat_engine::spec::{BlockSpec, Mode, Value, compile};
+use remat_engine::spec::run::ops::Act;
+use remat_engine::spec::shipped::{HYBRID_CONFIG_FILE, HYBRID_CONFIG_TEXT};
+use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Value, compile};
 use remat_engine::swap::HostStore;
 
 use super::spec::{human_bytes, load_spec_and_config, print_table};
@@ -28,8 +36,8 @@ use super::train_auto::PolicyChoice;
 /// Flags of spec-driven training (flattened into `remat train`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SpecArgs {
-    /// Train a spec-driven block instead of the GPT: qwen3 or qwen3-moe (default: the
-    /// block --spec names, else qwen3).
+    /// Train a spec-driven block instead of the GPT: qwen3, qwen3-moe or mamba (default:
+    /// the block --spec names, else qwen3).
     #[arg(long)]
     pub block: Option<String>,
     /// Recompute spec (default: the shipped spec of --block).
@@ -42,7 +50,8 @@ pub struct SpecArgs {
     /// Override a --block config value: KEY=VALUE (repeatable).
     #[arg(long = "block-set", value_name = "KEY=VALUE")]
     pub block_set: Vec<String>,
-    /// full (every weight) or lora (adapters on q, k, v, o, gate, up, down).
+    /// full (every weight) or lora (adapters on q, k, v, o, gate, up, down; Mamba: on
+    /// in_proj, x_proj, out_proj).
     #[arg(long, default_value = "full")]
     pub mode: Mode,
     /// LoRA rank, alpha and dropout.
@@ -96,8 +105,170 @@ impl AdamW {
     }
 }
 
-fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) -> anyhow::Result<()> {
+/// The block a spec-driven run stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Qwen3(BlockKind),
+    Mamba,
+    /// A block type per layer (`layer_types`), each under its shipped spec.
+    Hybrid,
+}
+
+impl Block {
+    fn name(self) -> &'static str {
+        match self {
+            Block::Qwen3(kind) => kind.spec_name(),
+            Block::Mamba => mamba::BLOCK,
+            Block::Hybrid => "hybrid",
+        }
+    }
+
+    /// The block named exactly `name`.
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            mamba::BLOCK => Some(Block::Mamba),
+            "hybrid" => Some(Block::Hybrid),
+            _ => BlockKind::from_name(name).map(Block::Qwen3),
+        }
+    }
+
+    /// The block a spec is written for: its name exactly, or with `-derived` / `-save-all`.
+    fn of_spec(spec_name: &str) -> Option<Self> {
+        let base = ["-derived", "-save-all"]
+            .iter()
+            .find_map(|suffix| spec_name.strip_suffix(suffix))
+            .unwrap_or(spec_name);
+        // A hybrid is a config of several specs, never one spec's name.
+        Self::from_name(base).filter(|b| *b != Block::Hybrid)
+    }
+
+    /// Whether `--block-set` may set `key`: one the model reads; for a hybrid, a common
+    /// key or `TYPE.KEY` with a key that block type reads.
+    fn reads_key(self, key: &str) -> bool {
+        match self {
+            Block::Qwen3(_) => qwen3::CONFIG_KEYS.contains(&key),
+            Block::Mamba => mamba::CONFIG_KEYS.contains(&key),
+            Block::Hybrid => match key.split_once('.') {
+                Some(("mamba", k)) => mamba::CONFIG_KEYS.contains(&k),
+                Some(("qwen3" | "qwen3-moe", k)) => qwen3::CONFIG_KEYS.contains(&k),
+                Some(_) => false,
+                None => ["layer_types", "hidden_size", "rms_norm_eps"].contains(&key),
+            },
+        }
+    }
+
+    fn config_keys(self) -> String {
+        match self {
+            Block::Qwen3(_) => qwen3::CONFIG_KEYS.join(", "),
+            Block::Mamba => mamba::CONFIG_KEYS.join(", "),
+            Block::Hybrid => "layer_types, hidden_size, rms_norm_eps, and TYPE.KEY for a key of block TYPE (mamba, qwen3, qwen3-moe)".into(),
+        }
+    }
+
+    fn lora_targets(self) -> &'static [&'static str] {
+        match self {
+            Block::Qwen3(_) => &["q", "k", "v", "o", "gate", "up", "down"],
+            Block::Mamba => mamba::LORA_TARGETS,
+            Block::Hybrid => &["q", "k", "v", "o", "gate", "up", "down", "in", "x", "out"],
+        }
+    }
+}
+
+/// A spec-driven model being trained.
+enum Trainee {
+    Qwen3(Qwen3),
+    Mamba(Mamba),
+    Hybrid(Hybrid),
+}
+
+/// The trainable buffers of a [`Trainee`], for the optimizer.
+struct Parts<'a> {
+    embed: &'a mut Act,
+    final_norm: &'a mut Act,
+    lm_head: &'a mut Act,
+    layers: &'a mut [BTreeMap<String, Act>],
+    adapters: Option<&'a mut Vec<LayerAdapters>>,
+}
+
+impl Trainee {
+    /// One step under `plans`: one plan, or one per block type of a hybrid.
+    fn step(
+        &self,
+        plans: &[Plan],
+        tokens: &[u32],
+        targets: &[u32],
+        env: StepEnv,
+    ) -> anyhow::Result<(Qwen3Grads, StepStats)> {
+        let one = || plans.first().context("no plan");
+        Ok(match self {
+            Trainee::Qwen3(m) => m.step(one()?, tokens, targets, env)?,
+            Trainee::Mamba(m) => m.step(one()?, tokens, targets, env)?,
+            Trainee::Hybrid(m) => m.step(plans, tokens, targets, env)?,
+        })
+    }
+
+    fn check_plans(&self, plans: &[Plan]) -> anyhow::Result<()> {
+        let one = || plans.first().context("no plan");
+        match self {
+            Trainee::Qwen3(m) => m.check_plan(one()?)?,
+            Trainee::Mamba(m) => m.check_plan(one()?)?,
+            Trainee::Hybrid(m) => m.check_plans(plans)?,
+        }
+        Ok(())
+    }
+
+    fn trainable(&self, mode: Mode) -> usize {
+        match self {
+            Trainee::Qwen3(m) => m.trainable(mode),
+            Trainee::Mamba(m) => m.trainable(mode),
+            Trainee::Hybrid(m) => m.trainable(mode),
+        }
+    }
+
+    /// `(layers, hidden)`.
+    fn size(&self) -> (usize, usize) {
+        match self {
+            Trainee::Qwen3(m) => (m.dims.layers, m.dims.hidden),
+            Trainee::Mamba(m) => (m.dims.layers, m.dims.hidden),
+            Trainee::Hybrid(m) => (m.layers.len(), m.embed.shape[1]),
+        }
+    }
+
+    fn parts(&mut self) -> Parts<'_> {
+        match self {
+            Trainee::Qwen3(m) => Parts {
+                embed: &mut m.embed,
+                final_norm: &mut m.final_norm,
+                lm_head: &mut m.lm_head,
+                layers: &mut m.layers,
+                adapters: m.lora.as_mut().map(|(_, a)| a),
+            },
+            Trainee::Mamba(m) => Parts {
+                embed: &mut m.embed,
+                final_norm: &mut m.final_norm,
+                lm_head: &mut m.lm_head,
+                layers: &mut m.layers,
+                adapters: m.lora.as_mut().map(|(_, a)| a),
+            },
+            Trainee::Hybrid(m) => Parts {
+                embed: &mut m.embed,
+                final_norm: &mut m.final_norm,
+                lm_head: &mut m.lm_head,
+                layers: &mut m.layers,
+                adapters: m.lora.as_mut().map(|(_, a)| a),
+            },
+        }
+    }
+}
+
+fn apply(
+    opt: &mut AdamW,
+    model: &mut Trainee,
+    grads: &Qwen3Grads,
+    mode: Mode,
+) -> anyhow::Result<()> {
     opt.step += 1;
+    let model = model.parts();
     match mode {
         Mode::Full => {
             opt.update("embed", &mut model.embed.data, &grads.embed)?;
@@ -112,7 +283,7 @@ fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) -> 
             }
         }
         Mode::Lora => {
-            let Some((_, adapters)) = model.lora.as_mut() else {
+            let Some(adapters) = model.adapters else {
                 return Ok(());
             };
             for (l, (layer, g)) in adapters.iter_mut().zip(&grads.adapters).enumerate() {
@@ -128,9 +299,9 @@ fn apply(opt: &mut AdamW, model: &mut Qwen3, grads: &Qwen3Grads, mode: Mode) -> 
     Ok(())
 }
 
-fn block_kind(name: &str) -> anyhow::Result<BlockKind> {
-    BlockKind::from_name(name).ok_or_else(|| {
-        anyhow::anyhow!("unknown --block `{name}` (expected exactly qwen3 or qwen3-moe)")
+fn block_kind(name: &str) -> anyhow::Result<Block> {
+    Block::from_name(name).ok_or_else(|| {
+        anyhow::anyhow!("unknown --block `{name}` (expected exactly qwen3, qwen3-moe or mamba)")
     })
 }
 
@@ -161,18 +332,18 @@ fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
     }
 }
 
-/// The block and spec to train: `--spec FILE` names its block (exactly `qwen3` or
-/// `qwen3-moe`, or those with `-derived`); `--block`, when also given, must agree.
-fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>, String)> {
+/// The block and spec to train: `--spec FILE` names its block (exactly `qwen3`,
+/// `qwen3-moe` or `mamba`, or those with `-derived`); `--block`, when also given, must agree.
+fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(Block, Option<BlockSpec>, String)> {
     let Some(path) = &sa.spec else {
         let block = sa.block.as_deref().unwrap_or("qwen3");
         return Ok((block_kind(block)?, None, block.to_string()));
     };
     let source = path.display().to_string();
     let spec = BlockSpec::load(path)?;
-    let Some(kind) = BlockKind::of_spec(&spec.name) else {
+    let Some(kind) = Block::of_spec(&spec.name) else {
         anyhow::bail!(
-            "spec {source} is for block `{}`; remat trains qwen3 and qwen3-moe (a spec's `name` must be exactly one of them, or end in -derived)",
+            "spec {source} is for block `{}`; remat trains qwen3, qwen3-moe and mamba (a spec's `name` must be exactly one of them, or end in -derived)",
             spec.name
         );
     };
@@ -182,7 +353,7 @@ fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>,
         anyhow::bail!(
             "--block {block} but spec {source} is for block `{}`; drop --block (it is inferred from the spec) or pass --block {}",
             spec.name,
-            kind.spec_name()
+            kind.name()
         );
     }
     Ok((kind, Some(spec), source))
@@ -192,9 +363,10 @@ fn resolve_block(sa: &SpecArgs) -> anyhow::Result<(BlockKind, Option<BlockSpec>,
 /// ones the task decides (`vocab_size`, `batch`, `seq_len`): those would be overwritten
 /// without a word.
 fn check_block_sets(
+    block: Block,
     sets: &[String],
     config: &remat_engine::spec::ModelConfig,
-    spec: &BlockSpec,
+    spec: Option<&BlockSpec>,
 ) -> anyhow::Result<()> {
     for assignment in sets {
         let key = assignment
@@ -212,16 +384,16 @@ fn check_block_sets(
         if let Some(flag) = from_task {
             anyhow::bail!("--block-set {key}: `{key}` is set by {flag}, not by --block-set");
         }
-        let known = qwen3::CONFIG_KEYS.contains(&key)
+        let known = block.reads_key(key)
             || config.get(key).is_some()
-            || spec.config_defaults.contains_key(key)
-            || spec_names(spec).any(|name| name == key);
+            || spec.is_some_and(|s| {
+                s.config_defaults.contains_key(key) || spec_names(s).any(|name| name == key)
+            });
         anyhow::ensure!(
             known,
-            "--block-set {key}: `{key}` is not a key the {} model, its config or spec `{}` reads (known: {})",
-            spec.name,
-            spec.name,
-            qwen3::CONFIG_KEYS.join(", ")
+            "--block-set {key}: `{key}` is not a key the {} model, its config or spec reads (known: {})",
+            block.name(),
+            block.config_keys()
         );
     }
     Ok(())
@@ -252,6 +424,28 @@ fn spec_names(spec: &BlockSpec) -> impl Iterator<Item = &str> {
     })
 }
 
+/// One plan per block type of a hybrid config (in order of first use), each compiled from
+/// the type's shipped spec against the type's own config.
+fn hybrid_plans(config: &ModelConfig, mode: Mode) -> anyhow::Result<Vec<Plan>> {
+    let types = hybrid::layer_types(config)?;
+    let mut seen: Vec<&str> = Vec::new();
+    let mut plans = Vec::new();
+    for t in &types {
+        if seen.contains(&t.as_str()) {
+            continue;
+        }
+        seen.push(t);
+        let shipped = remat_engine::spec::shipped::ShippedBlock::by_name(t)
+            .with_context(|| format!("`layer_types` names `{t}`, which has no shipped spec"))?;
+        let block_config = hybrid::block_config(config, t, types.len());
+        plans.push(
+            compile(&shipped.spec()?, &block_config, mode)
+                .with_context(|| format!("compiling {} for the `{t}` layers", shipped.spec_file))?,
+        );
+    }
+    Ok(plans)
+}
+
 /// Runs spec-driven training with `remat train`'s common flags.
 pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
     reject_unused_flags(args)?;
@@ -267,16 +461,24 @@ pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
 fn train(
     args: &super::train::Args,
     task: &Task,
-    kind: BlockKind,
+    kind: Block,
     spec: Option<BlockSpec>,
     spec_source: &str,
     pool: Arc<MemoryPool>,
 ) -> anyhow::Result<()> {
     let sa = &args.spec_args;
-    let block = kind.spec_name();
-    let (shipped_spec, mut config) = load_spec_and_config(block, sa.block_config.as_deref(), &[])?;
-    let spec = spec.unwrap_or(shipped_spec);
-    check_block_sets(&sa.block_set, &config, &spec)?;
+    let block = kind.name();
+    let (spec, mut config) = if kind == Block::Hybrid {
+        let config = match sa.block_config.as_deref() {
+            Some(path) => ModelConfig::load(path)?,
+            None => ModelConfig::parse(HYBRID_CONFIG_TEXT, HYBRID_CONFIG_FILE)?,
+        };
+        (None, config)
+    } else {
+        let (shipped_spec, config) = load_spec_and_config(block, sa.block_config.as_deref(), &[])?;
+        (Some(spec.unwrap_or(shipped_spec)), config)
+    };
+    check_block_sets(kind, &sa.block_set, &config, spec.as_ref())?;
     for assignment in &sa.block_set {
         config.apply_override(assignment)?;
     }
@@ -284,34 +486,67 @@ fn train(
         .set("vocab_size", Value::Int(task.vocab() as i64))
         .set("batch", Value::Int(args.batch as i64))
         .set("seq_len", Value::Int(task.seq() as i64));
-    let plan =
-        compile(&spec, &config, sa.mode).with_context(|| format!("compiling {spec_source}"))?;
+    let plans: Vec<Plan> = match &spec {
+        Some(spec) => vec![
+            compile(spec, &config, sa.mode).with_context(|| format!("compiling {spec_source}"))?,
+        ],
+        None => hybrid_plans(&config, sa.mode)?,
+    };
     // Before the model exists: a spec the runtime cannot run fails in milliseconds.
-    check::check_dtypes(&plan).with_context(|| format!("spec {spec_source}"))?;
+    for plan in &plans {
+        check::check_dtypes(plan).with_context(|| format!("spec {}", plan.spec().name))?;
+    }
     let lora = (sa.mode == Mode::Lora).then(|| LoraConfig {
         rank: sa.lora_rank,
         alpha: sa.lora_alpha,
         dropout: sa.lora_dropout,
-        targets: ["q", "k", "v", "o", "gate", "up", "down"]
-            .map(String::from)
-            .to_vec(),
+        targets: kind.lora_targets().iter().map(|t| t.to_string()).collect(),
         seed: args.seed ^ 0x10ba,
     });
     // The parameters' bytes come from the dims alone, so an impossible model is refused by
     // the budget before a single weight is allocated (and the weights are allocated
     // fallibly when there is no budget).
-    let dims = Qwen3Dims::from_config(&plan.config, kind)?;
-    let param_bytes = dims
-        .param_count(lora.as_ref().map(|l| (l.rank, l.targets.as_slice())))?
-        .checked_mul(4)
-        .context("the model's parameter bytes overflow a 64-bit count")?;
-    let _params = pool
-        .reserve(param_bytes, Category::Parameters, None)
-        .map_err(|oom| oom.at("model parameters"))?;
-    let mut model = Qwen3::new(kind, &plan.config, args.seed)?;
+    let lora_sizes = lora.as_ref().map(|l| (l.rank, l.targets.as_slice()));
+    let block_config = &plans[0].config;
+    let param_count = match kind {
+        Block::Qwen3(k) => Some(Qwen3Dims::from_config(block_config, k)?.param_count(lora_sizes)?),
+        Block::Mamba => Some(MambaDims::from_config(block_config)?.param_count(lora_sizes)?),
+        // Counted once built (below): its layers' sizes come from several block configs.
+        Block::Hybrid => None,
+    };
+    let reserve = |count: u64| -> anyhow::Result<Reservation> {
+        let bytes = count
+            .checked_mul(4)
+            .context("the model's parameter bytes overflow a 64-bit count")?;
+        Ok(pool
+            .reserve(bytes, Category::Parameters, None)
+            .map_err(|oom| oom.at("model parameters"))?)
+    };
+    let mut _params = param_count.map(reserve).transpose()?;
+    let mut model = match kind {
+        Block::Qwen3(k) => Trainee::Qwen3(Qwen3::new(k, block_config, args.seed)?),
+        Block::Mamba => Trainee::Mamba(Mamba::new(block_config, args.seed)?),
+        Block::Hybrid => Trainee::Hybrid(Hybrid::new(&config, args.seed)?),
+    };
+    if kind == Block::Hybrid
+        && let Some(flag) = [
+            ("--init", &args.files.init),
+            ("--dump-grads", &args.files.dump_grads),
+        ]
+        .iter()
+        .find_map(|(flag, path)| path.as_ref().map(|_| *flag))
+    {
+        anyhow::bail!(
+            "{flag} does not apply to --block hybrid: its layers of several block types have no single Hugging Face model (use it with --block qwen3, qwen3-moe or mamba)"
+        );
+    }
     if let Some(path) = &args.files.init {
         // The error names the file and the tensor.
-        qwen3::hf::load_params(&mut model, path).context("--init")?;
+        match &mut model {
+            Trainee::Qwen3(m) => qwen3::hf::load_params(m, path).context("--init")?,
+            Trainee::Mamba(m) => mamba::hf::load_params(m, path).context("--init")?,
+            Trainee::Hybrid(_) => anyhow::bail!("--init does not apply to --block hybrid"),
+        }
         println!("loaded parameters from {}", path.display());
     }
     if let Some(path) = &args.files.dump_grads {
@@ -323,17 +558,25 @@ fn train(
         remat_engine::models::gpt::hf::check_target(path).context("--dump-grads")?;
     }
     if let Some(lora) = lora {
-        model = model.with_lora(lora, false)?;
+        model = match model {
+            Trainee::Qwen3(m) => Trainee::Qwen3(m.with_lora(lora, false)?),
+            Trainee::Mamba(m) => Trainee::Mamba(m.with_lora(lora, false)?),
+            Trainee::Hybrid(m) => Trainee::Hybrid(m.with_lora(lora, false)?),
+        };
+    }
+    if _params.is_none() {
+        let count = model.trainable(Mode::Full) + model.trainable(Mode::Lora);
+        _params = Some(reserve(count as u64)?);
     }
     model
-        .check_plan(&plan)
+        .check_plans(&plans)
         .with_context(|| format!("spec {spec_source}"))?;
     println!(
         "{} block, spec {spec_source}, {} mode: {} layers, hidden {}, {} trainable parameters; {}{}",
         block,
         sa.mode.name(),
-        model.dims.layers,
-        model.dims.hidden,
+        model.size().0,
+        model.size().1,
         model.trainable(sa.mode),
         task.describe(),
         args.memory_budget.map_or(String::new(), |b| format!(
@@ -367,11 +610,18 @@ fn train(
             step,
         };
         let (grads, stats) = model
-            .step(&plan, &batch.tokens, &batch.targets, env)
+            .step(&plans, &batch.tokens, &batch.targets, env)
             .with_context(|| format!("step {step}"))?;
         if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
-            qwen3::hf::save_grads(path, &model, &grads, &batch, f64::from(stats.loss))
-                .context("--dump-grads")?;
+            let loss = f64::from(stats.loss);
+            match &model {
+                Trainee::Qwen3(m) => qwen3::hf::save_grads(path, m, &grads, &batch, loss),
+                Trainee::Mamba(m) => mamba::hf::save_grads(path, m, &grads, &batch, loss),
+                Trainee::Hybrid(_) => {
+                    anyhow::bail!("--dump-grads does not apply to --block hybrid")
+                }
+            }
+            .context("--dump-grads")?;
             bar.suspend(|| {
                 println!(
                     "wrote the first step's gradients and its batch and loss to {}",

@@ -1,6 +1,8 @@
-//! Models built on the graph, and spec-driven Qwen3 blocks built from the kernels.
+//! Models built on the graph, and spec-driven Qwen3 and Mamba blocks built from the kernels.
 
 pub mod gpt;
 pub mod hf_file;
+pub mod hybrid;
+pub mod mamba;
 pub mod mlp;
 pub mod qwen3;

@@ -26,7 +26,7 @@ use crate::spec::run::{RunError, RunResult, check, linalg};
 use crate::spec::{ModelConfig, Value};
 use crate::swap::HostStore;
 
-use backward::LayerGrads;
+pub(crate) use backward::LayerGrads;
 pub use inspect::{RecomputeCheck, record_block};
 
 /// Which block the model stacks.
@@ -301,7 +301,7 @@ impl Qwen3Dims {
 }
 
 /// Deterministic uniform values in `[-scale, scale)` from a counter-based hash.
-fn uniform(seed: u64, stream: u64, n: usize, scale: f32) -> RunResult<Vec<f32>> {
+pub(crate) fn uniform(seed: u64, stream: u64, n: usize, scale: f32) -> RunResult<Vec<f32>> {
     filled(n, |i| {
         let bits = kernels::philox_hash(seed ^ (stream << 20), i as u64) >> 40;
         ((bits as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
@@ -310,7 +310,7 @@ fn uniform(seed: u64, stream: u64, n: usize, scale: f32) -> RunResult<Vec<f32>> 
 
 /// `n` values from `value`, allocated fallibly: a size the machine cannot hold is an
 /// error, not an abort of the process.
-fn filled(n: usize, value: impl Fn(usize) -> f32) -> RunResult<Vec<f32>> {
+pub(crate) fn filled(n: usize, value: impl Fn(usize) -> f32) -> RunResult<Vec<f32>> {
     let mut data = Vec::new();
     data.try_reserve_exact(n).map_err(|_| {
         RunError::Model(format!(
@@ -351,7 +351,7 @@ pub struct Qwen3Grads {
 /// Pool reservations of a step's gradient buffers. Accounting, not values: two gradient
 /// sets compare equal whatever they hold.
 #[derive(Debug, Clone, Default)]
-pub struct GradHolds(Arc<Vec<Hold>>);
+pub struct GradHolds(pub(crate) Arc<Vec<Hold>>);
 
 impl GradHolds {
     /// Pool bytes held by the gradient buffers.
@@ -654,7 +654,7 @@ impl Qwen3 {
         let shared = Shared {
             plan,
             config: &plan.config,
-            rope: &rope,
+            rope: Some(&rope),
             lora: lora_cfg,
             meter,
             host: env.host,
@@ -729,14 +729,7 @@ impl Qwen3 {
 
     /// Layer 0's block input: the token embeddings, charged to the pool.
     fn embed_tokens(&self, tokens: &[u32], meter: &Arc<Meter>) -> RunResult<(Act, Hold)> {
-        let d = &self.dims;
-        let hold = meter.hold((tokens.len() * d.hidden * 4) as u64, Use::Forward, || {
-            "embedding output (layer 0 block input `x`)".into()
-        })?;
-        let mut x = vec![0.0; tokens.len() * d.hidden];
-        kernels::embedding_forward(&self.embed.data, d.vocab, d.hidden, tokens, &mut x)
-            .map_err(kernel_err("embedding"))?;
-        Ok((Act::new(x, vec![d.batch, d.seq, d.hidden]), hold))
+        embed_tokens(&self.embed, [self.dims.batch, self.dims.seq], tokens, meter)
     }
 
     /// Checks that `plan` was compiled from a spec of this model's block, for its layer
@@ -835,8 +828,7 @@ impl Qwen3 {
         }
     }
 
-    /// Final norm, LM head and mean cross-entropy, forward and backward (not spec-driven);
-    /// its buffers are charged to the pool like the blocks'.
+    /// Final norm, LM head and mean cross-entropy (see [`lm_loss`]).
     fn head(
         &self,
         x: &Act,
@@ -845,70 +837,113 @@ impl Qwen3 {
         meter: &Arc<Meter>,
         holds: &mut Vec<Hold>,
     ) -> RunResult<(f32, Scratch, Qwen3Grads)> {
-        let d = &self.dims;
-        let n = d.rows();
-        let scratch = |len: usize, what: &'static str| {
-            Scratch::zeros(meter, len, || format!("LM head `{what}`"))
+        let head = LmHead {
+            final_norm: &self.final_norm,
+            lm_head: &self.lm_head,
+            eps: self.dims.eps,
         };
-        let mut xf = scratch(x.data.len(), "final norm output")?;
-        let mut rstd = scratch(n, "final norm rstd")?;
-        kernels::rmsnorm_forward(&x.data, &self.final_norm.data, d.eps, &mut xf, &mut rstd)
-            .map_err(kernel_err("final norm"))?;
-        let mut logits = scratch(n * d.vocab, "logits")?;
-        linalg::linear(
-            &xf,
-            &self.lm_head.data,
-            n,
-            d.hidden,
-            d.vocab,
-            &mut logits,
-            false,
-            1.0,
-        );
-        let mut lse = scratch(n, "logsumexp")?;
-        let loss = kernels::cross_entropy_forward(&logits, targets, d.vocab, &mut lse)
-            .map_err(kernel_err("cross-entropy"))?;
-        let mut dlogits = scratch(logits.len(), "dlogits")?;
-        kernels::cross_entropy_backward(&logits, targets, d.vocab, &lse, 1.0, &mut dlogits)
-            .map_err(kernel_err("cross-entropy"))?;
-        drop(logits);
-        let mut grads = Qwen3Grads::default();
-        let mut dxf = scratch(xf.len(), "dfinal norm output")?;
-        linalg::linear_dx(
-            &dlogits,
-            &self.lm_head.data,
-            n,
-            d.hidden,
-            d.vocab,
-            &mut dxf,
-            false,
-            1.0,
-        );
-        let mut dnorm = vec![0.0; d.hidden];
-        let mut dx = scratch(x.data.len(), "dx of the last block")?;
-        kernels::rmsnorm_backward(
-            &x.data,
-            &self.final_norm.data,
-            &rstd,
-            &dxf,
-            &mut dx,
-            Some(&mut dnorm),
-        )
-        .map_err(kernel_err("final norm"))?;
-        if mode == Mode::Full {
-            let bytes = self.lm_head.bytes() + self.final_norm.bytes();
-            holds.push(meter.hold(bytes, Use::Gradient, || {
-                "gradients of `lm_head` and `final_norm`".into()
-            })?);
-            grads.lm_head = vec![0.0; self.lm_head.data.len()];
-            linalg::linear_dw(&dlogits, &xf, n, d.hidden, d.vocab, &mut grads.lm_head, 1.0);
-            grads.final_norm = dnorm;
-        }
-        Ok((loss, dx, grads))
+        lm_loss(head, x, targets, mode, meter, holds)
     }
 }
 
-fn kernel_err(what: &'static str) -> impl Fn(kernels::KernelError) -> RunError {
+/// Token embeddings of `[batch, seq]` tokens from `embed` (`[vocab, hidden]`), charged to
+/// the pool as layer 0's block input.
+pub(crate) fn embed_tokens(
+    embed: &Act,
+    [batch, seq]: [usize; 2],
+    tokens: &[u32],
+    meter: &Arc<Meter>,
+) -> RunResult<(Act, Hold)> {
+    let (vocab, hidden) = (embed.shape[0], embed.shape[1]);
+    let hold = meter.hold((tokens.len() * hidden * 4) as u64, Use::Forward, || {
+        "embedding output (layer 0 block input `x`)".into()
+    })?;
+    let mut x = vec![0.0; tokens.len() * hidden];
+    kernels::embedding_forward(&embed.data, vocab, hidden, tokens, &mut x)
+        .map_err(kernel_err("embedding"))?;
+    Ok((Act::new(x, vec![batch, seq, hidden]), hold))
+}
+
+/// The weights after the blocks: final RMSNorm and LM head (`[vocab, hidden]`).
+#[derive(Clone, Copy)]
+pub(crate) struct LmHead<'a> {
+    pub final_norm: &'a Act,
+    pub lm_head: &'a Act,
+    pub eps: f64,
+}
+
+/// Final norm, LM head and mean cross-entropy, forward and backward (not spec-driven);
+/// its buffers are charged to the pool like the blocks'.
+pub(crate) fn lm_loss(
+    head: LmHead,
+    x: &Act,
+    targets: &[u32],
+    mode: Mode,
+    meter: &Arc<Meter>,
+    holds: &mut Vec<Hold>,
+) -> RunResult<(f32, Scratch, Qwen3Grads)> {
+    let (vocab, hidden) = (head.lm_head.shape[0], head.lm_head.shape[1]);
+    let n = x.data.len() / hidden.max(1);
+    let scratch =
+        |len: usize, what: &'static str| Scratch::zeros(meter, len, || format!("LM head `{what}`"));
+    let mut xf = scratch(x.data.len(), "final norm output")?;
+    let mut rstd = scratch(n, "final norm rstd")?;
+    kernels::rmsnorm_forward(&x.data, &head.final_norm.data, head.eps, &mut xf, &mut rstd)
+        .map_err(kernel_err("final norm"))?;
+    let mut logits = scratch(n * vocab, "logits")?;
+    linalg::linear(
+        &xf,
+        &head.lm_head.data,
+        n,
+        hidden,
+        vocab,
+        &mut logits,
+        false,
+        1.0,
+    );
+    let mut lse = scratch(n, "logsumexp")?;
+    let loss = kernels::cross_entropy_forward(&logits, targets, vocab, &mut lse)
+        .map_err(kernel_err("cross-entropy"))?;
+    let mut dlogits = scratch(logits.len(), "dlogits")?;
+    kernels::cross_entropy_backward(&logits, targets, vocab, &lse, 1.0, &mut dlogits)
+        .map_err(kernel_err("cross-entropy"))?;
+    drop(logits);
+    let mut grads = Qwen3Grads::default();
+    let mut dxf = scratch(xf.len(), "dfinal norm output")?;
+    linalg::linear_dx(
+        &dlogits,
+        &head.lm_head.data,
+        n,
+        hidden,
+        vocab,
+        &mut dxf,
+        false,
+        1.0,
+    );
+    let mut dnorm = vec![0.0; hidden];
+    let mut dx = scratch(x.data.len(), "dx of the last block")?;
+    kernels::rmsnorm_backward(
+        &x.data,
+        &head.final_norm.data,
+        &rstd,
+        &dxf,
+        &mut dx,
+        Some(&mut dnorm),
+    )
+    .map_err(kernel_err("final norm"))?;
+    if mode == Mode::Full {
+        let bytes = head.lm_head.bytes() + head.final_norm.bytes();
+        holds.push(meter.hold(bytes, Use::Gradient, || {
+            "gradients of `lm_head` and `final_norm`".into()
+        })?);
+        grads.lm_head = vec![0.0; head.lm_head.data.len()];
+        linalg::linear_dw(&dlogits, &xf, n, hidden, vocab, &mut grads.lm_head, 1.0);
+        grads.final_norm = dnorm;
+    }
+    Ok((loss, dx, grads))
+}
+
+pub(crate) fn kernel_err(what: &'static str) -> impl Fn(kernels::KernelError) -> RunError {
     move |e| RunError::Model(format!("{what}: {e}"))
 }
 

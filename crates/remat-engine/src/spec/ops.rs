@@ -122,6 +122,48 @@ pub const OPS: &[OpSchema] = &[
         required_attrs: &[],
         description: "weighted sum of a token's k expert rows (plus the shared expert)",
     },
+    OpSchema {
+        name: "causal_conv1d",
+        inputs: &["x", "weight", "bias?"],
+        outputs: &["y"],
+        required_attrs: &[],
+        description: "depthwise causal conv over the first channels of x (Mamba); weight [C, 1, K]",
+    },
+    OpSchema {
+        name: "silu",
+        inputs: &["x"],
+        outputs: &["y"],
+        required_attrs: &[],
+        description: "x * sigmoid(x)",
+    },
+    OpSchema {
+        name: "softplus",
+        inputs: &["x"],
+        outputs: &["y"],
+        required_attrs: &[],
+        description: "ln(1 + e^x), x itself above 20 (PyTorch's threshold)",
+    },
+    OpSchema {
+        name: "dt_proj",
+        inputs: &["x_dbc", "weight", "bias?"],
+        outputs: &["y"],
+        required_attrs: &[],
+        description: "Mamba's dt projection of the first R columns of x_proj's output",
+    },
+    OpSchema {
+        name: "selective_scan",
+        inputs: &["u", "dt", "A_log", "x_dbc", "D"],
+        outputs: &["y", "states"],
+        required_attrs: &["chunk"],
+        description: "Mamba-1 scan h = exp(dt A) h + dt B u, y = C h + D u; keeps the state entering each chunk",
+    },
+    OpSchema {
+        name: "mamba_gate",
+        inputs: &["y", "xz"],
+        outputs: &["out"],
+        required_attrs: &[],
+        description: "y * silu(z), z the last channels of in_proj's output",
+    },
 ];
 
 pub fn lookup(name: &str) -> Option<&'static OpSchema> {
@@ -135,4 +177,5 @@ pub fn known_names() -> String {
 }
 
 /// LoRA adapter names a slot may list in `lora_targets`.
-pub const LORA_TARGETS: &[&str] = &["q", "k", "v", "o", "up", "gate", "down"];
+/// The Qwen3 projections, then Mamba's `in` (in_proj), `x` (x_proj) and `out` (out_proj).
+pub const LORA_TARGETS: &[&str] = &["q", "k", "v", "o", "up", "gate", "down", "in", "x", "out"];

@@ -31,7 +31,20 @@ pub const QWEN3_MOE: ShippedBlock = ShippedBlock {
     config_text: include_str!("../../../../specs/qwen3-moe.config.toml"),
 };
 
-pub const BLOCKS: &[ShippedBlock] = &[QWEN3, QWEN3_MOE];
+pub const MAMBA: ShippedBlock = ShippedBlock {
+    name: "mamba",
+    spec_file: "specs/mamba.toml",
+    spec_text: include_str!("../../../../specs/mamba.toml"),
+    config_file: "specs/mamba.config.toml",
+    config_text: include_str!("../../../../specs/mamba.config.toml"),
+};
+
+/// The example hybrid model config (`remat train --block hybrid`): a block type per layer,
+/// each running through its shipped spec.
+pub const HYBRID_CONFIG_FILE: &str = "specs/hybrid.config.toml";
+pub const HYBRID_CONFIG_TEXT: &str = include_str!("../../../../specs/hybrid.config.toml");
+
+pub const BLOCKS: &[ShippedBlock] = &[QWEN3, QWEN3_MOE, MAMBA];
 
 impl ShippedBlock {
     pub fn by_name(name: &str) -> Option<Self> {

@@ -17,7 +17,7 @@ use crate::spec::run::{RunError, RunResult, linalg, moe};
 use super::{BlockKind, Qwen3, kernel_err};
 
 /// Where one layer's backward writes its gradients, and the pool bytes they hold.
-pub(super) struct LayerGrads<'g> {
+pub(crate) struct LayerGrads<'g> {
     pub layer: usize,
     pub params: &'g mut BTreeMap<String, Vec<f32>>,
     pub adapters: &'g mut BTreeMap<String, AdapterGrad>,
@@ -26,7 +26,7 @@ pub(super) struct LayerGrads<'g> {
 }
 
 impl LayerGrads<'_> {
-    fn charge(&mut self, name: &str, len: usize) -> RunResult<()> {
+    pub(crate) fn charge(&mut self, name: &str, len: usize) -> RunResult<()> {
         let layer = self.layer;
         let hold = self.meter.hold(len as u64 * 4, Use::Gradient, || {
             format!("layer {layer} gradient of `{name}`")
@@ -36,7 +36,7 @@ impl LayerGrads<'_> {
     }
 
     /// The gradient buffer of parameter `name`, created (and charged) on first use.
-    fn param(&mut self, name: &str, len: usize) -> RunResult<&mut Vec<f32>> {
+    pub(crate) fn param(&mut self, name: &str, len: usize) -> RunResult<&mut Vec<f32>> {
         if !self.params.contains_key(name) {
             self.charge(name, len)?;
         }
@@ -47,7 +47,12 @@ impl LayerGrads<'_> {
     }
 
     /// The gradients of adapter `target`, created (and charged) on first use.
-    fn adapter(&mut self, target: &str, a: usize, b: usize) -> RunResult<&mut AdapterGrad> {
+    pub(crate) fn adapter(
+        &mut self,
+        target: &str,
+        a: usize,
+        b: usize,
+    ) -> RunResult<&mut AdapterGrad> {
         if !self.adapters.contains_key(target) {
             self.charge(&format!("lora.{target}"), a + b)?;
         }
@@ -132,7 +137,7 @@ const QK_NORM_READS: [&str; 4] = ["q_lin", "k_lin", "q_rstd", "k_rstd"];
 impl Qwen3 {
     /// Every slot this model's backward reads: a spec must declare each of them (checked
     /// before a step, so a spec for another block fails before any work).
-    pub(super) fn backward_reads(&self) -> Vec<&'static str> {
+    pub(crate) fn backward_reads(&self) -> Vec<&'static str> {
         let d = &self.dims;
         let mut reads: Vec<&'static str> = match self.kind {
             BlockKind::Dense => DENSE_MLP_READS.to_vec(),
@@ -221,7 +226,7 @@ impl Qwen3 {
     }
 
     /// One block's backward: takes the gradient of its output, returns its input's.
-    pub(super) fn block_backward(
+    pub(crate) fn block_backward(
         &self,
         b: &mut Backward,
         dout: Scratch,

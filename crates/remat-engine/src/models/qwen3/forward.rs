@@ -13,7 +13,7 @@ fn eps() -> (&'static str, Value) {
 
 impl Qwen3 {
     /// The block's forward as op calls: the slot names are the spec's.
-    pub(super) fn block_forward(&self, f: &mut Forward) -> RunResult<()> {
+    pub(crate) fn block_forward(&self, f: &mut Forward) -> RunResult<()> {
         use Src::{Global, Input, OptParam, Param, Slot};
         let d = &self.dims;
         f.call(

@@ -21,7 +21,7 @@ pub fn record_block(model: &Qwen3, plan: &Plan, tokens: &[u32]) -> RunResult<Vec
     let shared = Shared {
         plan,
         config: &plan.config,
-        rope: &rope,
+        rope: Some(&rope),
         lora: None,
         meter: &meter,
         host: &host,
@@ -79,7 +79,7 @@ impl Qwen3 {
         let shared = Shared {
             plan,
             config: &plan.config,
-            rope: &rope,
+            rope: Some(&rope),
             lora: lora_cfg,
             meter: &meter,
             host: &host,

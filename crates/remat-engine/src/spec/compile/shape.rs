@@ -1,5 +1,6 @@
-//! Shapes in named dims: each entry is a product (`*`) of integers, names from the spec's
-//! `[dims]` table and model-config keys.
+//! Shapes in named dims: each entry is a sum (`+`) of products (`*`) of integers, names from
+//! the spec's `[dims]` table and model-config keys; a factor `a/b` divides rounding up (chunk
+//! counts).
 
 use std::collections::BTreeMap;
 
@@ -24,19 +25,35 @@ impl ShapeResolver<'_> {
             dim: text.into(),
             reason,
         };
-        let mut product: usize = 1;
-        for factor in text.split('*').map(str::trim) {
-            let value = self.factor(factor, true).map_err(bad)?;
-            product = product
-                .checked_mul(value)
-                .ok_or_else(|| SpecError::BadShape {
-                    block: self.block.into(),
-                    owner: owner.into(),
-                    dim: text.into(),
-                    reason: "overflows".into(),
-                })?;
+        let overflow = || SpecError::BadShape {
+            block: self.block.into(),
+            owner: owner.into(),
+            dim: text.into(),
+            reason: "overflows".into(),
+        };
+        let mut sum: usize = 0;
+        for term in text.split('+').map(str::trim) {
+            let mut product: usize = 1;
+            for factor in term.split('*').map(str::trim) {
+                let value = self.quotient(factor).map_err(bad)?;
+                product = product.checked_mul(value).ok_or_else(overflow)?;
+            }
+            sum = sum.checked_add(product).ok_or_else(overflow)?;
         }
-        Ok(product)
+        Ok(sum)
+    }
+
+    /// `a/b` divides rounding up (a number of chunks: `T/L`); otherwise one factor.
+    fn quotient(&self, factor: &str) -> std::result::Result<usize, String> {
+        let Some((num, den)) = factor.split_once('/') else {
+            return self.factor(factor, true);
+        };
+        let (num, den) = (num.trim(), den.trim());
+        let den_value = self.factor(den, true)?;
+        if den_value == 0 {
+            return Err(format!("`{den}` is 0: `{factor}` divides by zero"));
+        }
+        Ok(self.factor(num, true)?.div_ceil(den_value))
     }
 
     /// An integer, a named dim (expanded one level, into config keys and integers), or a
@@ -87,5 +104,36 @@ impl ShapeResolver<'_> {
                 "`{factor}` is neither a dim of the spec nor a key of the model config (override it with `--set {factor}=N`)"
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Value;
+
+    #[test]
+    fn sums_of_products_and_quotients_rounding_up() {
+        let dims = BTreeMap::from([("L".to_string(), "scan_chunk".to_string())]);
+        let config = ModelConfig::new("t")
+            .set("seq_len", Value::Int(10))
+            .set("scan_chunk", Value::Int(4))
+            .set("zero", Value::Int(0));
+        let r = ShapeResolver {
+            block: "b",
+            dims: &dims,
+            config: &config,
+        };
+        let shape = [
+            "seq_len/L".to_string(),
+            "2*seq_len/5".to_string(),
+            "L + 2*seq_len".to_string(),
+        ];
+        assert_eq!(r.shape("s", &shape).unwrap(), vec![3, 4, 24]);
+        let err = r
+            .shape("s", &["seq_len/zero".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("divides by zero"), "{err}");
     }
 }

@@ -54,7 +54,8 @@ pub struct Record {
 pub struct Shared<'a> {
     pub plan: &'a Plan,
     pub config: &'a ModelConfig,
-    pub rope: &'a RopeTable<f32>,
+    /// Models without attention (Mamba) have none.
+    pub rope: Option<&'a RopeTable<f32>>,
     pub lora: Option<&'a LoraConfig>,
     pub meter: &'a Arc<Meter>,
     pub host: &'a HostStore,

@@ -7,6 +7,7 @@ pub mod fingerprint;
 pub mod linalg;
 pub mod moe;
 pub mod ops;
+pub mod ssm;
 
 pub use error::{RunError, RunResult};
 pub use ops::{Act, OpEnv, execute};

@@ -49,7 +49,8 @@ impl Act {
 /// What an op runs with besides its operands.
 pub struct OpEnv<'a> {
     pub config: &'a ModelConfig,
-    pub rope: &'a RopeTable<f32>,
+    /// `None` in models without attention: the `rope` op is then an error.
+    pub rope: Option<&'a RopeTable<f32>>,
     /// The slot being produced, for error messages.
     pub slot: &'a str,
 }
@@ -135,7 +136,7 @@ pub fn execute(
             let mut y = vec![0.0; x.data.len()];
             let mut rstd = vec![0.0; rows];
             kernels::rmsnorm_forward(&x.data, &w.data, eps, &mut y, &mut rstd).map_err(kernel)?;
-            let rstd_shape = rstd_shape(&x.shape, w.data.len(), rows);
+            let rstd_shape = rstd_shape(&x.shape, w.data.len(), rows, op == "head_rmsnorm");
             Ok(vec![
                 Act::new(y, x.shape.clone()),
                 Act::new(rstd, rstd_shape),
@@ -157,7 +158,10 @@ pub fn execute(
         "rope" => {
             let x = arg(0)?;
             let head_dim = attr_usize(env, op, attrs, "head_dim")?;
-            Ok(vec![rope(env.rope, x, head_dim, false).map_err(kernel)?])
+            let table = env
+                .rope
+                .ok_or_else(|| bad("this model has no RoPE table (no attention)".into()))?;
+            Ok(vec![rope(table, x, head_dim, false).map_err(kernel)?])
         }
         "attention" => {
             let (q, k, v) = (arg(0)?, arg(1)?, arg(2)?);
@@ -192,19 +196,34 @@ pub fn execute(
         "moe_combine" => Ok(vec![
             super::moe::combine(arg(0)?, arg(1)?, opt(2)).map_err(bad)?,
         ]),
+        "causal_conv1d" => Ok(vec![
+            super::ssm::causal_conv1d(arg(0)?, arg(1)?, opt(2)).map_err(bad)?,
+        ]),
+        "silu" => Ok(vec![super::ssm::silu(arg(0)?)]),
+        "softplus" => Ok(vec![super::ssm::softplus(arg(0)?)]),
+        "dt_proj" => Ok(vec![
+            super::ssm::dt_proj(arg(0)?, arg(1)?, opt(2)).map_err(bad)?,
+        ]),
+        "selective_scan" => {
+            let chunk = attr_usize(env, op, attrs, "chunk")?;
+            super::ssm::selective_scan(arg(0)?, arg(1)?, arg(2)?, arg(3)?, arg(4)?, chunk)
+                .map_err(bad)
+        }
+        "mamba_gate" => Ok(vec![super::ssm::gate(arg(0)?, arg(1)?).map_err(bad)?]),
         other => Err(bad(format!("`{other}` has no implementation"))),
     }
 }
 
 /// One reciprocal std per normalised row: `[B, T]` for a norm over the hidden size,
-/// `[B, T, heads]` for a per-head norm of `[B, T, heads * head_dim]` (as specs declare it).
-fn rstd_shape(x_shape: &[usize], norm_len: usize, rows: usize) -> Vec<usize> {
+/// `[B, T, heads]` for a per-head norm of `[B, T, heads * head_dim]` (as specs declare it;
+/// one head too: a single key/value head gives `[B, T, 1]`, not `[B, T]`).
+fn rstd_shape(x_shape: &[usize], norm_len: usize, rows: usize, per_head: bool) -> Vec<usize> {
     let (last, lead) = match x_shape.split_last() {
         Some((last, lead)) => (*last, lead.to_vec()),
         None => return vec![rows],
     };
     let mut s = lead;
-    if norm_len > 0 && last != norm_len && last % norm_len == 0 {
+    if norm_len > 0 && (per_head || last != norm_len) && last % norm_len == 0 {
         s.push(last / norm_len);
     }
     if s.iter().product::<usize>() != rows {
