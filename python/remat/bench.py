@@ -375,7 +375,12 @@ def _compile_contenders(case: Case, budgets: list[float], counter: list[int]) ->
             t0 = time.perf_counter()
             before = counter[0]
             compiled_step()
-            note = f"compile {time.perf_counter() - t0:.1f} s, {counter[0] - before} graphs"
+            graphs = counter[0] - before
+            note = f"compile {time.perf_counter() - t0:.1f} s, {graphs} graphs"
+            if graphs == 0 and i > 0:
+                # A graph break leaves the model's own code in Dynamo's cache, shared by all
+                # the compiled steps: this one runs graphs partitioned at an earlier budget.
+                note += " (reuses an earlier budget's graphs: graph break)"
             out.append(Contender(method, compiled_step, uses_mode=False, note=note))
         except Exception as error:  # noqa: BLE001 - reported in the table
             out.append(Contender(method, compiled_step, uses_mode=False,
