@@ -608,9 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", default=None,
                         help="host link for remat's swaps, e.g. 2GB/s (default: 32GB/s on "
                              "CUDA, 0.1GB/s on CPU, where swaps go to files)")
-    parser.add_argument("--runs", type=int, default=5,
+    parser.add_argument("--runs", type=int, default=None,
                         help="timed rounds (one step of every contender each, after a "
-                             "warm-up round)")
+                             "warm-up round); default 5, 2 with --small")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds remat's planner may search per plan (default: the "
                              "planner's, 1 s up to 1,000 nodes, 1 ms per node above)")
@@ -630,6 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     methods = {m for m in args.methods.split(",") if m}
     if methods - {"ckpt", "compile", "remat"}:
         parser.error(f"--methods: unknown {sorted(methods - {'ckpt', 'compile', 'remat'})}")
+    if args.runs is None:
+        args.runs = 2 if args.small else 5
+    if args.runs < 1:
+        parser.error("--runs: at least 1 round")
     if args.threads:
         torch.set_num_threads(args.threads)
     for name in names:

@@ -106,6 +106,8 @@ def test_bad_arguments_are_named():
         bench.main(["--models", "vgg"])
     with pytest.raises(SystemExit):
         bench.main(["--budgets", "1.5"])
+    with pytest.raises(SystemExit):
+        bench.main(["--runs", "0"])
 
 
 @pytest.mark.slow
