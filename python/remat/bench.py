@@ -12,19 +12,29 @@ peak) it runs:
   partitioner and graphs run op by op (as ``aot_eager``): on CPU, Inductor's code
   generation would take most of the run, and op-by-op execution times the same aten
   kernels as the other contenders;
-- ``remat@f``: ``remat.torch.capture`` once, ``remat.plan`` at static bytes + gradient
-  bytes + f x the rest of the captured store-all peak (the activations: gradients live to
-  the end of the step in remat's graph and no method can drop them, so at small batches
-  a fraction of activations plus gradients would be below every method's floor),
-  ``remat.torch.apply``.
+- ``remat=X``, for each contender X that checkpoints (``ckpt-block``, ``compile@f``):
+  ``remat.torch.capture`` once, ``remat.plan`` at a budget equal to X's *measured*
+  activation peak (static bytes + that peak, which counts activations, gradients and the
+  loss, as remat's simulated peak does above the static bytes), ``remat.torch.apply``. If
+  remat's measured peak comes out above X's, it re-plans once lower by the excess. These
+  are the rows the goal is read from: at equal measured memory, is remat's step slower?
+- ``remat@f``: remat at static bytes + gradient bytes + f x the rest of the captured
+  store-all peak (the activations: gradients live to the end of the step in remat's graph
+  and no method can drop them, so at small batches a fraction of activations plus
+  gradients would be below every method's floor).
 
 Activation peak, measured the same way for every contender: on CPU, every storage created
 during the step (outputs of every aten op: a dispatch mode for eager code and remat's
 interpreter, the compiled graphs' interpreters for ``torch.compile``) is tracked with a weak
 reference, and after each op the bytes of those still alive are summed; the peak of that
 sum is reported (activations, gradients and the loss; not parameters or inputs). On CUDA,
-``torch.cuda.max_memory_allocated`` above the step's starting level. Step time: median of
-``--runs`` steps, measured without the memory tracking.
+``torch.cuda.max_memory_allocated`` above the step's starting level.
+
+Step time, measured without the memory tracking, in ``--runs`` interleaved rounds: each
+round runs one step of every contender (the order rotating), so that the drift of a shared
+machine falls on all alike; a contender's step time is its median, its ratio to ``none``
+the median of the per-round ratios, and each equal-memory pairing's ratio the median of
+the per-round remat / contender ratios, with their median absolute deviation as the noise.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import gc
 import statistics
 import sys
 import time
+import types
 from typing import Any, Callable
 
 import torch
@@ -216,13 +227,36 @@ def _counting_compiler(gm: torch.fx.GraphModule, _example_inputs):
     return run
 
 
-def _compile_backend():
+def _compile_backend(counter: list[int]):
+    """AOTAutograd with the min-cut partitioner, graphs run op by op; ``counter[0]`` counts
+    the forward graphs compiled."""
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(fw_compiler=_counting_compiler, bw_compiler=_counting_compiler,
+    def forward_compiler(gm, example_inputs):
+        counter[0] += 1
+        return _counting_compiler(gm, example_inputs)
+
+    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_counting_compiler,
                         partition_fn=min_cut_rematerialization_partition,
                         keep_inference_input_mutations=True)
+
+
+@dataclasses.dataclass
+class Contender:
+    """One way to run the training step. ``step`` runs it; ``enter`` / ``leave`` (untimed)
+    put the model into and out of the state it needs (checkpointing wrappers)."""
+
+    method: str
+    step: Callable[[], Any]
+    enter: Callable[[], None] = lambda: None
+    leave: Callable[[], None] = lambda: None
+    uses_mode: bool = True  # its ops run in eager code, visible to a dispatch mode
+    peak: int = 0
+    times: list[float] = dataclasses.field(default_factory=list)
+    note: str = ""
+    pair: str | None = None  # remat's equal-memory rows: the contender they are paired with
+    close: Callable[[], None] = lambda: None
 
 
 @dataclasses.dataclass
@@ -232,6 +266,10 @@ class Row:
     peak: int
     step_s: float
     note: str = ""
+    ratio: float = float("nan")  # median over rounds of (this step / none's step)
+    pair: str | None = None
+    pair_ratio: float = float("nan")  # median over rounds of (this step / pair's step)
+    pair_spread: float = float("nan")  # median absolute deviation of those ratios
 
 
 def _zero(model):
@@ -245,52 +283,197 @@ def _existing_storages(case: Case) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 
-def _measure(run_step: Callable[[], Any], *, runs: int, device, uses_mode: bool,
-             existing: set[int]):
-    """(activation peak in bytes, median step seconds) of ``run_step``."""
-    run_step()  # warm-up
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        run_step()
+def _measure_peak(c: Contender, case: Case, device) -> int:
+    """Activation peak in bytes of one step of ``c`` (after an untimed warm-up step)."""
+    c.enter()
+    try:
+        c.step()  # warm-up: lazy initialisation is not anyone's memory
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        run_step()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - base
-    else:
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            c.step()
+            torch.cuda.synchronize(device)
+            return torch.cuda.max_memory_allocated(device) - base
         # Non-reentrant checkpointing leaves reference cycles: collect them first, so that
         # one contender's garbage is not counted against the next.
         gc.collect()
-        live = LiveBytes(existing)
+        live = LiveBytes(_existing_storages(case))
         _COMPILED_LIVE[0] = live
+        _MODE_LIVE[0] = live
         try:
-            _MODE_LIVE[0] = live
-            if uses_mode:
+            if c.uses_mode:
                 with _Recording(live):
-                    run_step()
+                    c.step()
             else:
-                run_step()
+                c.step()
         finally:
             _COMPILED_LIVE[0] = None
             _MODE_LIVE[0] = None
-        peak = live.peak
-    return peak, statistics.median(times)
+        return live.peak
+    finally:
+        c.leave()
+
+
+def time_interleaved(contenders: list[Contender], rounds: int, device) -> None:
+    """Times ``rounds`` rounds of one step of each contender (the first untimed, a warm-up),
+    rotating the order each round, so that drift of the shared machine (other processes,
+    frequency) falls on all of them alike; appends each step's seconds to ``times``."""
+    n = len(contenders)
+    for r in range(rounds + 1):
+        for k in range(n):
+            c = contenders[(r + k) % n]
+            c.enter()
+            gc.collect()  # a contender's reference cycles are not the next one's time
+            t0 = time.perf_counter()
+            c.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - t0
+            c.leave()
+            if r > 0:
+                c.times.append(elapsed)
+
+
+def _median_ratio(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Median of the per-round ratios a[i] / b[i], and their median absolute deviation."""
+    ratios = [x / y for x, y in zip(a, b) if y > 0]
+    if not ratios:
+        return float("nan"), float("nan")
+    mid = statistics.median(ratios)
+    return mid, statistics.median(abs(x - mid) for x in ratios)
+
+
+def _compile_contenders(case: Case, budgets: list[float], counter: list[int]) -> list[Contender]:
+    """One ``torch.compile`` per budget, each compiled while its budget is set. Each gets its
+    own code object, so that Dynamo's cache (per code object) keeps all of them at once and
+    they can be timed in the same rounds; ``counter`` counts the graphs compiled, which
+    shows a recompile during timing."""
+    backend = _compile_backend(counter)
+    out = []
+    for i, f in enumerate(budgets):
+        def loss():
+            return case.loss()
+
+        code = loss.__code__.replace(co_name=f"bench_loss_{i}")
+        fresh = types.FunctionType(code, loss.__globals__, code.co_name, None, loss.__closure__)
+        compiled = torch.compile(fresh, backend=backend)
+
+        def compiled_step(compiled=compiled, f=f):
+            # Set at every call, not only the first: a guard that fails (the checkpointing
+            # contender changes the model's attributes) recompiles under this budget.
+            old = torch._functorch.config.activation_memory_budget
+            torch._functorch.config.activation_memory_budget = f
+            try:
+                _zero(case.model)
+                compiled().backward()
+            finally:
+                torch._functorch.config.activation_memory_budget = old
+
+        method = f"compile@{f}"
+        try:
+            t0 = time.perf_counter()
+            before = counter[0]
+            compiled_step()
+            graphs = counter[0] - before
+            note = f"compile {time.perf_counter() - t0:.1f} s, {graphs} graphs"
+            if graphs == 0 and i > 0:
+                # A graph break leaves the model's own code in Dynamo's cache, shared by all
+                # the compiled steps: this one runs graphs partitioned at an earlier budget.
+                note += " (reuses an earlier budget's graphs: graph break)"
+            out.append(Contender(method, compiled_step, uses_mode=False, note=note))
+        except Exception as error:  # noqa: BLE001 - reported in the table
+            out.append(Contender(method, compiled_step, uses_mode=False,
+                                 note=f"failed: {type(error).__name__}: {str(error)[:80]}"))
+    return out
+
+
+class _RematPlanner:
+    """Captures the step once and makes remat contenders at byte budgets."""
+
+    def __init__(self, case: Case, bandwidth: float, time_limit: float | None):
+        import remat.torch as rt
+
+        self.case = case
+        self.bandwidth = bandwidth
+        self.time_limit = time_limit
+        t0 = time.perf_counter()
+        self.captured = rt.capture(case.model, case.inputs, loss_fn=case.loss_fn, runs=3)
+        self.capture_s = time.perf_counter() - t0
+        self.static = self.captured.static_bytes
+        self.grads = sum(p.numel() * p.element_size() for p in case.model.parameters()
+                         if p.requires_grad)
+        self.plan_s: list[float] = []
+
+    def fraction_budget(self, f: float) -> int:
+        """Static bytes + gradient bytes + f x the captured store-all peak's activations:
+        gradients live to the end of the step in remat's graph and no method can drop them,
+        so at small batches f x (activations + gradients) would be below every floor."""
+        store_all = self.captured.store_all_peak()
+        return self.static + self.grads + int(f * (store_all - self.static - self.grads))
+
+    def measured_budget(self, peak: int) -> int:
+        """The budget at which remat's plan may hold what a contender was measured holding:
+        the measured peak counts the step's activations, gradients and loss, which is remat's
+        simulated peak less the static bytes (parameters, inputs)."""
+        return self.static + peak
+
+    def contender(self, method: str, budget: int) -> Contender:
+        import remat
+        import remat.torch as rt
+
+        t0 = time.perf_counter()
+        try:
+            plan = remat.plan(self.captured, budget, bandwidth=self.bandwidth,
+                              time_limit=self.time_limit)
+        except remat.BudgetError as error:
+            return Contender(method, lambda: None, note=f"infeasible: {error}")
+        plan_s = time.perf_counter() - t0
+        self.plan_s.append(plan_s)
+        step = rt.apply(self.captured, plan)
+        # Swapped-in values are made on the prefetch thread, out of the dispatch mode's
+        # sight: the interpreter reports what it holds too.
+        step.observer = _LIVE_OBSERVER
+        args = self.case.inputs
+
+        def planned():
+            _loss, grads = step(**args) if isinstance(args, dict) else step(*args)
+            return grads
+
+        bound = "-" if plan.lower_bound is None else f">= +{plan.lower_bound * 100:.0f}%"
+        note = (f"{plan.strategy}, predicted +{plan.overhead * 100:.0f}% (bound {bound})"
+                f"{', reordered' if plan.reorders else ''}; plan {plan_s * 1e3:.0f} ms; "
+                f"predicted peak {(plan.peak_bytes - self.static) / 2**20:.1f} MiB")
+        return Contender(method, planned, note=note, close=step.close)
+
+
+def _equal_memory(planner: _RematPlanner, target: Contender, case: Case, device) -> Contender:
+    """remat planned at ``target``'s measured peak. Memory the graph does not see (an op's
+    scratch) can take the measured peak above the plan's; then it re-plans once, lower by
+    the excess, so that the pairing is at equal measured memory."""
+    method = f"remat={target.method}"
+    budget = planner.measured_budget(target.peak)
+    c = planner.contender(method, budget)
+    if c.note.startswith("infeasible"):
+        return c
+    c.peak = _measure_peak(c, case, device)
+    if c.peak > target.peak:
+        c.close()
+        excess = c.peak - target.peak
+        c = planner.contender(method, budget - excess)
+        if c.note.startswith("infeasible"):
+            return c
+        c.peak = _measure_peak(c, case, device)
+        c.note += f"; re-planned {excess / 2**20:.1f} MiB lower"
+    c.pair = target.method
+    return c
 
 
 def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
-               bandwidth: float | None = None) -> tuple[list[Row], dict]:
-    import remat
-    import remat.torch as rt
-
+               bandwidth: float | None = None,
+               time_limit: float | None = None) -> tuple[list[Row], dict]:
     model = case.model
     device = next(model.parameters()).device
-    rows: list[Row] = []
     info: dict = {}
     # Host link the swaps are planned with: PCIe on CUDA. On CPU the "host" is the file
     # store, whose copies take CPU time from the computation: on the 2-core host of the
@@ -303,103 +486,114 @@ def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
         case.loss().backward()
 
     eager()  # the first step pays for lazy initialisation: not anyone's time
-    peak, step_s = _measure(eager, runs=runs, device=device, uses_mode=True,
-                                existing=_existing_storages(case))
-    rows.append(Row(case.name, "none", peak, step_s))
-
+    contenders = [Contender("none", eager)]
     if "ckpt" in methods:
-        case.enable_block_checkpoint()
-        try:
-            peak, step_s = _measure(eager, runs=runs, device=device, uses_mode=True,
-                                existing=_existing_storages(case))
-        finally:
-            case.disable_block_checkpoint()
-        rows.append(Row(case.name, "ckpt-block", peak, step_s))
+        contenders.append(Contender("ckpt-block", eager, case.enable_block_checkpoint,
+                                    case.disable_block_checkpoint))
+    counter = [0]
+    if "compile" in methods:
+        torch._dynamo.reset()
+        contenders += _compile_contenders(case, budgets, counter)
+    compiled = counter[0]
+    for c in contenders:
+        if not c.note.startswith("failed"):
+            c.peak = _measure_peak(c, case, device)
 
     if "remat" in methods:
-        t0 = time.perf_counter()
-        captured = rt.capture(model, case.inputs, loss_fn=case.loss_fn, runs=3)
-        info["capture_s"] = time.perf_counter() - t0
-        info["nodes"] = captured.num_nodes
-        info["trace_s"] = captured.timings["trace_s"]
-        static = captured.static_bytes
-        grads = sum(p.numel() * p.element_size() for p in model.parameters()
-                    if p.requires_grad)
-        info["plan_s"] = []
+        planner = _RematPlanner(case, bandwidth, time_limit)
+        info.update(capture_s=planner.capture_s, nodes=planner.captured.num_nodes,
+                    trace_s=planner.captured.timings["trace_s"], plan_s=planner.plan_s)
+        checkpointing = [c for c in contenders if c.method != "none" and c.peak > 0]
+        for target in checkpointing:
+            contenders.append(_equal_memory(planner, target, case, device))
         for f in budgets:
-            budget = static + grads + int(f * (captured.store_all_peak() - static - grads))
-            t0 = time.perf_counter()
-            try:
-                plan = remat.plan(captured, budget, bandwidth=bandwidth)
-            except remat.BudgetError as error:
-                rows.append(Row(case.name, f"remat@{f}", 0, 0.0, f"infeasible: {error}"))
-                continue
-            info["plan_s"].append(time.perf_counter() - t0)
-            step = rt.apply(captured, plan)
-            # Swapped-in values are made on the prefetch thread, out of the dispatch mode's
-            # sight: the interpreter reports what it holds too.
-            step.observer = _LIVE_OBSERVER
+            c = planner.contender(f"remat@{f}", planner.fraction_budget(f))
+            if not c.note.startswith("infeasible"):
+                c.peak = _measure_peak(c, case, device)
+            contenders.append(c)
 
-            def planned():
-                args = case.inputs
-                loss, grads = step(**args) if isinstance(args, dict) else step(*args)
-                return grads
-
-            peak, step_s = _measure(planned, runs=runs, device=device, uses_mode=True,
-                                existing=_existing_storages(case))
-            note = (f"{plan.strategy}, predicted +{plan.overhead * 100:.0f}%; interpreter {step.stats.peak_bytes / 2**20:.1f} MiB "
-                    f"<= plan {(plan.peak_bytes - static) / 2**20:.1f} MiB")
-            rows.append(Row(case.name, f"remat@{f}", peak, step_s, note))
-            step.close()
-
-    if "compile" in methods:
-        backend = _compile_backend()
-        for f in budgets:
-            torch._dynamo.reset()
-            old = torch._functorch.config.activation_memory_budget
-            torch._functorch.config.activation_memory_budget = f
-            try:
-                compiled = torch.compile(lambda: case.loss(), backend=backend)
-
-                def compiled_step():
-                    _zero(model)
-                    compiled().backward()
-
-                t0 = time.perf_counter()
-                compiled_step()
-                compile_s = time.perf_counter() - t0
-                peak, step_s = _measure(compiled_step, runs=runs, device=device,
-                                        uses_mode=False, existing=_existing_storages(case))
-                rows.append(Row(case.name, f"compile@{f}", peak, step_s,
-                                f"compile {compile_s:.1f} s"))
-            except Exception as error:  # noqa: BLE001 - reported in the table
-                rows.append(Row(case.name, f"compile@{f}", 0, 0.0,
-                                f"failed: {type(error).__name__}: {str(error)[:80]}"))
-            finally:
-                torch._functorch.config.activation_memory_budget = old
-        torch._dynamo.reset()
+    timed = [c for c in contenders if c.peak > 0]
+    time_interleaved(timed, runs, device)
+    # Graphs compiled again after the first steps (each under its contender's budget).
+    info["recompiles"] = counter[0] - compiled
+    for c in contenders:
+        c.close()
+    torch._dynamo.reset()
     _zero(model)
-    return rows, info
+    return _rows(case.name, contenders), info
+
+
+def _rows(model: str, contenders: list[Contender]) -> list[Row]:
+    by_method = {c.method: c for c in contenders}
+    none = by_method["none"]
+    rows = []
+    for c in contenders:
+        if not c.times:
+            rows.append(Row(model, c.method, 0, 0.0, c.note))
+            continue
+        row = Row(model, c.method, c.peak, statistics.median(c.times), c.note,
+                  ratio=_median_ratio(c.times, none.times)[0], pair=c.pair)
+        if c.pair is not None:
+            row.pair_ratio, row.pair_spread = _median_ratio(c.times, by_method[c.pair].times)
+        rows.append(row)
+    return rows
 
 
 def format_table(rows: list[Row]) -> str:
     base = {r.model: r for r in rows if r.method == "none"}
     lines = [
-        f"{'model':<18} {'method':<14} {'act peak MiB':>12} {'x none':>7} "
+        f"{'model':<18} {'method':<22} {'act peak MiB':>12} {'x none':>7} "
         f"{'step ms':>9} {'x none':>7}  note",
     ]
     for r in rows:
         b = base.get(r.model)
         if r.peak == 0:
-            lines.append(f"{r.model:<18} {r.method:<14} {'-':>12} {'-':>7} {'-':>9} {'-':>7}  {r.note}")
+            lines.append(f"{r.model:<18} {r.method:<22} {'-':>12} {'-':>7} {'-':>9} {'-':>7}  {r.note}")
             continue
         mem_ratio = r.peak / b.peak if b and b.peak else float("nan")
-        time_ratio = r.step_s / b.step_s if b and b.step_s else float("nan")
         lines.append(
-            f"{r.model:<18} {r.method:<14} {r.peak / 2**20:>12.2f} {mem_ratio:>7.2f} "
-            f"{r.step_s * 1e3:>9.1f} {time_ratio:>7.2f}  {r.note}"
+            f"{r.model:<18} {r.method:<22} {r.peak / 2**20:>12.2f} {mem_ratio:>7.2f} "
+            f"{r.step_s * 1e3:>9.1f} {r.ratio:>7.2f}  {r.note}"
         )
     return "\n".join(lines)
+
+
+def pairing_verdicts(rows: list[Row]) -> tuple[list[str], dict[str, bool]]:
+    """The equal-memory pairings, one line each, and per model whether remat met the goal:
+    at every pairing, remat's measured peak <= the contender's and its step time no slower
+    (the median per-round ratio at most 1 + its median absolute deviation, the noise)."""
+    by_key = {(r.model, r.method): r for r in rows}
+    lines, met = [], {}
+    for r in rows:
+        if not r.method.startswith("remat="):
+            continue
+        target = r.method.split("=", 1)[1]
+        t = by_key.get((r.model, target))
+        if r.peak == 0 or t is None:
+            lines.append(f"{r.model:<18} {target:<14} remat: {r.note}")
+            met[r.model] = False
+            continue
+        mem_ok = r.peak <= t.peak
+        time_ok = r.pair_ratio <= 1 + r.pair_spread
+        lines.append(
+            f"{r.model:<18} {target:<14} peak {t.peak / 2**20:8.2f} vs remat {r.peak / 2**20:8.2f} MiB "
+            f"({'<=' if mem_ok else '>'}), step {t.step_s * 1e3:8.1f} vs remat "
+            f"{r.step_s * 1e3:8.1f} ms, remat/contender {r.pair_ratio:.2f} +- {r.pair_spread:.2f}"
+            f"{'' if time_ok else '  SLOWER'}")
+        met[r.model] = met.get(r.model, True) and mem_ok and time_ok
+    return lines, met
+
+
+def _print_info(model: str, info: dict, total_s: float) -> None:
+    parts = [f"{model}: bench {total_s:.0f} s"]
+    if "capture_s" in info:
+        plans = ", ".join(f"{s * 1e3:.0f}" for s in info["plan_s"])
+        parts.append(f"capture {info['capture_s']:.1f} s (trace {info['trace_s']:.1f} s, "
+                     f"{info['nodes']} nodes), planning {plans} ms")
+    if info.get("recompiles"):
+        parts.append(f"{info['recompiles']} graphs recompiled after the first step (guards "
+                     "failed; each under its own budget, in an untimed step)")
+    print("; ".join(parts))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,7 +608,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth", default=None,
                         help="host link for remat's swaps, e.g. 2GB/s (default: 32GB/s on "
                              "CUDA, 0.1GB/s on CPU, where swaps go to files)")
-    parser.add_argument("--runs", type=int, default=2, help="timed steps per contender")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="timed rounds (one step of every contender each, after a "
+                             "warm-up round); default 5, 2 with --small")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds remat's planner may search per plan (default: the "
+                             "planner's, 1 s up to 1,000 nodes, 1 ms per node above)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -431,24 +630,34 @@ def main(argv: list[str] | None = None) -> int:
     methods = {m for m in args.methods.split(",") if m}
     if methods - {"ckpt", "compile", "remat"}:
         parser.error(f"--methods: unknown {sorted(methods - {'ckpt', 'compile', 'remat'})}")
+    if args.runs is None:
+        args.runs = 2 if args.small else 5
+    if args.runs < 1:
+        parser.error("--runs: at least 1 round")
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows: list[Row] = []
-    infos = {}
     for name in names:
         torch.manual_seed(args.seed)
         case = MODELS[name](args.small)
         print(f"# {case.name}: running ...", file=sys.stderr, flush=True)
-        case_rows, info = bench_case(case, budgets, args.runs, methods, args.bandwidth)
-        rows.extend(case_rows)
-        infos[case.name] = info
-    print(format_table(rows))
-    for model, info in infos.items():
-        if "capture_s" in info:
-            plans = ", ".join(f"{s * 1e3:.0f} ms" for s in info["plan_s"])
-            print(f"{model}: capture {info['capture_s']:.1f} s (trace {info['trace_s']:.1f} s, "
-                  f"{info['nodes']} nodes), "
-                  f"planning {plans}")
+        t0 = time.perf_counter()
+        rows, info = bench_case(case, budgets, args.runs, methods, args.bandwidth,
+                                args.time_limit)
+        print(format_table(rows))
+        _print_info(case.name, info, time.perf_counter() - t0)
+        lines, met = pairing_verdicts(rows)
+        if lines:
+            print(f"at equal measured memory (step times: medians of {args.runs} interleaved "
+                  "rounds; remat/contender: median per-round ratio +- its median absolute "
+                  "deviation):")
+            print("\n".join(lines))
+            for model, ok in met.items():
+                verdict = ("meets the goal: at every pairing no more memory and no slower "
+                           "within the noise" if ok else
+                           "does NOT meet the goal at every pairing (see above)")
+                print(f"{model}: remat {verdict}")
+        print(flush=True)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     return 0
 
 
