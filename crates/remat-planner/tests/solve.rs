@@ -182,7 +182,12 @@ fn the_default_search_is_never_worse_than_a_single_strategy() {
             let report = simulate(&g, &planned.plan).unwrap();
             assert!(report.peak_bytes <= budget);
             assert!(report.overhead() + 1e-9 >= bound.overhead);
-            for strategy in registry() {
+            // `anytime` is left out: the search runs it itself, from the best plan of the
+            // others, for the time they leave, while alone it gets the whole limit; both
+            // stop at a wall-clock deadline, so which gets further is a race on a loaded
+            // machine (CI once saw 2,984 against 2,961), not an invariant. Every other
+            // strategy here finishes well within its share.
+            for strategy in registry().into_iter().filter(|s| s.name() != "anytime") {
                 if let Ok(single) = strategy.plan(&problem) {
                     assert!(
                         planned.report.total_time <= single.report.total_time + 1e-9,
