@@ -2,8 +2,8 @@
 //! when the directory is absent), at budgets from 0.95 to 0.4 of the store-all peak:
 //! it never says infeasible where any strategy (or, with feature `milp`, the MILP) has a
 //! plan, its plans replay within the budget, its overhead is compared with the exact
-//! references that apply (chain-dp where exact, the MILP with feature `milp`) and must be
-//! within 1% (relative) of them, and the lower bound never exceeds them.
+//! references that apply (chain-dp where exact; not the MILP, see [`exact_overheads`]) and
+//! must be within 1% (relative) of them, and the lower bound never exceeds them.
 //!
 //! A slow host link makes swaps useless, so every strategy competes on recomputation (the
 //! exact references are recompute-only).
@@ -31,7 +31,11 @@ const FILES: [&str; 5] = [
 fn exact_overheads(problem: &Problem) -> Vec<(String, f64)> {
     let mut refs = Vec::new();
     for strategy in registry() {
-        if !strategy.is_exact_for(problem) {
+        // The MILP (feature `milp`) is left out: with its 120 s limit per solve, 12 budgets
+        // of five graphs (MobileNet has 185 nodes) would take CI hours, and it often returns
+        // an unproved incumbent here. The 1%-of-MILP comparison is measured by `remat bench
+        // plan`, not asserted here.
+        if !strategy.is_exact_for(problem) || strategy.name() == "checkmate-milp" {
             continue;
         }
         if let Ok(p) = strategy.plan(problem) {
