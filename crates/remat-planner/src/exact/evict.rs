@@ -99,7 +99,15 @@ struct Evictor<'g> {
     now: NodeId,
     steps: Vec<Step>,
     time: f64,
+    /// When the pass gives up; checked every [`DEADLINE_EVERY`] computations, since one
+    /// node's rebuild chain can run to thousands of them on graphs where rebuilds thrash.
+    deadline: Option<std::time::Instant>,
+    out_of_time: bool,
+    computes: usize,
 }
+
+/// Computations between two looks at the clock in a pass.
+const DEADLINE_EVERY: usize = 256;
 
 /// One greedy pass under `budget_bytes` (static memory included).
 pub fn evict_pass(graph: &Graph, budget_bytes: u64, weights: Weights) -> Pass {
@@ -149,15 +157,19 @@ pub fn evict_pass_until(
         now: 0,
         steps: Vec::new(),
         time: 0.0,
+        deadline,
+        out_of_time: false,
+        computes: 0,
     };
     for v in 0..graph.len() {
-        if v % 8 == 0 && deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+        ev.now = v;
+        let built = ev.materialize(v);
+        if ev.out_of_time {
             return Pass::Stuck {
                 needed: graph.store_all_peak(),
             };
         }
-        ev.now = v;
-        if let Err(needed) = ev.materialize(v) {
+        if let Err(needed) = built {
             return Pass::Stuck {
                 needed: needed + graph.static_bytes(),
             };
@@ -206,6 +218,16 @@ impl Evictor<'_> {
 
     /// Allocates and computes `x`, whose inputs are resident and pinned, then unpins them.
     fn compute(&mut self, x: NodeId) -> Result<(), u64> {
+        let look = self.computes.is_multiple_of(DEADLINE_EVERY);
+        self.computes += 1;
+        if look
+            && self
+                .deadline
+                .is_some_and(|d| std::time::Instant::now() >= d)
+        {
+            self.out_of_time = true;
+            return Err(0);
+        }
         let bytes = self.graph.node(x).output_bytes;
         while self.live + bytes > self.cap {
             let deficit = self.live + bytes - self.cap;
@@ -361,7 +383,7 @@ impl Strategy for Evict {
                 }
             },
         };
-        let steps = refine(problem.graph, at, weights, steps, time);
+        let steps = refine(problem.graph, at, weights, (steps, time), None);
         let decisions = decisions_of(problem.graph, &steps);
         plan_from_steps(problem, NAME, steps, decisions)
     }
@@ -379,8 +401,8 @@ pub(crate) fn plan_smaller_budget(
                 problem.graph,
                 reached.budget,
                 reached.weights,
-                reached.steps,
-                reached.time,
+                (reached.steps, reached.time),
+                Some(deadline),
             );
             let decisions = decisions_of(problem.graph, &steps);
             plan_from_steps(problem, NAME, steps, decisions)
@@ -438,23 +460,28 @@ const REFINE_ROUNDS: usize = 3;
 /// Local search on top of the greedy pass: the greedy choice is myopic (it evicts what is
 /// cheapest *now*, and may then pay for recomputing it several times), so try protecting
 /// each of the most expensive recomputed tensors from eviction and keep the change when the
-/// whole schedule gets faster. A few dozen passes at most.
+/// whole schedule gets faster. A few dozen passes at most, none begun after `deadline`
+/// (and one that reaches it is abandoned: the schedule so far stands).
 pub(crate) fn refine(
     graph: &Graph,
     budget: u64,
     weights: Weights,
-    mut steps: Vec<Step>,
-    mut time: f64,
+    (mut steps, mut time): (Vec<Step>, f64),
+    deadline: Option<std::time::Instant>,
 ) -> Vec<Step> {
+    let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
     let mut protected = vec![false; graph.len()];
     for _ in 0..REFINE_ROUNDS {
         let mut improved = false;
         for candidate in costliest_recomputed(graph, &steps, REFINE_CANDIDATES) {
+            if past() {
+                return steps;
+            }
             if protected[candidate] {
                 continue;
             }
             protected[candidate] = true;
-            match evict_pass_protecting(graph, budget, weights, &protected) {
+            match evict_pass_until(graph, budget, weights, &protected, deadline) {
                 Pass::Fits {
                     steps: better,
                     time: t,
@@ -597,6 +624,26 @@ mod tests {
             node("end", 1.0, vec![0, 1, 3]),
         ];
         Graph::new("buffer", nodes, 0, 1.0).unwrap()
+    }
+
+    #[test]
+    fn a_pass_and_its_refinement_stop_at_the_deadline() {
+        let g = crate::strategy::baselines::tests::training_chain(200);
+        let budget = g.store_all_peak() / 3;
+        let weights = weightings().next().expect("a weighting");
+        let none = vec![false; g.len()];
+        let Pass::Fits { steps, time } = evict_pass_until(&g, budget, weights, &none, None) else {
+            panic!("a third of the chain's peak fits");
+        };
+        let past = std::time::Instant::now();
+        // A deadline already past: the pass gives up at once, reported as stuck at the
+        // store-all peak, and refinement keeps the schedule it was given.
+        assert!(matches!(
+            evict_pass_until(&g, budget, weights, &none, Some(past)),
+            Pass::Stuck { needed } if needed == g.store_all_peak()
+        ));
+        let kept = refine(&g, budget, weights, (steps.clone(), time), Some(past));
+        assert_eq!(kept, steps);
     }
 
     #[test]

@@ -99,7 +99,8 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         holds_for: holds_for.into(),
     };
     let base = graph.base_time();
-    if problem.budget_bytes >= graph.store_all_peak() || base <= 0.0 {
+    // A known plan without overhead is optimal: nothing to climb.
+    if problem.budget_bytes >= graph.store_all_peak() || base <= 0.0 || upper == Some(0.0) {
         return bound(0.0);
     }
     let cover = Cover::build(problem);

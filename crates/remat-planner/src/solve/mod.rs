@@ -126,7 +126,8 @@ pub fn solve(
         if planned_orders.contains(&order) {
             continue;
         }
-        best.offer(plan_in_order(problem, &order, deadline));
+        let grace = best.planned.is_none();
+        best.offer(plan_in_order(problem, &order, deadline, grace));
         planned_orders.push(order);
         if best.overhead() == Some(0.0) {
             return best.into_result(problem);
@@ -138,7 +139,13 @@ pub fn solve(
         let Some(k) = search.improve_round(deadline) else {
             break;
         };
-        best.offer(plan_in_order(problem, &search.states[k].order, deadline));
+        let grace = best.planned.is_none();
+        best.offer(plan_in_order(
+            problem,
+            &search.states[k].order,
+            deadline,
+            grace,
+        ));
         if best.overhead() == Some(0.0) {
             break;
         }
@@ -297,11 +304,13 @@ impl Best {
 
 /// Plans the graph run in `order`: store-all when the order's peak fits (no overhead),
 /// else eviction (`evict_until`); the steps are mapped back and simulated on the
-/// original graph.
+/// original graph. With `grace` (no plan known yet), the first eviction pass may run past
+/// `deadline` by [`LAST_RESORT`]; without, nothing runs past it.
 pub fn plan_in_order(
     problem: &Problem,
     order: &[NodeId],
     deadline: Instant,
+    grace: bool,
 ) -> Result<Planned, PlanError> {
     let identity = order.iter().enumerate().all(|(k, &v)| k == v);
     let renumbered;
@@ -318,7 +327,7 @@ pub fn plan_in_order(
     let planned = if graph.store_all_peak() <= problem.budget_bytes {
         StoreAll.plan(&local)?
     } else {
-        evict_until(&local, deadline)?
+        evict_until(&local, deadline, grace)?
     };
     let steps = planned
         .plan
@@ -339,7 +348,7 @@ pub fn plan_in_order(
 /// Evict's passes (every weighting, on profiled and on unit costs) and its local search on
 /// the best, as [`Evict`] runs them, but stopping at `deadline` and without its search for
 /// a smaller budget when no pass fits (which [`solve`] runs once, as a last resort).
-fn evict_until(problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Planned, PlanError> {
     let graph = problem.graph;
     let unit = graph.with_unit_costs();
     let mut best: Option<(evict::Weights, Vec<Step>, f64)> = None;
@@ -353,9 +362,12 @@ fn evict_until(problem: &Problem, deadline: Instant) -> Result<Planned, PlanErro
                 break 'passes;
             }
             passes += 1;
-            // The first pass may run past the deadline by LAST_RESORT at most.
-            let stop = deadline.max(Instant::now() + LAST_RESORT);
-            let stop = if passes == 1 { stop } else { deadline };
+            // With grace, the first pass may run past the deadline by LAST_RESORT at most.
+            let stop = if passes == 1 && grace {
+                deadline.max(Instant::now() + LAST_RESORT)
+            } else {
+                deadline
+            };
             match evict::evict_pass_until(
                 on,
                 problem.budget_bytes,
@@ -380,11 +392,13 @@ fn evict_until(problem: &Problem, deadline: Instant) -> Result<Planned, PlanErro
             best_peak: smallest_need,
         });
     };
-    let steps = if Instant::now() < deadline {
-        evict::refine(graph, problem.budget_bytes, weights, steps, time)
-    } else {
-        steps
-    };
+    let steps = evict::refine(
+        graph,
+        problem.budget_bytes,
+        weights,
+        (steps, time),
+        Some(deadline),
+    );
     let decisions = crate::exact::chain_graph::decisions_of(graph, &steps);
     plan_from_steps(problem, NAME, steps, decisions)
 }

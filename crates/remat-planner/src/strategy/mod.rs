@@ -300,6 +300,9 @@ pub fn plan_best_among(
     })
 }
 
+/// Why the rest of a search is skipped once a plan without overhead is found.
+const NOTHING_TO_GAIN: &str = "not run: a plan with no time overhead was found already";
+
 /// Share of the time limit for planning; the rest climbs the lower bound.
 const PLANNING_SHARE: f64 = 0.9;
 /// Share of the time limit the strategies other than the anytime solver may use; each
@@ -332,40 +335,40 @@ pub fn search(
     let others = started + limit.mul_f64(OTHERS_SHARE);
     let rate = calibrate(problem);
     let anytime = strategies.iter().any(|s| s.name() == solve::NAME);
-    for strategy in strategies {
+    let queue = search_queue(strategies, anytime, &mut found);
+    for (k, strategy) in queue.iter().enumerate() {
         let name = strategy.name();
-        if name == solve::NAME {
+        if found.overhead() == Some(0.0) {
+            found.skipped.push((name, NOTHING_TO_GAIN.into()));
             continue;
         }
-        if anytime && name == crate::exact::evict::NAME {
-            // The anytime solver runs evict's passes and local search on the given order
-            // among its candidates, under the deadline; run alone, evict's search for a
-            // smaller budget when nothing fits can take minutes.
-            found.skipped.push((
-                name,
-                format!(
-                    "run inside {}, on the given order and on the reordered ones",
-                    solve::NAME
-                ),
-            ));
-            continue;
-        }
-        let left = others
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64();
-        if let Some(why) = skipped_in_search(strategy.as_ref(), problem, left, rate) {
+        let now = Instant::now();
+        let left = others.saturating_duration_since(now);
+        if let Some(why) = skipped_in_search(*strategy, problem, left.as_secs_f64(), rate) {
             found.skipped.push((name, why));
             continue;
         }
+        // A strategy that stops at its deadline gets an equal share of what is left, so
+        // one slow sweep (threshold's, on a large graph) cannot starve the ones after it;
+        // what it leaves unused passes on to them.
+        let deadline = if is_until_deadline(*strategy) {
+            now + left.div_f64((queue.len() - k) as f64)
+        } else {
+            others
+        };
         progress(&SearchProgress {
             elapsed: started.elapsed(),
             limit,
             stage: name.clone(),
             best_overhead: found.overhead(),
         });
-        found.record(name, strategy.plan_until(problem, others));
+        found.record(name, strategy.plan_until(problem, deadline));
     }
-    if anytime {
+    if anytime && found.overhead() == Some(0.0) {
+        found
+            .skipped
+            .push((solve::NAME.into(), NOTHING_TO_GAIN.into()));
+    } else if anytime {
         let incumbent = found.best.take();
         let result = solve::solve(problem, planning, incumbent, |stage, best| {
             progress(&SearchProgress {
@@ -393,6 +396,41 @@ pub fn search(
         failed: found.failed,
         bound: Some(bound),
     }
+}
+
+/// The strategies a search runs before the anytime solver, in order: those of one pass
+/// first, then those that stop at a deadline (MuTWO's first: quick, and the one with swaps).
+/// `evict` is left out with a note when the anytime solver runs it inside.
+fn search_queue<'s>(
+    strategies: &'s [Box<dyn Strategy>],
+    anytime: bool,
+    found: &mut Found,
+) -> Vec<&'s dyn Strategy> {
+    let mut queue = Vec::new();
+    for strategy in strategies {
+        let name = strategy.name();
+        if name == solve::NAME {
+            continue;
+        }
+        if anytime && name == crate::exact::evict::NAME {
+            // The anytime solver runs evict's passes and local search on the given order
+            // among its candidates, under the deadline; run alone, evict's search for a
+            // smaller budget when nothing fits can take minutes.
+            let why = format!(
+                "run inside {}, on the given order and on the reordered ones",
+                solve::NAME
+            );
+            found.skipped.push((name, why));
+            continue;
+        }
+        queue.push(strategy.as_ref());
+    }
+    queue.sort_by_key(|s| (is_until_deadline(*s), !s.name().starts_with("mutwo")));
+    queue
+}
+
+fn is_until_deadline(strategy: &dyn Strategy) -> bool {
+    strategy.search_cost() == SearchCost::UNTIL_DEADLINE
 }
 
 /// What the strategies of a search returned so far.
@@ -545,6 +583,81 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+    }
+
+    /// A strategy that stops at its deadline, having used all of it, with nothing found.
+    struct Sweeper;
+    impl Strategy for Sweeper {
+        fn name(&self) -> String {
+            "sweeper".into()
+        }
+        fn summary(&self) -> &'static str {
+            "uses its whole share"
+        }
+        fn search_cost(&self) -> SearchCost {
+            SearchCost::UNTIL_DEADLINE
+        }
+        fn plan(&self, _: &Problem) -> Result<Planned, PlanError> {
+            panic!("a search gives it a deadline");
+        }
+        fn plan_until(&self, _: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            Err(PlanError::NotApplicable {
+                strategy: self.name(),
+                why: "out of time".into(),
+            })
+        }
+    }
+
+    #[test]
+    fn a_strategy_that_stops_at_its_deadline_leaves_time_to_the_next() {
+        // Registry order puts the sweeper first; before the fix it took the whole share
+        // and every strategy after it was skipped for time (Moccasin n=1000: threshold).
+        let g = chain(40);
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: g.store_all_peak() * 3 / 4,
+            bandwidth: 1e3,
+        };
+        let strategies: Vec<Box<dyn Strategy>> = vec![Box::new(Sweeper), Box::new(mutwo::MuTwo)];
+        let best = search(&strategies, &problem, Duration::from_millis(400), |_| {});
+        assert!(
+            !best.skipped.iter().any(|(name, _)| name == "mutwo"),
+            "{:?}",
+            best.skipped
+        );
+        let alone = mutwo::MuTwo.plan(&problem).expect("mutwo fits");
+        let planned = best.result.expect("mutwo's plan");
+        assert_eq!(planned.plan.strategy, alone.plan.strategy);
+    }
+
+    #[test]
+    fn a_plan_without_overhead_ends_the_search() {
+        let g = chain(40);
+        let problem = Problem {
+            graph: &g,
+            budget_bytes: g.store_all_peak(),
+            bandwidth: 1e3,
+        };
+        let strategies: Vec<Box<dyn Strategy>> = vec![
+            Box::new(baselines::StoreAll),
+            Box::new(Sweeper),
+            Box::new(solve::Anytime::default()),
+        ];
+        let started = Instant::now();
+        let best = search(&strategies, &problem, Duration::from_secs(30), |_| {});
+        assert_eq!(best.result.expect("store-all fits").report.overhead(), 0.0);
+        for name in ["sweeper", solve::NAME] {
+            assert!(
+                best.skipped
+                    .iter()
+                    .any(|(n, why)| n == name && why == NOTHING_TO_GAIN),
+                "{name}: {:?}",
+                best.skipped
+            );
+        }
+        assert_eq!(best.bound.expect("a bound").overhead, 0.0);
+        assert!(started.elapsed() < Duration::from_secs(20));
     }
 
     #[test]
