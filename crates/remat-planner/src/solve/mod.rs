@@ -107,10 +107,9 @@ pub fn solve(
     let now = Instant::now();
     let orders_until = now + deadline.saturating_duration_since(now).mul_f64(ORDER_SHARE);
     progress("searching orders", best.overhead());
-    while Instant::now() < orders_until
-        && search.best_excess() > 0
-        && search.improve_once(orders_until)
-    {}
+    if !graph.order_is_fixed() {
+        search.anneal_all(orders_until);
+    }
     // 2. Evict on the best orders, then on the given one (evict's own plan), then on the
     //    other candidates.
     let mut planned_orders: Vec<Vec<NodeId>> = Vec::new();
@@ -213,24 +212,38 @@ impl OrderSearch<'_> {
         }
     }
 
-    /// [`OrderSearch::improve_round`], keeping the states sorted best first; false when
-    /// nothing improves any more.
-    fn improve_once(&mut self, deadline: Instant) -> bool {
-        let improved = self.improve_round(deadline).is_some();
-        // Sort states and their stale counts together.
-        let mut paired: Vec<(Searched, usize)> =
-            self.states.drain(..).zip(self.stale.drain(..)).collect();
-        paired.sort_by_key(|(s, _)| s.profile);
-        for (s, k) in paired {
-            self.states.push(s);
-            self.stale.push(k);
+    /// Anneals every candidate order that does not fit yet, each for an equal share of the
+    /// time to `until` (see [`order::anneal`]), then sorts them best first.
+    fn anneal_all(&mut self, until: Instant) {
+        let n = self.states.first().map_or(0, |s| s.order.len());
+        let count = self.states.len();
+        for k in 0..count {
+            if self.best_excess() == 0 {
+                break;
+            }
+            let now = Instant::now();
+            let share = until
+                .saturating_duration_since(now)
+                .div_f64((count - k) as f64);
+            let stop = now + share;
+            order::anneal(
+                &mut self.states[k],
+                &self.prec,
+                &mut self.eval,
+                &mut self.rng,
+                ANNEAL_MOVES_PER_NODE * n,
+                || Instant::now() >= stop,
+            );
         }
-        improved
+        self.states.sort_by_key(|s| s.profile);
     }
 }
 
 /// Time the last resort may take past the deadline when nothing fits.
 const LAST_RESORT: Duration = Duration::from_secs(1);
+
+/// Moves of one annealing run, per node of the graph.
+const ANNEAL_MOVES_PER_NODE: usize = 200;
 
 /// Local-search slices without improvement after which an order is left alone.
 const STALE_ROUNDS: usize = 3;
