@@ -212,6 +212,23 @@ pub fn run_pipeline<W: StageWork>(
     })
 }
 
+/// Runs stage `transport.stage()` of `stages` through one training step: what one process
+/// of a multi-process pipeline runs (the threaded [`run_pipeline`] runs every stage so).
+/// `watch` hears each step just before it starts, so that a process can say which
+/// micro-batch it was on if it dies.
+pub fn run_stage<W: StageWork>(
+    work: &mut W,
+    transport: &impl Transport<W::Message>,
+    stages: usize,
+    config: PipelineConfig,
+    watch: &dyn Fn(Step),
+) -> Result<StageReport, StageError<W::Error>> {
+    let stage = transport.stage();
+    let steps = schedule::stage_steps(config.schedule, stages, config.micro_batches, stage)?;
+    let runner = StageRunner::new(stage, stages, config, Instant::now());
+    runner.run_watched(work, transport, &steps, watch)
+}
+
 fn pick_root_cause<E: std::error::Error>(
     earlier: Option<StageError<E>>,
     new: StageError<E>,
@@ -274,6 +291,16 @@ impl StageRunner {
         transport: &impl Transport<W::Message>,
         steps: &[Step],
     ) -> Result<StageReport, StageError<W::Error>> {
+        self.run_watched(work, transport, steps, &|_| {})
+    }
+
+    fn run_watched<W: StageWork>(
+        &self,
+        work: &mut W,
+        transport: &impl Transport<W::Message>,
+        steps: &[Step],
+        watch: &dyn Fn(Step),
+    ) -> Result<StageReport, StageError<W::Error>> {
         let mut manager = CheckpointManager::new(self.config.strategy, self.config.micro_batches);
         let mut progress = Progress {
             digests: vec![None; self.config.micro_batches],
@@ -284,6 +311,7 @@ impl StageRunner {
             max_in_flight: 0,
         };
         for &step in steps {
+            watch(step);
             match step {
                 Step::Forward(m) => {
                     self.forward(work, transport, &mut manager, &mut progress, m)?
