@@ -121,7 +121,13 @@ fn mpi_gradients_equal_threaded_and_one_stage() {
     let one = read_dump(&one);
     for stages in [2, 4] {
         for schedule in ["gpipe", "1f1b"] {
-            for policy in ["store-all", "recompute-all", "selective:2", "memory:40KiB"] {
+            for policy in [
+                "store-all",
+                "recompute-all",
+                "selective:2",
+                "memory:40KiB",
+                "auto",
+            ] {
                 let label = format!("S={stages} {schedule} {policy}");
                 let extra = ["--schedule", schedule, "--stage-policy", policy];
                 let t = scratch(

@@ -40,7 +40,8 @@ pub struct PipelineArgs {
     pub schedule: Schedule,
     /// Per-stage activation checkpointing across micro-batches: store-all, recompute-all,
     /// selective:N (keep every N-th and the first and last), memory:BYTES (keep while
-    /// under BYTES, evicting the oldest). Only with --stages.
+    /// under BYTES, evicting the oldest), auto (per stage and micro-batch, keep what the
+    /// stage's --memory-budget leaves room for, measured as it runs). Only with --stages.
     #[arg(long, default_value = "store-all", value_parser = parse_strategy, requires = "stages")]
     pub stage_policy: Strategy,
     /// Data-parallel pipeline replicas: each takes an equal share of --batch and the

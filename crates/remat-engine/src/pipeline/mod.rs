@@ -9,6 +9,7 @@
 //! - `mpi` (cargo feature `mpi`): stages as MPI ranks, with data-parallel replicas.
 
 pub mod activation;
+pub mod auto;
 pub mod driver;
 pub mod graph_stage;
 pub mod manager;
