@@ -300,3 +300,33 @@ fn a_killed_rank_ends_the_run_and_the_survivor_says_where_it_stood() {
         "{all}"
     );
 }
+
+/// `remat bench pipeline --transport mpi`: one row per stage count, and the bytes the ranks
+/// sent per step equal what the schedule moves.
+#[test]
+fn bench_pipeline_over_mpi_counts_the_bytes_the_schedule_moves() {
+    if !have_mpirun() {
+        return;
+    }
+    let out = Command::new(REMAT)
+        .args(["bench", "pipeline", "--transport", "mpi", "--layers", "4"])
+        .args(["--d-model", "32", "--rows", "1", "--repeats", "1"])
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let rows: Vec<&str> = all
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| ["1", "2", "4"].contains(&w))
+        })
+        .collect();
+    assert_eq!(rows.len(), 3, "{all}");
+    for row in &rows {
+        assert!(row.trim_end().ends_with("yes"), "{row}");
+    }
+    // 2 stages, 8 micro-batches of 1 x 24 tokens x 32 wide f32: 8 x 3072 B each way.
+    assert!(rows[1].contains("24576 + 24576"), "{}", rows[1]);
+}
