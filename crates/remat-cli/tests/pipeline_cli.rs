@@ -66,7 +66,7 @@ fn pipelined_training_prints_stages_and_bubble() {
 
 #[test]
 fn bad_pipeline_flags_are_errors() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--stages", "4"], "--stages 4 exceeds --layers 3"),
         (
             &["--stages", "2", "--micro-batches", "3"],
@@ -79,6 +79,14 @@ fn bad_pipeline_flags_are_errors() {
         (
             &["--stages", "2", "--stage-policy", "selective:x"],
             "`x` is not a positive interval",
+        ),
+        (
+            &["--stages", "2", "--micro-batches", "4", "--replicas", "3"],
+            "--batch 8 must split evenly into 3 replica(s) x --micro-batches 4",
+        ),
+        (
+            &["--stages", "2", "--stage-policy", "automatic"],
+            "expected store-all, recompute-all, selective:N, memory:BYTES or auto",
         ),
     ];
     for (extra, expected) in cases {

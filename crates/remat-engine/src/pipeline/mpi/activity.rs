@@ -133,7 +133,7 @@ impl Line {
     }
 }
 
-/// "stage S, micro-batch M: <what it was doing>", built without allocating (safe in a
+/// "stage S, micro-batch M: what it was doing", built without allocating (safe in a
 /// signal handler).
 pub fn describe(activity: Option<Activity>) -> Line {
     let mut line = Line::new();
