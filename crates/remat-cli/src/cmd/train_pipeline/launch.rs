@@ -19,7 +19,7 @@ const LAUNCHER_VARS: [(&str, &str); 2] = [
 ];
 
 const NOT_BUILT: &str = "remat was started by an MPI launcher but built without MPI support: \
-    rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev), or run \
+    rebuild with `cargo build --release -p remat-cli --features mpi` (needs libopenmpi-dev), or run \
     `remat train --stages P` without mpirun to run the stages as threads";
 
 fn from_env() -> Option<Launch> {
