@@ -66,7 +66,7 @@ fn pipelined_training_prints_stages_and_bubble() {
 
 #[test]
 fn bad_pipeline_flags_are_errors() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--stages", "4"], "--stages 4 exceeds --layers 3"),
         (
             &["--stages", "2", "--micro-batches", "3"],
@@ -79,6 +79,14 @@ fn bad_pipeline_flags_are_errors() {
         (
             &["--stages", "2", "--stage-policy", "selective:x"],
             "`x` is not a positive interval",
+        ),
+        (
+            &["--stages", "2", "--micro-batches", "4", "--replicas", "3"],
+            "--batch 8 must split evenly into 3 replica(s) x --micro-batches 4",
+        ),
+        (
+            &["--stages", "2", "--stage-policy", "automatic"],
+            "expected store-all, recompute-all, selective:N, memory:BYTES or auto",
         ),
     ];
     for (extra, expected) in cases {
@@ -137,4 +145,88 @@ fn policy_is_refused_with_stages() {
         stderr.contains("--policy cannot be combined with --stages"),
         "{stderr}"
     );
+}
+
+/// Tensors as (name, shape, bytes), sorted by name, and the sorted metadata.
+type Dump = (Vec<(String, Vec<usize>, Vec<u8>)>, String);
+
+/// Every tensor of a safetensors file (gradients and the step's batch) and its metadata.
+fn read_dump(path: &std::path::Path) -> Dump {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<_> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| (name, t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    // Sorted: the header's metadata map has no order of its own.
+    let meta: std::collections::BTreeMap<_, _> =
+        meta.metadata().clone().into_iter().flatten().collect();
+    (tensors, format!("{meta:?}"))
+}
+
+/// `--dump-grads` with `--stages`: the file of `--stages 2` and `--stages 3` (one thread per
+/// stage) equals `--stages 1` byte for byte under both schedules and a recomputing stage
+/// policy, with dropout; `--init` loads the parameters on every stage.
+#[test]
+fn dump_grads_and_init_with_stages_equal_one_stage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, stages: &str, extra: &[&str]| {
+        let path = tmp.path().join(name);
+        let mut args = SMALL.to_vec();
+        args[8] = "1"; // --steps 1
+        args.extend([
+            stages,
+            "--stages",
+            stages,
+            "--micro-batches",
+            "4",
+            "--dropout",
+            "0.1",
+        ]);
+        args.extend(["--dump-grads", path.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let out = remat(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("wrote the first step's gradients (30 tensors)"),
+            "{stdout}"
+        );
+        read_dump(&path)
+    };
+    let one = run("one.safetensors", "1", &[]);
+    assert!(
+        one.0
+            .iter()
+            .any(|(n, _, _)| n == "model.embed_tokens.weight")
+    );
+    for stages in ["2", "3"] {
+        for schedule in ["gpipe", "1f1b"] {
+            for policy in ["store-all", "recompute-all", "selective:2"] {
+                let got = run(
+                    &format!("s{stages}-{schedule}-{policy}.safetensors"),
+                    stages,
+                    &["--schedule", schedule, "--stage-policy", policy],
+                );
+                assert!(
+                    got == one,
+                    "--stages {stages} {schedule} {policy}: gradients differ from one stage"
+                );
+            }
+        }
+    }
+    // The dump has the parameters' names and shapes, so it loads as parameters.
+    let init = tmp.path().join("one.safetensors");
+    let init = init.to_str().unwrap();
+    let from_init_1 = run("init1.safetensors", "1", &["--init", init]);
+    let from_init_3 = run("init3.safetensors", "3", &["--init", init]);
+    assert!(from_init_1 == from_init_3, "--init: stages disagree");
+    assert!(from_init_1 != one, "--init changed nothing");
 }

@@ -67,6 +67,7 @@ fn gradients_equal_single_stage_under_every_schedule_and_strategy() {
         Strategy::MemoryBased {
             threshold_bytes: 60_000,
         },
+        Strategy::Auto,
     ];
     for stages in [2, 4] {
         for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
@@ -151,5 +152,97 @@ fn one_f_one_b_peaks_below_gpipe_when_micro_batches_outnumber_stages() {
             ofob_total[s],
             gpipe_total[s]
         );
+    }
+}
+
+/// The highest pool peak over the stages of one step, and the step's recomputes.
+fn peak_and_recomputes(
+    staged: &StagedGpt<'_>,
+    data: &Arc<[Batch]>,
+    schedule: Schedule,
+    strategy: Strategy,
+    budget: Option<u64>,
+) -> Option<(u64, usize)> {
+    let resources = StageResources { threads: 1, budget };
+    let mut pipeline = Pipeline::new(staged, 2, resources).unwrap();
+    let config = PipelineConfig {
+        schedule,
+        micro_batches: data.len(),
+        strategy,
+    };
+    // Two steps: `auto` learns its stage's transients in the first.
+    let mut report = pipeline.step(Arc::clone(data), 9, config).ok()?;
+    if strategy == Strategy::Auto {
+        report = pipeline.step(Arc::clone(data), 9, config).ok()?;
+    }
+    let peak = report.memory.iter().map(|m| m.peak).max().unwrap_or(0);
+    let recomputes = report
+        .run
+        .stages
+        .iter()
+        .map(|s| s.checkpoint.recomputes)
+        .sum();
+    Some((peak, recomputes))
+}
+
+/// Under budgets between recompute-all's peak and store-all's, `auto` (in its second step,
+/// having measured its passes in the first) fits and recomputes no more than any fixed
+/// policy that fits; its gradients are the reference's.
+#[test]
+fn auto_fits_the_budget_and_recomputes_no_more_than_the_fixed_policies_that_fit() {
+    let gpt = model(4);
+    let staged = StagedGpt(&gpt);
+    let data = micro_batches(8);
+    let ctx = ExecContext::single_threaded().unwrap();
+    let reference = reference_step(&staged, &ctx, &data, 9).unwrap();
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        let unbounded = |s| peak_and_recomputes(&staged, &data, schedule, s, None).unwrap();
+        let (low, _) = unbounded(Strategy::RecomputeAll);
+        let (high, _) = unbounded(Strategy::StoreAll);
+        assert!(low < high, "{schedule}: {low} vs {high}");
+        for eighths in 1..8 {
+            let budget = low + (high - low) * eighths / 8;
+            let fixed = [
+                Strategy::StoreAll,
+                Strategy::RecomputeAll,
+                Strategy::Selective { interval: 2 },
+                Strategy::Selective { interval: 3 },
+            ];
+            let best = fixed
+                .iter()
+                .filter_map(|&s| peak_and_recomputes(&staged, &data, schedule, s, Some(budget)))
+                .map(|(_, r)| r)
+                .min()
+                .expect("recompute-all fits");
+            let (peak, recomputes) =
+                peak_and_recomputes(&staged, &data, schedule, Strategy::Auto, Some(budget))
+                    .unwrap_or_else(|| {
+                        panic!("{schedule}: auto ran out of a budget recompute-all fits")
+                    });
+            assert!(peak <= budget, "{schedule}");
+            assert!(
+                recomputes <= best,
+                "{schedule}: auto {recomputes} vs best fixed {best}"
+            );
+            if schedule == Schedule::GPipe && eighths == 7 {
+                // Where the budget is loose, keeping as many as fit beats every fixed pattern.
+                assert!(recomputes < best, "auto {recomputes} vs best fixed {best}");
+            }
+            // Exact whatever it chose.
+            let resources = StageResources {
+                threads: 1,
+                budget: Some(budget),
+            };
+            let mut pipeline = Pipeline::new(&staged, 2, resources).unwrap();
+            let config = PipelineConfig {
+                schedule,
+                micro_batches: data.len(),
+                strategy: Strategy::Auto,
+            };
+            pipeline.step(Arc::clone(&data), 9, config).unwrap();
+            for ((name, got), (_, want)) in pipeline.grads().iter().zip(&reference.grads) {
+                assert!(got.bit_eq(want), "{schedule}: gradient of {name} differs");
+            }
+        }
     }
 }

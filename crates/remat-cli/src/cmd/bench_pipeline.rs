@@ -49,6 +49,11 @@ pub struct Args {
     /// machine, other processes only ever add time).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// threads (every stage a thread of this process: the schedule x stage-policy tables) or
+    /// mpi (every stage an MPI rank: step time, bubble and bytes sent for 1, 2 and 4 stages
+    /// against threads, through `mpirun`; needs a build with the `mpi` feature).
+    #[arg(long, default_value = "threads", value_parser = ["threads", "mpi"])]
+    transport: String,
 }
 
 /// One configuration's measurements.
@@ -64,6 +69,10 @@ struct Measured {
     recomputes: usize,
     /// The most bytes of forward states the busiest stage's checkpoint manager held.
     peak_stored_bytes: usize,
+    /// The highest pool peak (everything the stage held) over the stages.
+    max_total_peak: u64,
+    /// The per-stage budget it ran under (auto), if any.
+    budget: Option<u64>,
 }
 
 impl Measured {
@@ -158,10 +167,11 @@ fn run_once(
     args: &Args,
     micro: &Arc<[Batch]>,
     config: PipelineConfig,
+    budget: Option<u64>,
 ) -> anyhow::Result<Measured> {
     let resources = StageResources {
         threads: args.threads_per_stage,
-        budget: None,
+        budget,
     };
     let mut pipeline = Pipeline::new(staged, args.stages, resources)?;
     let mut reports: Vec<StepReport> = Vec::with_capacity(args.repeats + 1);
@@ -201,10 +211,12 @@ fn run_once(
             .map(|s| s.checkpoint.peak_stored_bytes)
             .max()
             .unwrap_or(0),
+        max_total_peak: fastest.memory.iter().map(|m| m.peak).max().unwrap_or(0),
+        budget,
     })
 }
 
-fn strategies(memory_threshold: usize) -> [Strategy; 4] {
+fn strategies(memory_threshold: usize) -> [Strategy; 5] {
     [
         Strategy::StoreAll,
         Strategy::RecomputeAll,
@@ -212,11 +224,21 @@ fn strategies(memory_threshold: usize) -> [Strategy; 4] {
         Strategy::MemoryBased {
             threshold_bytes: memory_threshold,
         },
+        Strategy::Auto,
     ]
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     check_args(&args)?;
+    if args.transport == "mpi" {
+        return super::bench_pipeline_mpi::run(&MpiBench {
+            layers: args.layers,
+            d_model: args.d_model,
+            heads: args.heads,
+            rows: args.rows,
+            repeats: args.repeats,
+        });
+    }
     let model = Gpt::new(&MemoryPool::unbounded(), model_config(&args))?;
     let staged = StagedGpt(&model);
     println!(
@@ -229,7 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.threads_per_stage,
         args.rows
     );
-    let runs = args.micro_batches.len() * 2 * 4;
+    let runs = args.micro_batches.len() * 2 * 5;
     let bar = ProgressBar::new(runs as u64);
     let mut tables = Vec::new();
     for &m in &args.micro_batches {
@@ -244,6 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &args,
             &micro,
             config(Schedule::GPipe, Strategy::StoreAll),
+            None,
         )?;
         bar.inc(1);
         // Room for the forward states of half as many micro-batches as there are stages.
@@ -251,24 +274,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let threshold = per_state * (args.stages / 2).max(1);
         let mut rows = Vec::new();
         for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+            let mut measured = Vec::new();
+            // auto runs under a per-stage budget: recompute-all's peak plus the room the
+            // memory:BYTES row gets; the other rows say whether they would fit it.
+            let mut budget = None;
             for strategy in strategies(threshold) {
-                let measured = if schedule == Schedule::GPipe && strategy == Strategy::StoreAll {
-                    None
-                } else {
-                    bar.inc(1);
-                    Some(run_once(
-                        &staged,
-                        &args,
-                        &micro,
-                        config(schedule, strategy),
-                    )?)
+                let run = match (schedule, strategy) {
+                    (Schedule::GPipe, Strategy::StoreAll) => run_clone(&baseline),
+                    (_, Strategy::Auto) => {
+                        bar.inc(1);
+                        run_once(&staged, &args, &micro, config(schedule, strategy), budget)?
+                    }
+                    _ => {
+                        bar.inc(1);
+                        run_once(&staged, &args, &micro, config(schedule, strategy), None)?
+                    }
                 };
-                rows.push(row(
-                    measured.as_ref().unwrap_or(&baseline),
-                    &baseline,
-                    args.stages,
-                    m,
-                ));
+                if strategy == Strategy::RecomputeAll {
+                    budget = Some(run.max_total_peak + threshold as u64);
+                }
+                measured.push(run);
+            }
+            for x in &measured {
+                rows.push(row(x, &baseline, args.stages, m, budget));
             }
         }
         tables.push((m, rows));
@@ -291,13 +319,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "bubble",
             "bubble / ideal",
             "recomputes",
+            "peak (max stage)",
+            "fits auto's budget",
         ];
         println!("{}", render(&header, &rows));
     }
     Ok(())
 }
 
-fn row(x: &Measured, base: &Measured, stages: usize, m: usize) -> Vec<String> {
+fn run_clone(m: &Measured) -> Measured {
+    Measured {
+        schedule: m.schedule,
+        strategy: m.strategy,
+        seconds: m.seconds,
+        peaks: m.peaks.clone(),
+        busy: m.busy.clone(),
+        bubble: m.bubble,
+        recomputes: m.recomputes,
+        peak_stored_bytes: m.peak_stored_bytes,
+        max_total_peak: m.max_total_peak,
+        budget: m.budget,
+    }
+}
+
+/// What `--transport mpi` measures with.
+pub struct MpiBench {
+    pub layers: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    pub rows: usize,
+    pub repeats: usize,
+}
+
+fn row(x: &Measured, base: &Measured, stages: usize, m: usize, budget: Option<u64>) -> Vec<String> {
     let ideal = remat_engine::pipeline::schedule::ideal_bubble_fraction(stages, m);
     let ratio = |a: f64, b: f64| {
         if b > 0.0 {
@@ -313,7 +367,17 @@ fn row(x: &Measured, base: &Measured, stages: usize, m: usize) -> Vec<String> {
                 format_bytes(threshold_bytes as u64).replace(' ', "")
             )
         }
+        Strategy::Auto => match x.budget {
+            Some(b) => format!("auto (budget {})", format_bytes(b).replace(' ', "")),
+            None => "auto".into(),
+        },
         s => s.to_string(),
+    };
+    let fits = match (x.strategy, budget) {
+        (Strategy::Auto, _) => "ran under it".to_string(),
+        (_, Some(b)) if x.max_total_peak <= b => "yes".into(),
+        (_, Some(_)) => "no".into(),
+        (_, None) => "-".into(),
     };
     vec![
         x.schedule.to_string(),
@@ -336,5 +400,7 @@ fn row(x: &Measured, base: &Measured, stages: usize, m: usize) -> Vec<String> {
         format!("{:.3}", x.bubble),
         ratio(x.bubble, ideal),
         x.recomputes.to_string(),
+        format_bytes(x.max_total_peak),
+        fits,
     ]
 }

@@ -6,19 +6,24 @@
 //! backward or recomputes them. At the end: per stage, peak memory and busy time, and the
 //! measured bubble fraction against the ideal `(P-1)/(M+P-1)`.
 
+mod launch;
+#[cfg(feature = "mpi")]
+mod mpi_run;
+mod summary;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::gpt::{Batch, Gpt};
-use remat_engine::pipeline::driver::{Pipeline, StageResources, StepReport};
+use remat_engine::models::gpt::{Batch, Gpt, GptConfig, hf};
+use remat_engine::pipeline::driver::{Pipeline, StageResources, replica_step_seed};
 use remat_engine::pipeline::staged_gpt::{StagedGpt, split_batch};
 use remat_engine::pipeline::{PipelineConfig, Schedule, Strategy};
-use remat_engine::{AdamWConfig, Category, MemoryPool};
+use remat_engine::{AdamWConfig, MemoryPool};
 
-use super::train::table::render;
-use super::train::{Args, format_bytes};
+use super::train::Args;
+use summary::Totals;
 
 /// The pipeline flags of `remat train`.
 #[derive(clap::Args, Debug, Clone)]
@@ -35,9 +40,33 @@ pub struct PipelineArgs {
     pub schedule: Schedule,
     /// Per-stage activation checkpointing across micro-batches: store-all, recompute-all,
     /// selective:N (keep every N-th and the first and last), memory:BYTES (keep while
-    /// under BYTES, evicting the oldest). Only with --stages.
+    /// under BYTES, evicting the oldest), auto (per stage and micro-batch, keep what the
+    /// stage's --memory-budget leaves room for, measured as it runs). Only with --stages.
     #[arg(long, default_value = "store-all", value_parser = parse_strategy, requires = "stages")]
     pub stage_policy: Strategy,
+    /// Data-parallel pipeline replicas: each takes an equal share of --batch and the
+    /// gradients are summed over replicas in replica order. Under mpirun, the ranks divided
+    /// by --stages (give it to check); in one process, the replicas run one after another.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64), requires = "stages")]
+    pub replicas: Option<u64>,
+}
+
+impl PipelineArgs {
+    /// --replicas, 1 when not given.
+    pub fn replica_count(&self) -> usize {
+        self.replicas.map_or(1, |r| r as usize)
+    }
+}
+
+/// Checks that --batch splits into `replicas` shares of --micro-batches micro-batches.
+pub fn check_replicas(args: &Args, replicas: usize) -> anyhow::Result<()> {
+    let m = args.pipeline.micro_batches;
+    anyhow::ensure!(
+        args.batch.is_multiple_of(m * replicas),
+        "--batch {} must split evenly into {replicas} replica(s) x --micro-batches {m}",
+        args.batch
+    );
+    Ok(())
 }
 
 fn parse_schedule(s: &str) -> Result<Schedule, String> {
@@ -65,53 +94,6 @@ pub struct TaskSource<'a> {
     pub description: String,
     /// Batch of step `step` (deterministic in the seed).
     pub batch: &'a dyn Fn(u64) -> Batch,
-}
-
-/// Totals over the steps, per stage.
-struct Totals {
-    busy: Vec<Duration>,
-    recompute: Vec<Duration>,
-    recomputes: Vec<usize>,
-    wall: Duration,
-    peak: Vec<u64>,
-    peak_activations: Vec<u64>,
-}
-
-impl Totals {
-    fn new(stages: usize) -> Self {
-        Self {
-            busy: vec![Duration::ZERO; stages],
-            recompute: vec![Duration::ZERO; stages],
-            recomputes: vec![0; stages],
-            wall: Duration::ZERO,
-            peak: vec![0; stages],
-            peak_activations: vec![0; stages],
-        }
-    }
-
-    fn add(&mut self, step: &StepReport) {
-        self.wall += step.run.wall;
-        for (s, st) in step.run.stages.iter().enumerate() {
-            self.busy[s] += st.busy;
-            self.recompute[s] += st.recompute;
-            self.recomputes[s] += st.checkpoint.recomputes;
-        }
-        for (s, mem) in step.memory.iter().enumerate() {
-            self.peak[s] = self.peak[s].max(mem.peak);
-            let act = mem.category(Category::Activations).peak;
-            self.peak_activations[s] = self.peak_activations[s].max(act);
-        }
-    }
-
-    /// Idle share of all stages' time over every step.
-    fn bubble(&self) -> f64 {
-        let capacity = self.wall.as_secs_f64() * self.busy.len() as f64;
-        if capacity <= 0.0 {
-            return 0.0;
-        }
-        let busy: f64 = self.busy.iter().map(Duration::as_secs_f64).sum();
-        (1.0 - busy / capacity).max(0.0)
-    }
 }
 
 /// The most pipeline stages remat runs: each stage is a thread with its own memory pool, so
@@ -171,142 +153,243 @@ fn check_flags(args: &Args, stages: usize) -> anyhow::Result<()> {
         "--compare runs single-stage policies; use `remat bench pipeline` to compare schedules"
     );
     anyhow::ensure!(
-        args.files.init.is_none() && args.files.dump_grads.is_none(),
-        "--init and --dump-grads are for single-stage training, not with --stages"
-    );
-    anyhow::ensure!(
         args.files.swap_dir.is_none(),
         "--swap-dir is for --policy auto (single-stage training), not with --stages: pipeline stages keep or recompute activations by --stage-policy and never swap"
     );
     Ok(())
 }
 
-/// Runs pipelined training; called by `remat train` when `--stages` is given.
+/// Runs pipelined training; called by `remat train` when `--stages` is given. Under
+/// `mpirun` (a build with the `mpi` feature) each rank runs one stage; otherwise every stage
+/// is a thread of this process.
 pub fn run(args: &Args, stages: usize, task: &TaskSource<'_>) -> anyhow::Result<()> {
     // Before --stages sizes anything: it may raise the layer count below.
     check_stages(stages)?;
+    let launch = launch::detect()?;
+    let quiet = launch.is_some_and(|l| l.rank != 0);
     // Every stage needs a block: without --layers, the default depth grows to the stages.
     let mut raised = args.clone();
     if args.layers.is_none() && stages > args.layers() {
         raised.layers = Some(stages);
-        println!(
-            "--stages {stages} needs at least {stages} blocks: using --layers {stages} (the default is {}; give --layers to choose)",
-            args.layers()
-        );
+        if !quiet {
+            println!(
+                "--stages {stages} needs at least {stages} blocks: using --layers {stages} (the default is {}; give --layers to choose)",
+                args.layers()
+            );
+        }
     }
     let args = &raised;
     check_flags(args, stages)?;
-    let p = &args.pipeline;
-    let config = args.model_config(task.vocab);
-    let model = Gpt::new(&MemoryPool::unbounded(), config).context("building the GPT")?;
-    let staged = StagedGpt(&model);
-    let threads = (args.threads() / stages).max(1);
-    let resources = StageResources {
-        threads,
-        budget: args.memory_budget,
-    };
-    let mut pipeline = Pipeline::new(&staged, stages, resources)?;
-    println!(
-        "pipeline: {stages} stages x {threads} thread(s), {} micro-batches of {} sequences, schedule {}, stage policy {}",
-        p.micro_batches,
-        args.batch / p.micro_batches,
-        p.schedule,
-        p.stage_policy
-    );
-    println!("task: {}", task.description);
-    let run_config = PipelineConfig {
-        schedule: p.schedule,
-        micro_batches: p.micro_batches,
-        strategy: p.stage_policy,
-    };
-    let adam = AdamWConfig {
-        lr: args.lr,
-        ..AdamWConfig::default()
-    };
-    let log_every = args.log_every.unwrap_or((args.steps / 15).max(1));
-    let bar = ProgressBar::new(args.steps);
+    if let Some(path) = &args.files.dump_grads {
+        // Before training: a directory or device there would only fail after the step.
+        hf::check_target(path).context("--dump-grads")?;
+    }
+    match launch {
+        Some(launch) => launch::run_mpi(args, stages, task, launch),
+        None => run_threaded(args, stages, task),
+    }
+}
+
+/// The settings every stage of a run shares.
+pub struct RunPlan {
+    pub config: PipelineConfig,
+    pub adam: AdamWConfig,
+    pub resources: StageResources,
+    pub log_every: u64,
+}
+
+impl RunPlan {
+    pub fn new(args: &Args, stages: usize) -> Self {
+        let p = &args.pipeline;
+        Self {
+            config: PipelineConfig {
+                schedule: p.schedule,
+                micro_batches: p.micro_batches,
+                strategy: p.stage_policy,
+            },
+            adam: AdamWConfig {
+                lr: args.lr,
+                ..AdamWConfig::default()
+            },
+            resources: StageResources {
+                threads: (args.threads() / stages).max(1),
+                budget: args.memory_budget,
+            },
+            log_every: args.log_every.unwrap_or((args.steps / 15).max(1)),
+        }
+    }
+
+    /// The line that opens the run.
+    pub fn describe(&self, args: &Args, stages: usize, replicas: usize, how: &str) -> String {
+        let p = &args.pipeline;
+        let replicas_count = replicas.max(1);
+        let replicas = match replicas {
+            1 => String::new(),
+            r => format!(", {r} data-parallel replicas"),
+        };
+        format!(
+            "pipeline: {stages} stages x {} thread(s) ({how}){replicas}, {} micro-batches of {} sequences, schedule {}, stage policy {}",
+            self.resources.threads,
+            p.micro_batches,
+            args.batch / (p.micro_batches * replicas_count),
+            p.schedule,
+            p.stage_policy
+        )
+    }
+}
+
+/// The seed of training step `step` (as the threaded pipeline has always used it).
+pub fn step_seed(args: &Args, step: u64) -> u64 {
+    args.seed ^ step.rotate_left(32)
+}
+
+/// Replica `replica`'s micro-batches of a step's batch: the batch is cut into `replicas`
+/// contiguous shares, each into `micro_batches` micro-batches.
+pub fn replica_micro_batches(
+    batch: &Batch,
+    replicas: usize,
+    replica: usize,
+    micro_batches: usize,
+) -> anyhow::Result<Arc<[Batch]>> {
+    let shares = split_batch(batch, replicas)?;
+    let share = shares
+        .get(replica)
+        .with_context(|| format!("replica {replica} of {replicas} does not exist"))?;
+    Ok(Arc::from(split_batch(share, micro_batches)?))
+}
+
+fn progress_bar(steps: u64) -> ProgressBar {
+    let bar = ProgressBar::new(steps);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg} [{elapsed} < {eta}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    bar
+}
+
+/// Every stage a thread of this process; `--replicas R` runs the data-parallel replicas one
+/// after another and sums their gradients in replica order, as the MPI run's all-reduce does.
+fn run_threaded(args: &Args, stages: usize, task: &TaskSource<'_>) -> anyhow::Result<()> {
+    let replicas = args.pipeline.replica_count();
+    check_replicas(args, replicas)?;
+    let plan = RunPlan::new(args, stages);
+    let model = build_model(args, args.model_config(task.vocab), true)?;
+    let staged = StagedGpt(&model);
+    let mut pipeline = Pipeline::new(&staged, stages, plan.resources)?;
+    println!("{}", plan.describe(args, stages, replicas, "threads"));
+    println!("task: {}", task.description);
+    let bar = progress_bar(args.steps);
     let mut totals = Totals::new(stages);
     let started = Instant::now();
     for step in 0..args.steps {
         let batch = (task.batch)(step);
-        let micro = split_batch(&batch, p.micro_batches)?;
-        let report = pipeline
-            .step(
-                Arc::from(micro),
-                args.seed ^ step.rotate_left(32),
-                run_config,
-            )
-            .with_context(|| format!("training step {step}"))?;
-        pipeline.optimizer_step(adam)?;
-        totals.add(&report);
-        let loss = report.mean_loss();
+        let mut losses = Vec::new();
+        let mut sum = ReplicaSum::default();
+        for replica in 0..replicas {
+            let micro =
+                replica_micro_batches(&batch, replicas, replica, args.pipeline.micro_batches)?;
+            let seed = replica_step_seed(step_seed(args, step), replica);
+            let report = pipeline
+                .step(micro, seed, plan.config)
+                .with_context(|| format!("training step {step}, replica {replica}"))?;
+            totals.add(&report);
+            losses.extend(report.losses);
+            sum.add(&pipeline.grads())?;
+        }
+        sum.write_into(&pipeline.grads())?;
+        let loss = mean(&losses);
+        if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
+            let record = hf::StepRecord {
+                batch: &batch,
+                loss,
+                config: &model.config,
+            };
+            bar.suspend(|| dump_grads(&pipeline.grads(), &record, path))?;
+        }
+        pipeline.optimizer_step(plan.adam)?;
         bar.set_message(format!("loss {loss:.4}"));
-        if step % log_every == 0 || step + 1 == args.steps {
+        if step % plan.log_every == 0 || step + 1 == args.steps {
             // Through suspend, not bar.println: a hidden bar (no terminal) swallows println.
             bar.suspend(|| println!("step {step:>5}  loss {loss:.4}"));
         }
         bar.inc(1);
     }
     bar.finish_and_clear();
-    print_summary(
-        &pipeline,
-        &totals,
-        run_config,
-        args.steps,
-        started.elapsed(),
-    );
+    let layers: Vec<_> = pipeline.stages().iter().map(|s| s.layer_range()).collect();
+    let micro = args.pipeline.micro_batches;
+    totals.print(&layers, micro, replicas, args.steps, started.elapsed());
     Ok(())
 }
 
-fn print_summary(
-    pipeline: &Pipeline<'_, StagedGpt<'_>>,
-    totals: &Totals,
-    config: PipelineConfig,
-    steps: u64,
-    elapsed: Duration,
-) {
-    let header = [
-        "stage",
-        "blocks",
-        "peak memory",
-        "peak activations",
-        "busy",
-        "busy share",
-        "recomputes",
-    ];
-    let wall = totals.wall.as_secs_f64().max(f64::MIN_POSITIVE);
-    let rows: Vec<Vec<String>> = pipeline
-        .stages()
-        .iter()
-        .enumerate()
-        .map(|(s, stage)| {
-            let r = stage.layer_range();
-            vec![
-                s.to_string(),
-                format!("{}..{}", r.start, r.end),
-                format_bytes(totals.peak[s]),
-                format_bytes(totals.peak_activations[s]),
-                format!("{:.3} s", totals.busy[s].as_secs_f64()),
-                format!("{:.1}%", 100.0 * totals.busy[s].as_secs_f64() / wall),
-                totals.recomputes[s].to_string(),
-            ]
-        })
-        .collect();
-    println!("\n{}", render(&header, &rows));
-    let stages = pipeline.stages().len();
-    let ideal =
-        remat_engine::pipeline::schedule::ideal_bubble_fraction(stages, config.micro_batches);
+/// Mean of the micro-batches' losses (0 for none).
+pub fn mean(losses: &[f64]) -> f64 {
+    losses.iter().sum::<f64>() / losses.len().max(1) as f64
+}
+
+/// Gradients summed over replicas in replica order: the first replica's values, then each
+/// next one's added element by element (the order the MPI all-reduce adds them in).
+#[derive(Default)]
+struct ReplicaSum {
+    sums: Vec<Vec<f32>>,
+    replicas: usize,
+}
+
+impl ReplicaSum {
+    fn add(&mut self, grads: &[(String, remat_engine::Tensor)]) -> anyhow::Result<()> {
+        if self.replicas == 0 {
+            self.sums = grads
+                .iter()
+                .map(|(_, g)| g.to_vec::<f32>())
+                .collect::<Result<_, _>>()?;
+        } else {
+            for ((_, g), sum) in grads.iter().zip(&mut self.sums) {
+                for (acc, v) in sum.iter_mut().zip(g.to_vec::<f32>()?) {
+                    *acc += v;
+                }
+            }
+        }
+        self.replicas += 1;
+        Ok(())
+    }
+
+    /// Overwrites `grads` with the sum (nothing to do for one replica).
+    fn write_into(&self, grads: &[(String, remat_engine::Tensor)]) -> anyhow::Result<()> {
+        if self.replicas <= 1 {
+            return Ok(());
+        }
+        for ((_, g), sum) in grads.iter().zip(&self.sums) {
+            g.write().as_mut_slice::<f32>()?.copy_from_slice(sum);
+        }
+        Ok(())
+    }
+}
+
+/// The GPT every stage copies its parameters from: initialised from the seed as in
+/// single-stage training, or loaded from --init, so the runs compare bit for bit.
+pub fn build_model(args: &Args, config: GptConfig, announce: bool) -> anyhow::Result<Gpt> {
+    let model = Gpt::new(&MemoryPool::unbounded(), config).context("building the GPT")?;
+    if let Some(path) = &args.files.init {
+        hf::load_params(&model, path).context("--init")?;
+        if announce {
+            println!("loaded parameters from {}", path.display());
+        }
+    }
+    Ok(model)
+}
+
+/// Writes the first step's gradients, gathered from every stage in model order, with the
+/// step's whole batch and its mean micro-batch loss (the file format of single-stage
+/// `--dump-grads`, written to a temporary name and renamed).
+pub fn dump_grads(
+    grads: &[(String, remat_engine::Tensor)],
+    record: &hf::StepRecord<'_>,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
+    hf::save_step(path, grads, record).context("--dump-grads")?;
     println!(
-        "bubble fraction: measured {:.3}, ideal (P-1)/(M+P-1) = {ideal:.3}",
-        totals.bubble()
+        "wrote the first step's gradients ({} tensors) and its batch and loss to {}",
+        grads.len(),
+        path.display()
     );
-    println!(
-        "{steps} steps in {:.2} s ({:.3} s per step in the pipeline)",
-        elapsed.as_secs_f64(),
-        wall / steps.max(1) as f64
-    );
+    Ok(())
 }

@@ -3,9 +3,15 @@
 
 use std::sync::Arc;
 
-use super::graph_stage::{GraphStage, GraphStageError, StagedModel, accumulate, micro_batch_seed};
+use super::graph_stage::{
+    Boundary, GraphStage, GraphStageError, StagedModel, accumulate, micro_batch_seed,
+};
 use super::partition::{PartitionError, balanced_ranges};
-use super::runner::{PipelineConfig, PipelineReport, StageError, run_pipeline};
+use super::runner::{
+    PipelineConfig, PipelineReport, StageError, StageReport, run_pipeline, run_stage,
+};
+use super::schedule::Step;
+use super::transport::Transport;
 use crate::context::ExecContext;
 use crate::error::EngineError;
 use crate::graph::Graph;
@@ -68,10 +74,7 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
             .into_iter()
             .enumerate()
             .map(|(s, layers)| {
-                let pool = match resources.budget {
-                    Some(b) => MemoryPool::with_budget(b),
-                    None => MemoryPool::unbounded(),
-                };
+                let pool = stage_pool(resources);
                 GraphStage::new(model, s, stages, layers, pool, resources.threads).map_err(
                     |source| PipelineBuildError::Engine {
                         stage: s,
@@ -139,22 +142,141 @@ impl<'m, M: StagedModel> Pipeline<'m, M> {
     /// Applies AdamW on every stage to the gradients of the last step (each stage updates its
     /// own parameters; the moments live in the stage's pool).
     pub fn optimizer_step(&mut self, config: AdamWConfig) -> Result<(), PipelineBuildError> {
-        for (s, (stage, opt)) in self.stages.iter().zip(&mut self.optimizers).enumerate() {
-            let engine = |source| PipelineBuildError::Engine {
-                stage: s,
-                error: source,
-            };
-            if opt.is_none() {
-                *opt = Some(
-                    AdamW::new(stage.context().pool(), stage.params(), config).map_err(engine)?,
-                );
-            }
-            let grads: Vec<Option<Tensor>> = stage.grads().iter().cloned().map(Some).collect();
-            if let Some(opt) = opt {
-                opt.step(&grads).map_err(engine)?;
-            }
+        for (stage, opt) in self.stages.iter().zip(&mut self.optimizers) {
+            stage_optimizer_step(stage, opt, config)?;
         }
         Ok(())
+    }
+}
+
+/// AdamW on one stage's parameters (the moments are created on first use, in its pool).
+fn stage_optimizer_step<M: StagedModel>(
+    stage: &GraphStage<'_, M>,
+    opt: &mut Option<AdamW>,
+    config: AdamWConfig,
+) -> Result<(), PipelineBuildError> {
+    let engine = |source| PipelineBuildError::Engine {
+        stage: stage.stage(),
+        error: source,
+    };
+    if opt.is_none() {
+        *opt = Some(AdamW::new(stage.context().pool(), stage.params(), config).map_err(engine)?);
+    }
+    let grads: Vec<Option<Tensor>> = stage.grads().iter().cloned().map(Some).collect();
+    if let Some(opt) = opt {
+        opt.step(&grads).map_err(engine)?;
+    }
+    Ok(())
+}
+
+fn stage_pool(resources: StageResources) -> Arc<MemoryPool> {
+    match resources.budget {
+        Some(b) => MemoryPool::with_budget(b),
+        None => MemoryPool::unbounded(),
+    }
+}
+
+/// What one stage did in one step of a pipeline whose other stages run elsewhere.
+#[derive(Clone, Debug)]
+pub struct OneStageReport {
+    pub run: StageReport,
+    /// The stage's pool statistics (peaks over the step).
+    pub memory: PoolStats,
+    /// Loss of each micro-batch (last stage only; `None` elsewhere).
+    pub losses: Vec<Option<f64>>,
+}
+
+/// One stage of a pipeline whose other stages run in other processes (one MPI rank each):
+/// its share of the model on its own pool and budget, and its optimizer. It splits the
+/// model exactly as [`Pipeline`] does, so the two compute the same bits.
+pub struct OneStage<'m, M: StagedModel> {
+    stage: GraphStage<'m, M>,
+    stages: usize,
+    optimizer: Option<AdamW>,
+}
+
+impl<'m, M: StagedModel> OneStage<'m, M> {
+    /// Stage `stage` of `model` split over `stages` stages (balanced, contiguous).
+    pub fn new(
+        model: &'m M,
+        stage: usize,
+        stages: usize,
+        resources: StageResources,
+    ) -> Result<Self, PipelineBuildError> {
+        let mut ranges = balanced_ranges(model.layers(), stages)?;
+        if stage >= stages {
+            return Err(PipelineBuildError::Partition(
+                PartitionError::StageOutOfRange { stage, stages },
+            ));
+        }
+        let layers = ranges.swap_remove(stage);
+        let pool = stage_pool(resources);
+        let stage_work = GraphStage::new(model, stage, stages, layers, pool, resources.threads)
+            .map_err(|error| PipelineBuildError::Engine { stage, error })?;
+        Ok(Self {
+            stage: stage_work,
+            stages,
+            optimizer: None,
+        })
+    }
+
+    pub fn stage(&self) -> &GraphStage<'m, M> {
+        &self.stage
+    }
+
+    /// This stage's share of one forward and backward pass over `batches` (every
+    /// micro-batch of the step: the first stage reads inputs, the last targets), exchanging
+    /// activations and gradients with its neighbours over `transport`.
+    pub fn step(
+        &mut self,
+        batches: Arc<[M::MicroBatch]>,
+        step_seed: u64,
+        config: PipelineConfig,
+        transport: &impl Transport<Boundary>,
+        watch: &dyn Fn(Step),
+    ) -> Result<OneStageReport, StageError<GraphStageError>> {
+        let config = PipelineConfig {
+            micro_batches: batches.len(),
+            ..config
+        };
+        let index = self.stage.stage();
+        self.stage
+            .begin_step(batches, step_seed)
+            .map_err(|source| StageError::Prepare {
+                stage: index,
+                error: GraphStageError::Engine(source),
+            })?;
+        let run = run_stage(&mut self.stage, transport, self.stages, config, watch)?;
+        Ok(OneStageReport {
+            run,
+            memory: self.stage.pool_stats(),
+            losses: self.stage.losses().to_vec(),
+        })
+    }
+
+    /// `(name, accumulated gradient)` of this stage's parameters, in model order.
+    pub fn grads(&self) -> Vec<(String, Tensor)> {
+        self.stage
+            .params()
+            .into_iter()
+            .map(|(n, _)| n)
+            .zip(self.stage.grads().iter().cloned())
+            .collect()
+    }
+
+    /// AdamW on this stage's parameters with its accumulated gradients.
+    pub fn optimizer_step(&mut self, config: AdamWConfig) -> Result<(), PipelineBuildError> {
+        stage_optimizer_step(&self.stage, &mut self.optimizer, config)
+    }
+}
+
+/// The seed of data-parallel replica `replica`'s share of a step seeded `step_seed`: replica
+/// 0 keeps the step's seed (one replica is the plain pipeline), the others draw their own,
+/// so that their micro-batches' dropout masks differ as their data do.
+pub fn replica_step_seed(step_seed: u64, replica: usize) -> u64 {
+    match replica {
+        0 => step_seed,
+        r => crate::rng::mix64(step_seed, u64::MAX - r as u64),
     }
 }
 

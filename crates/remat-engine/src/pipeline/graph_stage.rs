@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::activation::{Activation, DeepCopy, HostTensor};
-use super::runner::{Forwarded, StageWork, digest_f32};
+use super::runner::{Forwarded, MemoryReading, StageWork, Transients, digest_f32};
 use crate::context::ExecContext;
 use crate::error::EngineError;
 use crate::graph::{Graph, NodeId};
@@ -208,6 +208,11 @@ pub struct GraphStage<'m, M: StagedModel> {
     batches: Arc<[M::MicroBatch]>,
     step_seed: u64,
     losses: Vec<Option<f64>>,
+    /// The `auto` stage policy's measurements, kept from step to step.
+    transients: Transients,
+    /// The step's peaks before the pool's peak was last restarted (by `auto`'s per-pass
+    /// measurements); [`GraphStage::pool_stats`] folds them in.
+    step_peaks: PoolStats,
 }
 
 impl<'m, M: StagedModel> GraphStage<'m, M> {
@@ -255,6 +260,8 @@ impl<'m, M: StagedModel> GraphStage<'m, M> {
             batches: Arc::from(Vec::new()),
             step_seed: 0,
             losses: Vec::new(),
+            transients: Transients::default(),
+            step_peaks: PoolStats::default(),
         })
     }
 
@@ -271,6 +278,7 @@ impl<'m, M: StagedModel> GraphStage<'m, M> {
             g.write().as_mut_slice::<f32>()?.fill(0.0);
         }
         self.ctx.pool().reset_peak();
+        self.step_peaks = PoolStats::default();
         Ok(())
     }
 
@@ -282,8 +290,14 @@ impl<'m, M: StagedModel> GraphStage<'m, M> {
         self.layers.clone()
     }
 
+    /// The pool's statistics, with peaks over the whole step.
     pub fn pool_stats(&self) -> PoolStats {
-        self.ctx.pool().stats()
+        let mut stats = self.ctx.pool().stats();
+        stats.peak = stats.peak.max(self.step_peaks.peak);
+        for (c, earlier) in stats.categories.iter_mut().zip(&self.step_peaks.categories) {
+            c.peak = c.peak.max(earlier.peak);
+        }
+        stats
     }
 
     pub fn context(&self) -> &ExecContext {
@@ -548,5 +562,24 @@ impl<M: StagedModel> StageWork for GraphStage<'_, M> {
             tensor: to_host(&grad_in)?,
             rng_offset: 0,
         }))
+    }
+
+    fn restart_peak(&mut self) {
+        self.step_peaks = self.pool_stats();
+        self.ctx.pool().reset_peak();
+    }
+
+    fn transients(&mut self) -> Option<&mut Transients> {
+        Some(&mut self.transients)
+    }
+
+    fn memory(&self) -> Option<MemoryReading> {
+        let stats = self.ctx.pool().stats();
+        let size = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
+        Some(MemoryReading {
+            live: size(stats.live),
+            peak: size(stats.peak),
+            budget: size(stats.budget?),
+        })
     }
 }

@@ -20,6 +20,19 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use super::activation::{Activation, BoxError, DeepCopy};
+use super::auto::{Pressure, keep_fits};
+use super::runner::Transients;
+use super::schedule::Step;
+
+/// A stage's memory as [`Strategy::Auto`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StagePressure {
+    /// The stage's steps after the current one.
+    pub remaining: Vec<Step>,
+    pub live: usize,
+    pub budget: usize,
+    pub transients: Transients,
+}
 
 /// When a micro-batch's activation is kept until backward instead of being recomputed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +47,14 @@ pub enum Strategy {
     /// Keep while the stored bytes stay within `threshold_bytes`; when a new activation would
     /// exceed it, evict the oldest stored ones, never the first or the last micro-batch's.
     MemoryBased { threshold_bytes: usize },
+    /// Decides per micro-batch from the stage's memory: keep a forward state only if the
+    /// stage's remaining steps still fit its budget with it kept (later states dropped),
+    /// from the live bytes and the transients its passes were measured to need (see
+    /// [`super::auto`] and [`CheckpointManager::set_pressure`]); else recompute.
+    /// Where every micro-batch fits this is store-all, where none does recompute-all, and in
+    /// between it keeps as many as fit, so it differs by stage (1F1B holds `P - s` in flight
+    /// on stage `s`) and follows the pressure as it changes. Without a budget it keeps all.
+    Auto,
 }
 
 impl fmt::Display for Strategy {
@@ -43,6 +64,7 @@ impl fmt::Display for Strategy {
             Strategy::RecomputeAll => write!(f, "recompute-all"),
             Strategy::Selective { interval } => write!(f, "selective:{interval}"),
             Strategy::MemoryBased { threshold_bytes } => write!(f, "memory:{threshold_bytes}"),
+            Strategy::Auto => write!(f, "auto"),
         }
     }
 }
@@ -51,7 +73,7 @@ impl fmt::Display for Strategy {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum StrategyParseError {
     #[error(
-        "unknown stage policy `{0}`: expected store-all, recompute-all, selective:N or memory:BYTES"
+        "unknown stage policy `{0}`: expected store-all, recompute-all, selective:N, memory:BYTES or auto"
     )]
     Unknown(String),
     #[error("stage policy `{policy}`: `{value}` is not a {what}")]
@@ -76,6 +98,7 @@ impl FromStr for Strategy {
         match s.split_once(':') {
             None if s == "store-all" => Ok(Strategy::StoreAll),
             None if s == "recompute-all" => Ok(Strategy::RecomputeAll),
+            None if s == "auto" => Ok(Strategy::Auto),
             // Keeping every 0-th micro-batch means nothing: N must be positive.
             Some(("selective", n)) => n
                 .parse()
@@ -201,6 +224,8 @@ pub struct CheckpointManager<A, I = A> {
     stored_bytes: usize,
     input_bytes: usize,
     stats: ManagerStats,
+    /// [`Strategy::Auto`]: the stage's memory and remaining steps (`None`: no budget).
+    pressure: Option<StagePressure>,
 }
 
 impl<A: Activation, I: Activation> CheckpointManager<A, I> {
@@ -214,7 +239,35 @@ impl<A: Activation, I: Activation> CheckpointManager<A, I> {
             stored_bytes: 0,
             input_bytes: 0,
             stats: ManagerStats::default(),
+            pressure: None,
         }
+    }
+
+    /// Tells [`Strategy::Auto`] the stage's memory now (with the activation about to be
+    /// offered already allocated) and its remaining steps; `None` for no budget.
+    pub fn set_pressure(&mut self, pressure: Option<StagePressure>) {
+        self.pressure = pressure;
+    }
+
+    /// [`Strategy::Auto`]'s rule: see [`super::auto`].
+    fn auto_keeps(&self, index: usize, bytes: usize) -> bool {
+        let Some(p) = &self.pressure else {
+            return true;
+        };
+        let pressure = Pressure {
+            remaining: &p.remaining,
+            live: p.live,
+            budget: p.budget,
+            transients: p.transients,
+            input_bytes: self
+                .inputs
+                .values()
+                .map(Activation::byte_size)
+                .max()
+                .unwrap_or(0),
+        };
+        let kept = |j| self.entries.get(&j).map(|e| e.meta.bytes);
+        keep_fits(&pressure, index, bytes, &kept)
     }
 
     pub fn strategy(&self) -> Strategy {
@@ -241,6 +294,7 @@ impl<A: Activation, I: Activation> CheckpointManager<A, I> {
             Strategy::MemoryBased { threshold_bytes } => {
                 pinned || self.pinned_bytes_excluding(index) + bytes <= threshold_bytes
             }
+            Strategy::Auto => self.auto_keeps(index, bytes),
         })
     }
 

@@ -10,6 +10,8 @@ pub enum PartitionError {
         "cannot split {layers} layers over {stages} stages: every stage needs at least one layer"
     )]
     TooManyStages { layers: usize, stages: usize },
+    #[error("stage {stage} does not exist in a pipeline of {stages} stages")]
+    StageOutOfRange { stage: usize, stages: usize },
 }
 
 /// Splits `layers` layers into `stages` contiguous ranges whose sizes differ by at most one;

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use super::activation::Activation;
-use super::manager::{CheckpointError, CheckpointManager, ManagerStats, Strategy};
+use super::manager::{CheckpointError, CheckpointManager, ManagerStats, StagePressure, Strategy};
 use super::schedule::{self, Schedule, ScheduleError, Step};
 use super::transport::{ChannelTransport, Transport, TransportError};
 
@@ -57,6 +57,30 @@ pub trait StageWork: Send {
         state: Self::State,
         grad: Option<Self::Message>,
     ) -> Result<Option<Self::Message>, Self::Error>;
+
+    /// The stage's memory now (`None`: no budget), read by the `auto` stage policy.
+    fn memory(&self) -> Option<MemoryReading> {
+        None
+    }
+
+    /// Restarts the peak that [`StageWork::memory`] reports at the live bytes, so that the
+    /// next pass's own peak can be read (the stage keeps the step's peak itself).
+    fn restart_peak(&mut self) {}
+
+    /// Where the stage keeps the transients the `auto` policy measured, so that they carry
+    /// over from step to step (`None`: measured afresh each step).
+    fn transients(&mut self) -> Option<&mut Transients> {
+        None
+    }
+}
+
+/// A stage's memory pool as the `auto` stage policy reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryReading {
+    pub live: usize,
+    /// The highest live bytes since the step began.
+    pub peak: usize,
+    pub budget: usize,
 }
 
 /// How a pipeline run is laid out.
@@ -212,6 +236,23 @@ pub fn run_pipeline<W: StageWork>(
     })
 }
 
+/// Runs stage `transport.stage()` of `stages` through one training step: what one process
+/// of a multi-process pipeline runs (the threaded [`run_pipeline`] runs every stage so).
+/// `watch` hears each step just before it starts, so that a process can say which
+/// micro-batch it was on if it dies.
+pub fn run_stage<W: StageWork>(
+    work: &mut W,
+    transport: &impl Transport<W::Message>,
+    stages: usize,
+    config: PipelineConfig,
+    watch: &dyn Fn(Step),
+) -> Result<StageReport, StageError<W::Error>> {
+    let stage = transport.stage();
+    let steps = schedule::stage_steps(config.schedule, stages, config.micro_batches, stage)?;
+    let runner = StageRunner::new(stage, stages, config, Instant::now());
+    runner.run_watched(work, transport, &steps, watch)
+}
+
 fn pick_root_cause<E: std::error::Error>(
     earlier: Option<StageError<E>>,
     new: StageError<E>,
@@ -256,6 +297,55 @@ struct Progress {
     recompute: Duration,
     in_flight: usize,
     max_in_flight: usize,
+    transients: Transients,
+}
+
+/// The most bytes a stage's passes were seen to need above the live bytes they started
+/// from: what the `auto` stage policy keeps free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Transients {
+    pub forward: usize,
+    /// A backward from a kept forward state.
+    pub backward: usize,
+    /// A backward that first recomputed its forward state.
+    pub backward_recomputed: usize,
+}
+
+impl Transients {
+    /// What the stage's remaining passes need free. A backward may have to recompute: until
+    /// one was measured, a plain backward plus a forward stands for it, and until any
+    /// backward was measured, twice a forward (conservative: the first step learns).
+    pub fn reserve(&self) -> usize {
+        let backward = match (self.backward_recomputed, self.backward) {
+            (0, 0) => self.forward.saturating_mul(2),
+            (0, plain) => plain.saturating_add(self.forward),
+            (recomputed, _) => recomputed,
+        };
+        backward.max(self.forward)
+    }
+
+    fn absorb(&mut self, other: &Transients) {
+        self.forward = self.forward.max(other.forward);
+        self.backward = self.backward.max(other.backward);
+        self.backward_recomputed = self.backward_recomputed.max(other.backward_recomputed);
+    }
+}
+
+/// The bytes a pass needed above where it started (the peak was restarted before it).
+fn transient(before: Option<MemoryReading>, after: Option<MemoryReading>) -> usize {
+    match (before, after) {
+        (Some(b), Some(a)) => a.peak.saturating_sub(b.live),
+        _ => 0,
+    }
+}
+
+/// Reads the stage's memory at the start of a pass; under `auto`, restarting the peak first.
+fn pass_start<W: StageWork>(work: &mut W, strategy: Strategy) -> Option<MemoryReading> {
+    if strategy != Strategy::Auto {
+        return None;
+    }
+    work.restart_peak();
+    work.memory()
 }
 
 impl StageRunner {
@@ -274,6 +364,16 @@ impl StageRunner {
         transport: &impl Transport<W::Message>,
         steps: &[Step],
     ) -> Result<StageReport, StageError<W::Error>> {
+        self.run_watched(work, transport, steps, &|_| {})
+    }
+
+    fn run_watched<W: StageWork>(
+        &self,
+        work: &mut W,
+        transport: &impl Transport<W::Message>,
+        steps: &[Step],
+        watch: &dyn Fn(Step),
+    ) -> Result<StageReport, StageError<W::Error>> {
         let mut manager = CheckpointManager::new(self.config.strategy, self.config.micro_batches);
         let mut progress = Progress {
             digests: vec![None; self.config.micro_batches],
@@ -282,16 +382,22 @@ impl StageRunner {
             recompute: Duration::ZERO,
             in_flight: 0,
             max_in_flight: 0,
+            transients: work.transients().copied().unwrap_or_default(),
         };
-        for &step in steps {
+        for (i, &step) in steps.iter().enumerate() {
+            watch(step);
             match step {
                 Step::Forward(m) => {
-                    self.forward(work, transport, &mut manager, &mut progress, m)?
+                    let rest = &steps[i + 1..];
+                    self.forward(work, transport, &mut manager, &mut progress, m, rest)?
                 }
                 Step::Backward(m) => {
                     self.backward(work, transport, &mut manager, &mut progress, m)?
                 }
             }
+        }
+        if let Some(kept) = work.transients() {
+            kept.absorb(&progress.transients);
         }
         Ok(StageReport {
             stage: self.stage,
@@ -318,12 +424,14 @@ impl StageRunner {
         manager: &mut CheckpointManager<W::State, W::Input>,
         progress: &mut Progress,
         m: usize,
+        remaining: &[Step],
     ) -> Result<(), StageError<W::Error>> {
         let received = match self.is_first() {
             true => None,
             false => Some(transport.recv_activation(m)?),
         };
         let start = Instant::now();
+        let before = pass_start(work, self.config.strategy);
         let input = work.load_input(m, received).map_err(|e| self.work(m, e))?;
         let forwarded = work.forward(m, &input).map_err(|e| self.work(m, e))?;
         manager
@@ -332,6 +440,16 @@ impl StageRunner {
         progress.digests[m] = Some(forwarded.digest);
         if let Some(output) = forwarded.output {
             transport.send_activation(m, output)?;
+        }
+        let after = work.memory();
+        progress.transients.forward = progress.transients.forward.max(transient(before, after));
+        if manager.strategy() == Strategy::Auto {
+            manager.set_pressure(after.map(|a| StagePressure {
+                remaining: remaining.to_vec(),
+                live: a.live,
+                budget: a.budget,
+                transients: progress.transients,
+            }));
         }
         manager
             .store_owned(m, forwarded.state)
@@ -355,11 +473,18 @@ impl StageRunner {
             false => Some(transport.recv_gradient(m)?),
         };
         let start = Instant::now();
+        let before = pass_start(work, self.config.strategy);
         let (state, recomputed) = match manager.take(m) {
             Some(state) => (state, false),
             None => (self.recompute(work, manager, progress, m)?, true),
         };
         let grad_in = work.backward(m, state, grad).map_err(|e| self.work(m, e))?;
+        let measured = transient(before, work.memory());
+        let slot = match recomputed {
+            true => &mut progress.transients.backward_recomputed,
+            false => &mut progress.transients.backward,
+        };
+        *slot = (*slot).max(measured);
         manager.release_input(m);
         if let Some(grad_in) = grad_in {
             transport.send_gradient(m, grad_in)?;

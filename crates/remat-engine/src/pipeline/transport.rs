@@ -43,6 +43,16 @@ pub enum TransportError {
         micro_batch: usize,
     },
     #[error(
+        "stage {stage}: the {direction} of micro-batch {micro_batch} from stage {peer} is unusable: {detail}"
+    )]
+    Corrupt {
+        stage: usize,
+        peer: usize,
+        direction: Direction,
+        micro_batch: usize,
+        detail: String,
+    },
+    #[error(
         "stage {stage}: expected the {direction} of micro-batch {expected} but received micro-batch {received}'s"
     )]
     OutOfOrder {
@@ -53,8 +63,9 @@ pub enum TransportError {
     },
 }
 
-/// One stage's view of the wires to its neighbours.
-pub trait Transport<T>: Send {
+/// One stage's view of the wires to its neighbours. (Not `Send` itself: an MPI transport
+/// belongs to its process's main thread; the threaded runner's channels are `Send`.)
+pub trait Transport<T> {
     /// This stage's index.
     fn stage(&self) -> usize;
     /// Sends micro-batch `micro_batch`'s output activation to the next stage.

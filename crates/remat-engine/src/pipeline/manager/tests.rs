@@ -415,3 +415,43 @@ fn strategies_parse_and_print() {
     assert!("memory:-1".parse::<Strategy>().is_err());
     assert_eq!(parse_bytes("18446744073709551615GiB"), None);
 }
+
+#[test]
+fn auto_keeps_what_the_remaining_steps_leave_room_for() {
+    // No budget: everything is kept.
+    assert_eq!(stored_with(Strategy::Auto, 4), vec![0, 1, 2, 3]);
+    // GPipe over 4 micro-batches with 16-byte states and no inputs; each pass needs 20
+    // bytes above the live ones, a recomputing backward 30.
+    let steps: Vec<Step> = (0..4)
+        .map(Step::Forward)
+        .chain((0..4).map(Step::Backward))
+        .collect();
+    let transients = Transients {
+        forward: 20,
+        backward: 20,
+        backward_recomputed: 30,
+    };
+    let run = |budget: usize| {
+        let mut m = Manager::new(Strategy::Auto, 4);
+        for i in 0..4 {
+            let live = 16 * (m.count() + 1);
+            m.set_pressure(Some(StagePressure {
+                remaining: steps[i + 1..].to_vec(),
+                live,
+                budget,
+                transients,
+            }));
+            m.store_owned(i, act(4, i as f32)).unwrap();
+        }
+        m.entries().map(|e| e.micro_batch).collect::<Vec<_>>()
+    };
+    // 84 = 4 states + a backward: all kept; less keeps fewer (a third state needs the 68 of
+    // its last forward, a second 52, the first 36: one state and a forward pass).
+    assert_eq!(run(84), vec![0, 1, 2, 3]);
+    assert_eq!(run(83), vec![0, 1, 2]);
+    assert_eq!(run(67), vec![0, 1]);
+    assert_eq!(run(51), vec![0]);
+    assert_eq!(run(35), Vec::<usize>::new());
+    assert_eq!("auto".parse::<Strategy>().unwrap(), Strategy::Auto);
+    assert_eq!(Strategy::Auto.to_string(), "auto");
+}
