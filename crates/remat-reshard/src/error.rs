@@ -103,6 +103,9 @@ pub enum ReshardError {
     Target(String),
     #[error("{path}: output already exists; pass --force (ExecOptions::overwrite) to replace it")]
     OutputExists { path: PathBuf },
+    /// An object-store request or URL failed (the URL only: credentials never appear).
+    #[error("{url}: {what}")]
+    Store { url: String, what: String },
     #[error("{path}: part check failed: {what}")]
     Part { path: PathBuf, what: String },
     #[error(
