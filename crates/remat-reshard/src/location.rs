@@ -53,10 +53,8 @@ impl Remote {
     /// bucket, on the file system): how tests and `file://` mixed runs reach it.
     pub fn local_dir(dir: &Path) -> Result<Remote> {
         std::fs::create_dir_all(dir).map_err(crate::error::io_err(dir))?;
-        let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| ReshardError::Store {
-            url: dir.display().to_string(),
-            what: e.to_string(),
-        })?;
+        let store = LocalFileSystem::new_with_prefix(dir)
+            .map_err(|e| crate::error::store_err(dir.display().to_string(), e.to_string()))?;
         Ok(Remote::new(
             Arc::new(store),
             "",
@@ -80,10 +78,7 @@ impl Remote {
 
     /// An error about `name` under this prefix.
     pub fn err(&self, name: &str, e: impl std::fmt::Display) -> ReshardError {
-        ReshardError::Store {
-            url: self.display(name).display().to_string(),
-            what: e.to_string(),
-        }
+        crate::error::store_err(self.display(name).display().to_string(), e.to_string())
     }
 }
 
@@ -93,10 +88,7 @@ impl Location {
         let Some((scheme, _)) = text.split_once("://") else {
             return Ok(Location::Local(PathBuf::from(text)));
         };
-        let bad = |what: String| ReshardError::Store {
-            url: text.into(),
-            what,
-        };
+        let bad = |what: String| crate::error::store_err(text, what);
         let url = url::Url::parse(text).map_err(|e| bad(format!("not a URL: {e}")))?;
         match scheme {
             "file" => url
@@ -131,10 +123,7 @@ fn retry_config() -> RetryConfig {
 }
 
 fn s3(url: &url::Url, text: &str, options: &StoreOptions) -> Result<Remote> {
-    let bad = |what: String| ReshardError::Store {
-        url: text.into(),
-        what,
-    };
+    let bad = |what: String| crate::error::store_err(text, what);
     let bucket = url
         .host_str()
         .filter(|b| !b.is_empty())

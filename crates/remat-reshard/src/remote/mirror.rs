@@ -169,8 +169,5 @@ fn rename_paths(e: ReshardError, dir: &Path, url: &str) -> ReshardError {
     if !text.contains(&dir) {
         return e;
     }
-    ReshardError::Store {
-        url: url.into(),
-        what: text.replace(&dir, url),
-    }
+    crate::error::store_err(url, text.replace(&dir, url))
 }

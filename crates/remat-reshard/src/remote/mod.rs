@@ -16,7 +16,7 @@
 //! certifies. Retries with backoff (throttling, dropped connections) are the store
 //! client's ([`crate::location`]).
 //!
-//! object_store is async: a tokio runtime lives only inside these calls ([`block_on`]),
+//! object_store is async: a tokio runtime lives only inside these calls (`block_on`),
 //! so the library's API stays synchronous.
 
 pub mod fetch;
@@ -27,7 +27,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{ReshardError, Result};
+use crate::error::Result;
 
 /// Runs `f` to completion on a runtime made for the call.
 pub(crate) fn block_on<F: Future>(f: F) -> Result<F::Output> {
@@ -35,9 +35,8 @@ pub(crate) fn block_on<F: Future>(f: F) -> Result<F::Output> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| ReshardError::Store {
-            url: "(runtime)".into(),
-            what: format!("cannot start the I/O runtime: {e}"),
+        .map_err(|e| {
+            crate::error::store_err("(runtime)", format!("cannot start the I/O runtime: {e}"))
         })?;
     Ok(rt.block_on(f))
 }
