@@ -4,6 +4,7 @@
 use std::os::unix::fs::FileExt;
 
 use futures::{StreamExt, TryStreamExt};
+use object_store::{GetOptions, GetRange};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Result, io_err};
@@ -127,26 +128,43 @@ pub fn fetch(rc: &RemoteCheckpoint, ranges: Ranges, max_buffer: u64) -> Result<F
     Ok(stats)
 }
 
+/// One ranged GET, written into the scratch file as its body arrives: the response is
+/// never gathered in memory, so requests in flight hold only the transport's buffers.
 async fn get_into(rc: &RemoteCheckpoint, file: usize, start: u64, end: u64) -> Result<()> {
     let (name, handle) = &rc.files[file];
-    let bytes = rc
+    let err = |e: object_store::Error| rc.remote.err(name, e);
+    let options = GetOptions {
+        range: Some(GetRange::Bounded(start..end)),
+        ..Default::default()
+    };
+    let got = rc
         .remote
         .store
-        .get_range(&rc.remote.key(name), start..end)
+        .get_opts(&rc.remote.key(name), options)
         .await
-        .map_err(|e| rc.remote.err(name, e))?;
-    if bytes.len() as u64 != end - start {
+        .map_err(err)?;
+    let mut body = got.into_stream();
+    let mut at = start;
+    while let Some(bytes) = body.next().await {
+        let bytes = bytes.map_err(err)?;
+        if at + bytes.len() as u64 > end {
+            break;
+        }
+        handle
+            .write_all_at(&bytes, at)
+            .map_err(io_err(&rc.ckpt.files[file].path))?;
+        at += bytes.len() as u64;
+    }
+    if at != end {
         return Err(rc.remote.err(
             name,
             format!(
                 "asked for bytes {start}..{end}, got {}: the object changed while it was read",
-                bytes.len()
+                at - start
             ),
         ));
     }
-    handle
-        .write_all_at(&bytes, start)
-        .map_err(io_err(&rc.ckpt.files[file].path))
+    Ok(())
 }
 
 /// Fetches every source byte (for verification, which compares everything).
