@@ -64,3 +64,17 @@ pub(crate) fn request_shape(max_buffer: u64) -> (u64, usize) {
     let in_flight = (max_buffer / size).clamp(1, 16) as usize;
     (size, in_flight)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_in_flight_hold_at_most_the_bound() {
+        for max_buffer in [1 << 20, 4 << 20, 256 << 20, 4 << 30] {
+            let (size, in_flight) = request_shape(max_buffer);
+            assert!((1 << 20..=16 << 20).contains(&size));
+            assert!(size * in_flight as u64 <= max_buffer, "{max_buffer}");
+        }
+    }
+}

@@ -499,3 +499,27 @@ async fn chunk_sums(dst: &Remote, f: &TargetFile, max_buffer: u64) -> Result<Vec
     }
     Ok(per_chunk.iter().map(|d| combine(d)).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parts meet S3's limits (5 MiB at least, 10,000 at most) and what is in flight stays
+    /// within half the bound, or one part where the bound is below S3's minimum.
+    #[test]
+    fn upload_parts_meet_s3_limits_and_half_the_bound() {
+        for max_buffer in [1 << 20, 16 << 20, 20 << 20, 256 << 20, 4 << 30] {
+            for len in [1u64, 6 << 20, 300 << 20, 1 << 40] {
+                let (part, in_flight) = upload_shape(len, max_buffer);
+                assert!(part >= 5 << 20, "{part}");
+                assert!(len.div_ceil(part) <= 10_000, "{len} in parts of {part}");
+                assert!(in_flight >= 1);
+                let held = part * in_flight as u64;
+                assert!(
+                    held <= (max_buffer / 2).max(part),
+                    "{held} held for {max_buffer}"
+                );
+            }
+        }
+    }
+}
