@@ -122,17 +122,23 @@ impl Checkpoint {
     /// Opens `path` (a directory, or a single safetensors file), detecting the layout
     /// unless `format` is given, and validates it entirely before returning.
     pub fn open(path: &Path, format: Option<Format>) -> Result<Checkpoint> {
+        let ckpt = Checkpoint::open_unvalidated(path, format)?;
+        ckpt.validate()?;
+        Ok(ckpt)
+    }
+
+    /// Opens without the checks that read data (replicas compared byte by byte): a remote
+    /// checkpoint's data is fetched after opening, then [`Self::validate`] runs.
+    pub(crate) fn open_unvalidated(path: &Path, format: Option<Format>) -> Result<Checkpoint> {
         let format = match format {
             Some(f) => f,
             None => detect(path)?,
         };
-        let ckpt = match format {
-            Format::Remat => read_remat(path)?,
-            Format::Dcp => read_dcp(path)?,
-            Format::Hf => read_hf(path)?,
-        };
-        ckpt.validate()?;
-        Ok(ckpt)
+        match format {
+            Format::Remat => read_remat(path),
+            Format::Dcp => read_dcp(path),
+            Format::Hf => read_hf(path),
+        }
     }
 
     /// Bytes of all global tensors.
@@ -148,7 +154,7 @@ impl Checkpoint {
             .map(|i| &self.tensors[i])
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         for t in &self.tensors {
             self.validate_tensor(t)?;
         }

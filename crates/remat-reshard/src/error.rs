@@ -120,6 +120,15 @@ pub enum ReshardError {
 /// Short alias used across the crate.
 pub type Result<T> = std::result::Result<T, ReshardError>;
 
+/// An object-store request or URL that failed, as the I/O error it is: `url` names the
+/// object or prefix (a URL only: credentials never appear in messages).
+pub(crate) fn store_err(url: impl Into<String>, what: impl std::fmt::Display) -> ReshardError {
+    ReshardError::Io {
+        path: PathBuf::from(url.into()),
+        error: std::io::Error::other(what.to_string()),
+    }
+}
+
 /// Attaches a path to an I/O error.
 pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> ReshardError {
     let path = path.into();

@@ -59,6 +59,10 @@ pub struct ExecReport {
     pub seconds: f64,
     /// Peak bytes held in copy buffers.
     pub buffer_bytes: u64,
+    /// Files a re-run found complete and certified in an object store, not written again.
+    pub files_resumed: usize,
+    /// Ranged reads of a remote source.
+    pub fetched: Option<crate::remote::fetch::FetchStats>,
 }
 
 impl ExecReport {
@@ -210,7 +214,7 @@ fn execute_rank(
 }
 
 /// Writes `files` (plan slot, path) and returns, per slot, the chunk checksums.
-fn write_files(
+pub(crate) fn write_files(
     ckpt: &Checkpoint,
     plan: &Plan,
     files: &[(usize, PathBuf)],
@@ -302,6 +306,8 @@ fn write_files(
             bytes_written,
             seconds: started.elapsed().as_secs_f64(),
             buffer_bytes: peak,
+            files_resumed: 0,
+            fetched: None,
         },
         sums,
     ))

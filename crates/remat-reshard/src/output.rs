@@ -341,13 +341,14 @@ pub fn build_index(ckpt: &Checkpoint, plan: &Plan, sums: &[Option<Vec<u64>>]) ->
     }
 }
 
-/// Writes the layout's own index (Hugging Face multi-file) and then the remat index, last.
-pub fn write_indexes(
+/// The index documents of a written plan, in the order they must be written: the
+/// layout's own (Hugging Face multi-file) first, the remat index last.
+pub fn index_documents(
     ckpt: &Checkpoint,
     plan: &Plan,
-    dir: &Path,
     sums: &[Option<Vec<u64>>],
-) -> Result<()> {
+) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut docs = Vec::new();
     if plan.format == Format::Hf && plan.world_size > 1 {
         let mut weight_map = serde_json::Map::new();
         for f in &plan.files {
@@ -358,14 +359,26 @@ pub fn write_indexes(
         let total: u64 = plan.files.iter().map(|f| f.data_len).sum();
         let hf =
             serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
-        let path = dir.join(HF_INDEX_NAME);
-        write_atomic(&path, hf.to_string().as_bytes())?;
+        docs.push((HF_INDEX_NAME.to_string(), hf.to_string().into_bytes()));
     }
     let index = build_index(ckpt, plan, sums);
-    let path = dir.join(INDEX_NAME);
     let text = serde_json::to_vec_pretty(&index).map_err(|e| ReshardError::Index {
-        path: path.clone(),
+        path: INDEX_NAME.into(),
         what: e.to_string(),
     })?;
-    write_atomic(&path, &text)
+    docs.push((INDEX_NAME.to_string(), text));
+    Ok(docs)
+}
+
+/// Writes the layout's own index (Hugging Face multi-file) and then the remat index, last.
+pub fn write_indexes(
+    ckpt: &Checkpoint,
+    plan: &Plan,
+    dir: &Path,
+    sums: &[Option<Vec<u64>>],
+) -> Result<()> {
+    for (name, bytes) in index_documents(ckpt, plan, sums)? {
+        write_atomic(&dir.join(name), &bytes)?;
+    }
+    Ok(())
 }

@@ -12,7 +12,11 @@ use thiserror::Error;
 use crate::checkpoint::{Checkpoint, Format, SkippedFile};
 use crate::error::ReshardError;
 use crate::exec::{ExecOptions, ExecReport, execute, finalize, peak_buffer};
+use crate::location::{Location, Remote, StoreOptions};
 use crate::plan::{Plan, RankStats, plan, rank_stats};
+use crate::remote::fetch;
+use crate::remote::mirror::{self, RemoteCheckpoint};
+use crate::remote::sink::{self, Source};
 use crate::target::TargetSpec;
 use crate::verify::{VerifyReport, verify};
 
@@ -111,17 +115,43 @@ pub fn open(path: &Path, format: Option<Format>) -> Result<Checkpoint, RunError>
 }
 
 /// Carries out `request`. `progress` receives bytes written (from worker threads).
+/// Sources and destinations may be URLs (see [`reshard_with`]), reached with the
+/// default [`StoreOptions`].
 pub fn reshard(
     request: &Request,
+    events: impl FnMut(Event<'_>),
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<Outcome, RunError> {
+    reshard_with(request, &StoreOptions::default(), events, progress)
+}
+
+/// Carries out `request` where `src` and `dst` are local paths, `file://` URLs or
+/// object-store URLs (`s3://bucket/prefix`), in any mix, reaching stores with `store`.
+pub fn reshard_with(
+    request: &Request,
+    store: &StoreOptions,
     mut events: impl FnMut(Event<'_>),
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> Result<Outcome, RunError> {
-    let ckpt = open(request.src, request.source_format)?;
-    for skipped in &ckpt.skipped {
+    let src_loc = Location::parse(&request.src.to_string_lossy(), store)?;
+    let dst_loc = Location::parse(&request.dst.to_string_lossy(), store)?;
+    if let (Location::Remote(s), Location::Remote(d)) = (&src_loc, &dst_loc) {
+        check_remote_apart(s, d)?;
+    }
+    let opened = match &src_loc {
+        Location::Local(path) => Opened::Local(open(path, request.source_format)?),
+        Location::Remote(r) => Opened::Remote(Box::new(open_remote(r, request)?)),
+    };
+    let ckpt_ref = opened.ckpt();
+    for skipped in &ckpt_ref.skipped {
         events(Event::Skipped(skipped));
     }
-    let plan = plan(&ckpt, &request.spec)?;
-    events(Event::Planned(&ckpt, &plan));
+    let plan = plan(ckpt_ref, &request.spec)?;
+    events(Event::Planned(ckpt_ref, &plan));
+    let source = match &opened {
+        Opened::Remote(rc) => Source::Remote(rc),
+        Opened::Local(c) => Source::Local(c),
+    };
     match request.action {
         Action::DryRun => Ok(Outcome::DryRun(dry_run(
             &plan,
@@ -129,7 +159,12 @@ pub fn reshard(
             request.rank,
         ))),
         Action::Finalize => {
-            finalize(&ckpt, &plan, request.dst, request.overwrite)?;
+            match &dst_loc {
+                Location::Local(dst) => finalize(ckpt_ref, &plan, dst, request.overwrite)?,
+                Location::Remote(dst) => {
+                    sink::finalize(ckpt_ref, &plan, dst, request.overwrite, request.max_buffer)?
+                }
+            }
             Ok(Outcome::Finalized {
                 parts: plan.world_size,
             })
@@ -144,12 +179,55 @@ pub fn reshard(
                 rank: request.rank,
                 progress,
             };
-            Ok(Outcome::Written(execute(
-                &ckpt,
-                &plan,
-                request.dst,
-                &options,
-            )?))
+            Ok(Outcome::Written(write(&source, &plan, &dst_loc, &options)?))
+        }
+    }
+}
+
+fn open_remote(r: &Remote, request: &Request) -> Result<RemoteCheckpoint, RunError> {
+    mirror::open(r, request.source_format, request.max_buffer).map_err(|error| RunError::Read {
+        path: PathBuf::from(&r.url),
+        error: Box::new(error),
+    })
+}
+
+/// Refuses a remote destination that is, holds or lies inside a remote source (the
+/// same URL prefix, as given).
+fn check_remote_apart(src: &Remote, dst: &Remote) -> Result<(), ReshardError> {
+    let (s, d) = (format!("{}/", src.url), format!("{}/", dst.url));
+    if s.starts_with(&d) || d.starts_with(&s) {
+        return Err(ReshardError::Target(format!(
+            "output {} overlaps the source checkpoint {}",
+            dst.url, src.url
+        )));
+    }
+    Ok(())
+}
+
+/// Writes the plan: from a local or remote source, into a local directory (the
+/// executor, after fetching a remote source's ranges) or an object store.
+fn write(
+    source: &Source,
+    plan: &Plan,
+    dst: &Location,
+    options: &ExecOptions,
+) -> Result<ExecReport, ReshardError> {
+    match dst {
+        Location::Remote(dst) => sink::execute(source, plan, dst, options),
+        Location::Local(dst) => {
+            let fetched = match source {
+                Source::Remote(rc) => {
+                    let slots: Vec<usize> = (0..plan.files.len())
+                        .filter(|&i| options.rank.is_none_or(|r| plan.files[i].rank == r))
+                        .collect();
+                    let ranges = fetch::ranges_for(&rc.ckpt, plan, &slots);
+                    Some(fetch::fetch(rc, ranges, options.max_buffer)?)
+                }
+                Source::Local(_) => None,
+            };
+            let mut report = execute(source.ckpt(), plan, dst, options)?;
+            report.fetched = fetched;
+            Ok(report)
         }
     }
 }
@@ -194,22 +272,72 @@ pub fn dry_run(plan: &Plan, max_buffer: u64, rank: Option<usize>) -> DryRun {
 }
 
 /// Opens `a` and `b` and compares them tensor by tensor (see [`verify()`]); `progress`
-/// receives bytes compared.
+/// receives bytes compared. Either may be a URL (see [`verify_with`]).
 pub fn verify_paths(
     a: (&Path, Option<Format>),
     b: (&Path, Option<Format>),
+    events: impl FnMut(Event<'_>),
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> Result<VerifyReport, RunError> {
+    verify_with(a, b, &StoreOptions::default(), events, progress)
+}
+
+/// Bytes in flight while a remote checkpoint is fetched for verification.
+const VERIFY_BUFFER: u64 = crate::exec::DEFAULT_MAX_BUFFER;
+
+/// Opens a checkpoint to compare: a remote one is fetched whole into scratch first
+/// (verification reads every byte), with [`VERIFY_BUFFER`] bytes in flight.
+fn open_for_verify(
+    path: &Path,
+    format: Option<Format>,
+    store: &StoreOptions,
+) -> Result<Opened, RunError> {
+    match Location::parse(&path.to_string_lossy(), store)? {
+        Location::Local(p) => Ok(Opened::Local(open(&p, format)?)),
+        Location::Remote(r) => {
+            let read = |error: ReshardError| RunError::Read {
+                path: PathBuf::from(&r.url),
+                error: Box::new(error),
+            };
+            let rc = mirror::open(&r, format, VERIFY_BUFFER).map_err(read)?;
+            fetch::fetch_all(&rc, VERIFY_BUFFER).map_err(read)?;
+            Ok(Opened::Remote(Box::new(rc)))
+        }
+    }
+}
+
+enum Opened {
+    Local(Checkpoint),
+    Remote(Box<RemoteCheckpoint>),
+}
+
+impl Opened {
+    fn ckpt(&self) -> &Checkpoint {
+        match self {
+            Opened::Local(c) => c,
+            Opened::Remote(rc) => &rc.ckpt,
+        }
+    }
+}
+
+/// [`verify_paths`] with object stores reached through `store`.
+pub fn verify_with(
+    a: (&Path, Option<Format>),
+    b: (&Path, Option<Format>),
+    store: &StoreOptions,
     mut events: impl FnMut(Event<'_>),
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> Result<VerifyReport, RunError> {
-    let ca = open(a.0, a.1)?;
-    let cb = open(b.0, b.1)?;
+    let ca = open_for_verify(a.0, a.1, store)?;
+    let cb = open_for_verify(b.0, b.1, store)?;
+    let (ca, cb) = (ca.ckpt(), cb.ckpt());
     for skipped in ca.skipped.iter().chain(&cb.skipped) {
         events(Event::Skipped(skipped));
     }
     events(Event::Comparing {
         total_bytes: ca.total_bytes(),
     });
-    Ok(verify(&ca, &cb, progress)?)
+    Ok(verify(ca, cb, progress)?)
 }
 
 /// A buffer size that cannot be read.

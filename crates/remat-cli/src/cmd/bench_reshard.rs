@@ -34,6 +34,14 @@ pub struct Args {
     /// Number of small tensors in the many-tensors run.
     #[arg(long, default_value_t = 60_000)]
     small_tensors: usize,
+    /// Where the object-store runs go: `local` (none), `s3` (s3://remat-bench/run-PID), or
+    /// an s3://bucket/prefix URL; the bucket must exist. The same 8-rank checkpoint is
+    /// uploaded, then resharded store to store beside the local-file runs.
+    #[arg(long, default_value = "local")]
+    store: String,
+    /// S3-compatible endpoint for --store (else AWS_ENDPOINT_URL and the usual AWS_*).
+    #[arg(long)]
+    endpoint: Option<String>,
 }
 
 /// One generated tensor: name, dtype, shape, placement on the 8 source ranks.
@@ -257,6 +265,63 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Resident memory by kind, from /proc/self/status: anonymous (heap, buffers), file
+/// pages mapped (the source maps) and shared memory (files of a tmpfs such as /dev/shm
+/// count here when mapped), in bytes.
+#[derive(Clone, Copy, Default, Debug)]
+struct Resident {
+    anon: u64,
+    file: u64,
+    shmem: u64,
+}
+
+impl Resident {
+    fn now() -> Resident {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map_or(0, |kb| kb * 1024)
+        };
+        Resident {
+            anon: field("RssAnon:"),
+            file: field("RssFile:"),
+            shmem: field("RssShmem:"),
+        }
+    }
+
+    fn max(self, o: Resident) -> Resident {
+        Resident {
+            anon: self.anon.max(o.anon),
+            file: self.file.max(o.file),
+            shmem: self.shmem.max(o.shmem),
+        }
+    }
+}
+
+/// The kernel keeps a high-water mark of the whole RSS only (VmHWM), not of its kinds:
+/// a thread samples them every millisecond while `work` runs and keeps each one's
+/// maximum (a peak shorter than a millisecond can be missed; VmHWM bounds their sum).
+fn sample_resident<T>(work: impl FnOnce() -> T) -> (T, Resident) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = Resident::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(Resident::now());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            peak.max(Resident::now())
+        });
+        let out = work();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let peak = sampler.join().unwrap_or_default();
+        (out, peak)
+    })
+}
+
 /// Resets VmHWM to the current RSS, so each run's peak is its own.
 fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
@@ -272,6 +337,10 @@ struct Row {
     file_copy: f64,
     peak_rss: u64,
     bound: u64,
+    base_rss: u64,
+    /// Sampled peaks by kind during the run, and the anonymous memory before it.
+    resident: Resident,
+    idle: Resident,
 }
 
 fn gib(b: u64) -> String {
@@ -337,7 +406,9 @@ fn reshard_once(
         peak_rss()
     };
     let cpu = cpu_seconds("/proc/self/stat");
-    let report = execute(&ckpt, &p, dst, &opts)?;
+    let idle = Resident::now();
+    let (report, resident) = sample_resident(|| execute(&ckpt, &p, dst, &opts));
+    let report = report?;
     let cpu = (cpu_seconds("/proc/self/stat") - cpu).max(0.01);
     let peak = peak_rss();
     bar.finish_and_clear();
@@ -357,6 +428,9 @@ fn reshard_once(
         file_copy,
         peak_rss: peak,
         bound: max_buffer + largest + base_rss,
+        base_rss,
+        resident,
+        idle,
     })
 }
 
@@ -439,6 +513,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?);
         std::fs::remove_dir_all(&out)?;
     }
+    let store_rows = match store_url(&args.store) {
+        Some(url) => store_runs(
+            &eight,
+            &url,
+            args.endpoint.clone(),
+            args.max_buffer,
+            args.verify,
+        )?,
+        None => Vec::new(),
+    };
     std::fs::remove_dir_all(&eight)?;
     let small = small_model(args.small_tensors);
     let started = Instant::now();
@@ -462,16 +546,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&out)?;
     }
     println!(
-        "| run | written | time | GB/s | warm memcpy GB/s | ratio | fresh anon memcpy GB/s | fresh file write GB/s | ratio | fresh file mmap memcpy GB/s | file copy GB/s | ratio | CPU s | GB per CPU s | CPU ratio to warm memcpy | peak RSS | RSS goal (idle + bound + largest chunk) |"
+        "| run | written | time | GB/s | warm memcpy GB/s | ratio | fresh anon memcpy GB/s | fresh file write GB/s | ratio | fresh file mmap memcpy GB/s | file copy GB/s | ratio | CPU s | GB per CPU s | CPU ratio to warm memcpy | peak RSS | RSS goal (idle + bound + largest chunk) | peak anon | peak file-mapped (RssFile + RssShmem) | anon growth over idle | anon bound |"
     );
     println!(
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in &rows {
         let rate = r.bytes as f64 / r.seconds / 1e9;
         let cpu_rate = r.bytes as f64 / r.cpu / 1e9;
         println!(
-            "| {} | {} | {:.2} s | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {:.2} s | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
             r.run,
             gib(r.bytes),
             r.seconds,
@@ -488,13 +572,174 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cpu_rate,
             cpu_rate / r.memcpy.1,
             mib(r.peak_rss),
-            mib(r.bound)
+            mib(r.bound),
+            mib(r.resident.anon),
+            mib(r.resident.file + r.resident.shmem),
+            mib(r.resident.anon.saturating_sub(r.idle.anon)),
+            mib(r.bound - r.base_rss)
         );
     }
+    print_store_rows(&rows, &store_rows);
     println!(
         "(buffer bound {}, {} threads; PyTorch DCP consolidation: ~1.2 GB/s)",
         mib(args.max_buffer),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     Ok(())
+}
+
+/// The object-store prefix `--store` names, if any.
+fn store_url(store: &str) -> Option<String> {
+    match store {
+        "local" => None,
+        "s3" => Some(format!("s3://remat-bench/run-{}", std::process::id())),
+        url => Some(url.trim_end_matches('/').to_string()),
+    }
+}
+
+/// One reshard through the object store.
+struct StoreRow {
+    world: usize,
+    bytes: u64,
+    seconds: f64,
+    fetched: remat_reshard::remote::fetch::FetchStats,
+    resident: Resident,
+    idle: Resident,
+    bound: u64,
+}
+
+/// Uploads the 8-rank checkpoint under `url` (not timed), then reshards it store to
+/// store onto 3 and 1 ranks, measuring rate, ranged reads and resident memory by kind.
+fn store_runs(
+    eight: &Path,
+    url: &str,
+    endpoint: Option<String>,
+    max_buffer: u64,
+    check: bool,
+) -> anyhow::Result<Vec<StoreRow>> {
+    use remat_reshard::location::StoreOptions;
+    use remat_reshard::run::{self, Outcome};
+    let store = StoreOptions { endpoint };
+    let src = format!("{url}/ckpt-8");
+    let started = Instant::now();
+    run::reshard_with(
+        &store_request(&eight.to_string_lossy(), &src, 8, max_buffer),
+        &store,
+        |_| {},
+        None,
+    )?;
+    eprintln!(
+        "uploaded the 8-rank checkpoint to {src} in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut rows = Vec::new();
+    for world in [3usize, 1] {
+        let dst = format!("{url}/ckpt-{world}");
+        let local = Checkpoint::open(eight, None)?;
+        let p = plan(&local, &TargetSpec::new(world, Format::Remat))?;
+        let largest = p
+            .files
+            .iter()
+            .flat_map(|f| f.chunks.iter().map(|c| c.len))
+            .max()
+            .unwrap_or(0);
+        drop(local);
+        let idle = Resident::now();
+        let started = Instant::now();
+        let (outcome, resident) = sample_resident(|| {
+            run::reshard_with(
+                &store_request(&src, &dst, world, max_buffer),
+                &store,
+                |_| {},
+                None,
+            )
+        });
+        let seconds = started.elapsed().as_secs_f64();
+        let Outcome::Written(report) = outcome? else {
+            anyhow::bail!("8 -> {world} through {url} wrote nothing");
+        };
+        if check {
+            let v = run::verify_with((eight, None), (Path::new(&dst), None), &store, |_| {}, None)?;
+            if let Some(d) = v.difference {
+                anyhow::bail!("8 -> {world} through {url} is not byte-exact: {d}");
+            }
+        }
+        rows.push(StoreRow {
+            world,
+            bytes: report.bytes_written,
+            seconds,
+            fetched: report.fetched.unwrap_or_default(),
+            resident,
+            idle,
+            bound: max_buffer + largest,
+        });
+    }
+    Ok(rows)
+}
+
+/// A write of `src` onto `world` ranks at `dst`, replacing what is there.
+fn store_request<'a>(
+    src: &'a str,
+    dst: &'a str,
+    world: usize,
+    max_buffer: u64,
+) -> remat_reshard::run::Request<'a> {
+    remat_reshard::run::Request {
+        src: Path::new(src),
+        dst: Path::new(dst),
+        source_format: None,
+        spec: TargetSpec::new(world, Format::Remat),
+        max_buffer,
+        rank: None,
+        action: remat_reshard::run::Action::Write,
+        overwrite: true,
+    }
+}
+
+/// The object-store runs beside the local-file runs of the same checkpoint.
+fn print_store_rows(local: &[Row], store: &[StoreRow]) {
+    if store.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "| run | store | written | wall time | GB/s | ratio to local | requests | requested | needed | read amplification | peak anon | anon growth over idle | anon bound (buffer + largest chunk) | peak file-mapped |"
+    );
+    println!(
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for s in store {
+        let Some(l) = local.iter().find(|r| r.run == format!("8 -> {}", s.world)) else {
+            continue;
+        };
+        let local_rate = l.bytes as f64 / l.seconds / 1e9;
+        let rate = s.bytes as f64 / s.seconds / 1e9;
+        println!(
+            "| 8 -> {w} | local files | {} | {:.2} s | {:.3} | 1.00 | - | - | - | - | {} | {} | {} | {} |",
+            gib(l.bytes),
+            l.seconds,
+            local_rate,
+            mib(l.resident.anon),
+            mib(l.resident.anon.saturating_sub(l.idle.anon)),
+            mib(l.bound - l.base_rss),
+            mib(l.resident.file + l.resident.shmem),
+            w = s.world
+        );
+        println!(
+            "| 8 -> {w} | object store (store to store) | {} | {:.2} s | {:.3} | {:.3} | {} | {} | {} | {:.3} | {} | {} | {} | {} |",
+            gib(s.bytes),
+            s.seconds,
+            rate,
+            rate / local_rate,
+            s.fetched.requests,
+            mib(s.fetched.bytes_requested),
+            mib(s.fetched.bytes_needed),
+            s.fetched.read_amplification(),
+            mib(s.resident.anon),
+            mib(s.resident.anon.saturating_sub(s.idle.anon)),
+            mib(s.bound),
+            mib(s.resident.file + s.resident.shmem),
+            w = s.world
+        );
+    }
 }

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use anyhow::bail;
 use indicatif::{ProgressBar, ProgressStyle};
+use remat_reshard::location::StoreOptions;
 use remat_reshard::run::{self, Action, DryRun, Event, Outcome, Request};
 use remat_reshard::{Format, NameRule, Preset, TargetSpec};
 
@@ -15,12 +16,16 @@ pub struct Args {
     #[command(subcommand)]
     sub: Option<Sub>,
     /// Source checkpoint: a directory (remat, PyTorch DCP or Hugging Face layout) or one
-    /// .safetensors file.
+    /// .safetensors file; or a URL: s3://bucket/prefix, file:///dir.
     #[arg(required = true)]
     src: Option<PathBuf>,
-    /// Output directory.
+    /// Output directory, or a URL (s3://bucket/prefix, file:///dir).
     #[arg(required = true)]
     dst: Option<PathBuf>,
+    /// S3-compatible endpoint for s3:// URLs (MinIO, a gateway), overriding
+    /// AWS_ENDPOINT_URL; credentials come from the usual AWS_* environment variables.
+    #[arg(long, global = true)]
+    endpoint: Option<String>,
     /// Target number of ranks.
     #[arg(long, short = 'w')]
     world_size: Option<usize>,
@@ -60,7 +65,9 @@ enum Sub {
     /// Prove two layouts hold the same global tensors (streaming), or name the first
     /// differing tensor and element.
     Verify {
+        /// A checkpoint: a path or a URL (s3://bucket/prefix, file:///dir).
         a: PathBuf,
+        /// The other checkpoint: a path or a URL.
         b: PathBuf,
         /// Layout of A, detected when omitted.
         #[arg(long, value_parser = parse_format)]
@@ -93,6 +100,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let store = StoreOptions {
+        endpoint: args.endpoint.clone(),
+    };
     if let Some(Sub::Verify {
         a,
         b,
@@ -100,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         from_b,
     }) = args.sub
     {
-        return run_verify(&a, &b, from_a, from_b);
+        return run_verify((&a, from_a), (&b, from_b), &store);
     }
     let (Some(src), Some(dst)) = (args.src.as_deref(), args.dst.as_deref()) else {
         bail!("usage: remat reshard SRC DST --world-size M");
@@ -137,8 +147,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ProgressBar::inc(bar, n);
         }
     };
-    let outcome = run::reshard(
+    let outcome = run::reshard_with(
         &request,
+        &store,
         |event| match event {
             Event::Skipped(f) => eprintln!("note: skipping {}: {}", f.path.display(), f.reason),
             Event::Planned(ckpt, plan) => {
@@ -169,6 +180,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 report.gb_per_s(),
                 report.buffer_bytes as f64 / (1u64 << 20) as f64
             );
+            if report.files_resumed > 0 {
+                println!(
+                    "{} files were already complete and certified in the store (not written again)",
+                    report.files_resumed
+                );
+            }
+            if let Some(f) = &report.fetched {
+                println!(
+                    "read the source with {} ranged requests: {} requested for {} needed (read amplification {:.3})",
+                    f.requests,
+                    human(f.bytes_requested),
+                    human(f.bytes_needed),
+                    f.read_amplification()
+                );
+            }
             if let Some(r) = args.rank {
                 println!(
                     "rank {r} done; once every rank is, run the same command with --finalize instead of --rank"
@@ -229,10 +255,9 @@ fn print_dry_run(dry: &DryRun) {
 }
 
 fn run_verify(
-    a: &Path,
-    b: &Path,
-    from_a: Option<Format>,
-    from_b: Option<Format>,
+    (a, from_a): (&Path, Option<Format>),
+    (b, from_b): (&Path, Option<Format>),
+    store: &StoreOptions,
 ) -> anyhow::Result<()> {
     let bar = OnceLock::new();
     let tick = |n: u64| {
@@ -240,9 +265,10 @@ fn run_verify(
             ProgressBar::inc(bar, n);
         }
     };
-    let report = run::verify_paths(
+    let report = run::verify_with(
         (a, from_a),
         (b, from_b),
+        store,
         |event| match event {
             Event::Skipped(f) => eprintln!("note: skipping {}: {}", f.path.display(), f.reason),
             Event::Comparing { total_bytes } => {
