@@ -44,16 +44,25 @@ pub fn run(
         layout.rank, layout.stage, layout.replica
     ));
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| train(&world, args, stages, task)));
-    let (error, code) = match outcome {
-        Ok(Ok(())) => return Ok(()),
-        Ok(Err(e)) => (format!("{e:#}"), 1),
-        Err(panic) => (panic_text(&*panic), 101),
+    let Some((error, code)) = failure_of(outcome) else {
+        return Ok(());
     };
     eprintln!(
         "remat: rank {} (stage {}, replica {}) failed: {error}\nremat: ending every rank of the run",
         layout.rank, layout.stage, layout.replica
     );
     world.abort(code)
+}
+
+/// What a rank's training ended with, when it failed: the message every rank's log gets
+/// (an error with its causes; a panic with the stage and micro-batch the rank was at) and
+/// the exit code the run is aborted with (1, or 101 as for an unwound panic).
+fn failure_of(outcome: std::thread::Result<anyhow::Result<()>>) -> Option<(String, i32)> {
+    match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some((format!("{e:#}"), 1)),
+        Err(panic) => Some((panic_text(&*panic), 101)),
+    }
 }
 
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
@@ -319,5 +328,38 @@ impl Wire for RankStats {
 
     fn payload_bytes(&self) -> usize {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_a_stage_becomes_a_failure_naming_what_the_rank_was_doing() {
+        activity::set(activity::Activity::Computing {
+            stage: 1,
+            step: remat_engine::pipeline::Step::Forward(3),
+        });
+        let outcome = std::panic::catch_unwind(|| -> anyhow::Result<()> {
+            panic!("index out of bounds in the stage's kernel")
+        });
+        let (message, code) = failure_of(outcome).expect("a panic is a failure");
+        assert_eq!(code, 101);
+        assert!(message.starts_with("panicked at "), "{message}");
+        assert!(message.contains("index out of bounds"), "{message}");
+        assert!(
+            message.contains("stage 1") && message.contains("micro-batch 3"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn an_error_is_a_failure_with_its_causes_and_success_is_none() {
+        assert!(failure_of(Ok(Ok(()))).is_none());
+        let error = anyhow::anyhow!("out of memory: 4096 B over the budget").context("stage 0");
+        let (message, code) = failure_of(Ok(Err(error))).expect("an error is a failure");
+        assert_eq!(code, 1);
+        assert_eq!(message, "stage 0: out of memory: 4096 B over the budget");
     }
 }
