@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::spec::compile::{Disposition, Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerState, LayerWeights, Shared, SharedBuffers};
 use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
-use crate::spec::run::meter::Use;
+use crate::spec::run::meter::{Phase, Use};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check};
 use crate::spec::{ModelConfig, Value};
@@ -395,15 +395,19 @@ impl Hybrid {
     }
 
     /// Device bytes the plans keep per layer (each layer under its own type's plan), the
-    /// host bytes, and the shared recompute buffers (one set per type): what the meter
-    /// must measure.
+    /// host bytes, and the shared recompute buffers: one set per type, live only during a
+    /// layer's backward, so the largest type's set: what the meter must measure.
     pub fn predicted(&self, plans: &[Plan]) -> (u64, u64, u64) {
         let (mut saved, mut host) = (0u64, 0u64);
         for (l, &b) in self.layer_block.iter().enumerate() {
             saved += plans[b].layers[l].bytes.saved;
             host += plans[b].layers[l].bytes.offloaded;
         }
-        let shared = plans.iter().map(Plan::shared_buffer_bytes).sum();
+        let shared = plans
+            .iter()
+            .map(Plan::shared_buffer_bytes)
+            .max()
+            .unwrap_or(0);
         (saved, shared, host)
     }
 
@@ -469,6 +473,7 @@ impl Hybrid {
             .collect();
         meter.reset_peak();
         env.host.reset_peak();
+        meter.mark(Phase::Forward(0));
         let n = self.layers.len();
         let mut x = Some(embed_tokens(
             &self.embed,
@@ -479,6 +484,9 @@ impl Hybrid {
         let mut states: Vec<LayerState> = Vec::with_capacity(n);
         for l in 0..n {
             let b = self.layer_block[l];
+            if l > 0 {
+                meter.mark(Phase::Forward(l));
+            }
             let input = x
                 .take()
                 .ok_or_else(|| RunError::Model("lost the residual stream".into()))?;
@@ -490,6 +498,7 @@ impl Hybrid {
             x = Some(out);
         }
         let (last, last_hold) = x.ok_or_else(|| RunError::Model("no block output".into()))?;
+        meter.mark(Phase::Head);
         let mut holds = Vec::new();
         let head = LmHead {
             final_norm: &self.final_norm,
@@ -506,6 +515,7 @@ impl Hybrid {
         grads.adapters = vec![BTreeMap::new(); n];
         for l in (0..n).rev() {
             let b = self.layer_block[l];
+            meter.mark(Phase::Backward(l));
             let state = states
                 .pop()
                 .ok_or_else(|| RunError::Model("lost a layer's state".into()))?;
@@ -526,6 +536,7 @@ impl Hybrid {
             recomputed_ops += bw.recomputed_ops;
         }
         drop(buffers);
+        meter.mark(Phase::Tail);
         if mode == Mode::Full {
             holds.push(meter.hold(self.embed.bytes(), Use::Gradient, || {
                 "gradient of `embed`".into()

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use crate::spec::compile::{Disposition, Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerState, LayerWeights, Shared, SharedBuffers};
 use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
-use crate::spec::run::meter::Use;
+use crate::spec::run::meter::{Phase, Use};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check};
 use crate::spec::{ModelConfig, Value};
@@ -562,9 +562,13 @@ impl Mamba {
         };
         meter.reset_peak();
         env.host.reset_peak();
+        meter.mark(Phase::Forward(0));
         let mut x = Some(embed_tokens(&self.embed, [d.batch, d.seq], tokens, meter)?);
         let mut states: Vec<LayerState> = Vec::with_capacity(d.layers);
         for l in 0..d.layers {
+            if l > 0 {
+                meter.mark(Phase::Forward(l));
+            }
             let input = x
                 .take()
                 .ok_or_else(|| RunError::Model("lost the residual stream".into()))?;
@@ -576,6 +580,7 @@ impl Mamba {
             x = Some(out);
         }
         let (last, last_hold) = x.ok_or_else(|| RunError::Model("no block output".into()))?;
+        meter.mark(Phase::Head);
         let mut holds = Vec::new();
         let head = LmHead {
             final_norm: &self.final_norm,
@@ -590,6 +595,7 @@ impl Mamba {
         grads.layers = vec![BTreeMap::new(); d.layers];
         grads.adapters = vec![BTreeMap::new(); d.layers];
         for l in (0..d.layers).rev() {
+            meter.mark(Phase::Backward(l));
             let state = states
                 .pop()
                 .ok_or_else(|| RunError::Model("lost a layer's state".into()))?;
@@ -610,6 +616,7 @@ impl Mamba {
             recomputed_ops += b.recomputed_ops;
         }
         drop(buffers);
+        meter.mark(Phase::Tail);
         if plan.mode == Mode::Full {
             holds.push(meter.hold(self.embed.bytes(), Use::Gradient, || {
                 "gradient of `embed`".into()

@@ -20,7 +20,7 @@ use crate::spec::run::exec::{
     Backward, Forward, LayerState, LayerWeights, Scratch, Shared, SharedBuffers,
 };
 use crate::spec::run::lora::{Adapter, AdapterGrad, LayerAdapters, LoraConfig};
-use crate::spec::run::meter::{Hold, Meter, MeterStats, Use};
+use crate::spec::run::meter::{Hold, Meter, MeterStats, Phase, Use};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check, linalg};
 use crate::spec::{ModelConfig, Value};
@@ -662,9 +662,13 @@ impl Qwen3 {
         };
         meter.reset_peak();
         env.host.reset_peak();
+        meter.mark(Phase::Forward(0));
         let mut x = Some(self.embed_tokens(tokens, meter)?);
         let mut states: Vec<LayerState> = Vec::with_capacity(d.layers);
         for l in 0..d.layers {
+            if l > 0 {
+                meter.mark(Phase::Forward(l));
+            }
             let input = x
                 .take()
                 .ok_or_else(|| RunError::Model("lost the residual stream".into()))?;
@@ -676,6 +680,7 @@ impl Qwen3 {
             x = Some(out);
         }
         let (last, _last_hold) = x.ok_or_else(|| RunError::Model("no block output".into()))?;
+        meter.mark(Phase::Head);
         let mut holds = Vec::new();
         let (loss, dx_final, mut grads) =
             self.head(&last, targets, plan.mode, meter, &mut holds)?;
@@ -686,6 +691,7 @@ impl Qwen3 {
         grads.layers = vec![BTreeMap::new(); d.layers];
         grads.adapters = vec![BTreeMap::new(); d.layers];
         for l in (0..d.layers).rev() {
+            meter.mark(Phase::Backward(l));
             let state = states
                 .pop()
                 .ok_or_else(|| RunError::Model("lost a layer's state".into()))?;
@@ -706,6 +712,7 @@ impl Qwen3 {
             recomputed_ops += b.recomputed_ops;
         }
         drop(buffers);
+        meter.mark(Phase::Tail);
         if plan.mode == Mode::Full {
             holds.push(meter.hold(self.embed.bytes(), Use::Gradient, || {
                 "gradient of `embed`".into()
