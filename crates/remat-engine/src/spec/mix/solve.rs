@@ -158,6 +158,13 @@ struct State {
 /// The mix of least predicted time whose predicted peak is at most `budget` (bytes above
 /// what the pool holds when the step begins); below the floor, [`MixError::BelowFloor`].
 pub fn solve(model: &MixModel, profile: &Profile, budget: u64) -> Result<Mix, MixError> {
+    let chosen = pick(profile, budget)?;
+    let refs: Vec<&Option_> = chosen.iter().collect();
+    Ok(describe(model, profile, &refs))
+}
+
+/// The option of each layer in the least-time mix that fits `budget`.
+fn pick(profile: &Profile, budget: u64) -> Result<Vec<Option_>, MixError> {
     let options: Vec<Vec<Option_>> = (0..profile.classes.len())
         .map(|c| class_options(profile, c))
         .collect();
@@ -224,10 +231,9 @@ pub fn solve(model: &MixModel, profile: &Profile, budget: u64) -> Result<Mix, Mi
         picked[l] = state.option;
         at = state.parent;
     }
-    let chosen: Vec<&Option_> = (0..layers)
-        .map(|l| &options[profile.layer_class[l]][picked[l]])
-        .collect();
-    Ok(describe(model, profile, &chosen))
+    Ok((0..layers)
+        .map(|l| options[profile.layer_class[l]][picked[l]].clone())
+        .collect())
 }
 
 /// Predicted peak of the options chosen per layer (the formula in the module docs).
@@ -325,6 +331,158 @@ pub fn floor(profile: &Profile) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::mix::profile::SubsetProfile;
+    use crate::spec::mix::units::{Candidate, ClassUnits, Target};
+
+    /// A deterministic pseudo-random stream for the synthetic profiles.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self, below: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) % below
+        }
+    }
+
+    /// Two classes (2 and 1 units, 2 and 1 candidates) over `layers` layers, random terms.
+    fn synthetic(seed: u64, layers: usize) -> Profile {
+        let mut r = Lcg(seed);
+        let mut classes = Vec::new();
+        let mut subsets = Vec::new();
+        let mut transfer = Vec::new();
+        for (units, cands) in [(2usize, 2usize), (1, 1)] {
+            let candidates: Vec<Candidate> = (0..cands)
+                .map(|i| Candidate {
+                    target: Target::Slot(i),
+                    name: format!("s{i}"),
+                    bytes: 10 + r.next(40),
+                })
+                .collect();
+            let saved_all: u64 = 100 + candidates.iter().map(|c| c.bytes).sum::<u64>();
+            subsets.push(
+                (0..1usize << units)
+                    .map(|mask| {
+                        // Mask 3 of the first class is not a valid plan.
+                        (!(units == 2 && mask == 3)).then(|| SubsetProfile {
+                            saved: saved_all - 20 * mask.count_ones() as u64,
+                            peak: 50 + r.next(60),
+                            seconds: mask.count_ones() as f64 * (1.0 + r.next(5) as f64),
+                            offloadable: (0..cands).filter(|&c| c != mask % 2).collect(),
+                        })
+                    })
+                    .collect(),
+            );
+            transfer.push((0..cands).map(|_| 0.5 + r.next(4) as f64).collect());
+            classes.push(ClassUnits {
+                block: 0,
+                layer: 0,
+                units: (0..units).collect(),
+                candidates,
+            });
+        }
+        Profile {
+            classes,
+            layer_class: (0..layers).map(|l| l % 2).collect(),
+            subsets,
+            transfer_seconds: transfer,
+            recompute_seconds: vec![Vec::new(); 2],
+            forward: (0..layers).map(|_| 80 + r.next(40)).collect(),
+            backward_base: (0..layers).map(|_| 30 + r.next(40)).collect(),
+            head: 90,
+            tail: 60,
+            base_seconds: 0.0,
+            start: 0,
+        }
+    }
+
+    /// Every (subset, offload set) of a class, unpruned.
+    fn raw_options(profile: &Profile, c: usize) -> Vec<Option_> {
+        let mut out = Vec::new();
+        for (mask, subset) in profile.subsets[c].iter().enumerate() {
+            let Some(subset) = subset else { continue };
+            let n = subset.offloadable.len();
+            for bits in 0..1usize << n {
+                let set: Vec<usize> = (0..n)
+                    .filter(|i| bits & (1 << i) != 0)
+                    .map(|i| subset.offloadable[i])
+                    .collect();
+                let off: u64 = set
+                    .iter()
+                    .map(|&i| profile.classes[c].candidates[i].bytes)
+                    .sum();
+                let t: f64 = set.iter().map(|&i| profile.transfer_seconds[c][i]).sum();
+                out.push(Option_ {
+                    kept: subset.saved - off,
+                    peak: subset.peak,
+                    seconds: subset.seconds + t,
+                    mask,
+                    offload: set,
+                });
+            }
+        }
+        out
+    }
+
+    /// Least time and least peak over every combination (no pruning, no program).
+    fn brute_force(profile: &Profile, budget: u64) -> (Option<f64>, u64) {
+        let per_layer: Vec<Vec<Option_>> = profile
+            .layer_class
+            .iter()
+            .map(|&c| raw_options(profile, c))
+            .collect();
+        let (mut best, mut least_peak) = (None::<f64>, u64::MAX);
+        let mut index = vec![0usize; per_layer.len()];
+        loop {
+            let chosen: Vec<&Option_> = index.iter().zip(&per_layer).map(|(&i, o)| &o[i]).collect();
+            let peak = predicted_peak(profile, &chosen);
+            least_peak = least_peak.min(peak);
+            let t: f64 = chosen.iter().map(|o| o.seconds).sum();
+            if peak <= budget && best.is_none_or(|b| t < b) {
+                best = Some(t);
+            }
+            let mut l = 0;
+            while l < index.len() {
+                index[l] += 1;
+                if index[l] < per_layer[l].len() {
+                    break;
+                }
+                index[l] = 0;
+                l += 1;
+            }
+            if l == index.len() {
+                return (best, least_peak);
+            }
+        }
+    }
+
+    /// The program and the floor agree with exhaustive search on random profiles.
+    #[test]
+    fn solve_and_floor_match_exhaustive_search() {
+        for seed in 0..40 {
+            let profile = synthetic(seed, 3);
+            let floor = floor(&profile);
+            let (_, least) = brute_force(&profile, u64::MAX);
+            assert_eq!(floor, least, "seed {seed}");
+            for budget in [floor, floor + 7, floor + 25, floor + 60, floor + 500] {
+                let (best, _) = brute_force(&profile, budget);
+                let picked = pick(&profile, budget).unwrap();
+                let refs: Vec<&Option_> = picked.iter().collect();
+                assert!(predicted_peak(&profile, &refs) <= budget, "seed {seed}");
+                let t: f64 = picked.iter().map(|o| o.seconds).sum();
+                let best = best.unwrap();
+                assert!(
+                    (t - best).abs() < 1e-9,
+                    "seed {seed} budget {budget}: {t} vs {best}"
+                );
+            }
+            assert!(matches!(
+                pick(&profile, floor - 1),
+                Err(MixError::BelowFloor { floor: f, .. }) if f == floor
+            ));
+        }
+    }
 
     #[test]
     fn the_offload_front_keeps_the_fastest_set_per_total() {
