@@ -436,7 +436,10 @@ impl Resolved {
             reason,
         };
         let allowed = s.recompute && policy_applies(self.slot_policy(slot), mode);
-        let rebuilt = self.producer[slot].is_some_and(|r| choice.recompute.get(r) == Some(&true));
+        // A slot without `recompute` is never rebuilt, even when a rebuilt group's op also
+        // produces it (attention's log-sum-exp): it stays saved, that output dropped.
+        let rebuilt = s.recompute
+            && self.producer[slot].is_some_and(|r| choice.recompute.get(r) == Some(&true));
         let offloaded = choice.offload.get(slot) == Some(&true);
         if rebuilt && !allowed {
             return Err(bad(format!(

@@ -3,8 +3,9 @@
 //!
 //! Runs, all of the real model's step: one with everything kept (phase peaks of the
 //! forwards, the head and the tail; the bytes the other layers' gradients hold at each
-//! backward); one per subset of recompute units (every class of layers at its subset of
-//! that index), giving each layer's backward peak under that subset; `rounds` timed runs
+//! backward); then runs giving each layer's backward peak under a subset of its recompute
+//! units, every layer of a class at another subset (a layer's backward peak depends on its
+//! own subset only), until every subset of every class is measured; `rounds` timed runs
 //! of everything kept, and of every candidate offloaded, for the base step time and the
 //! transfer times. Times are medians over runs and over the layers of a class.
 
@@ -252,44 +253,42 @@ pub fn profile(model: &MixModel, rounds: usize, run: &mut Runner) -> Result<Prof
         backward_base.push(base.backward_start[l] - prefix);
     }
     let head = base.head - prefix;
-    // Every subset, every class at once (a class with fewer subsets repeats its own).
-    let most = classes.iter().map(ClassUnits::subsets).max().unwrap_or(1);
+    // Every subset of every class: a layer's backward peak depends on its own subset
+    // only, so each run measures as many subsets of a class as it has layers.
+    let valid = valid_subsets(model, &classes)?;
+    let members = class_members(&layer_class, classes.len());
+    let runs = classes
+        .iter()
+        .zip(&members)
+        .map(|(c, m)| c.subsets().div_ceil(m.len().max(1)))
+        .max()
+        .unwrap_or(1);
     let mut subsets: Vec<Vec<Option<SubsetProfile>>> =
         classes.iter().map(|c| vec![None; c.subsets()]).collect();
     let mut rebuilds: Vec<HashMap<usize, Vec<f64>>> = vec![HashMap::new(); classes.len()];
-    for mask in 0..most {
+    for run_index in 0..runs {
+        let masks: Vec<usize> = (0..layers)
+            .map(|l| {
+                let c = layer_class[l];
+                let j = members[c].iter().position(|&m| m == l).unwrap_or(0);
+                let mask = (run_index * members[c].len() + j) % classes[c].subsets();
+                if valid[c][mask] { mask } else { 0 }
+            })
+            .collect();
         let choices: Vec<LayerChoice> = (0..layers)
             .map(|l| {
                 let c = &classes[layer_class[l]];
-                c.choice(&model.blocks[c.block].resolved, mask % c.subsets(), &[])
+                c.choice(&model.blocks[c.block].resolved, masks[l], &[])
             })
             .collect();
-        let plans = match model.plans(&choices) {
-            Ok(plans) => plans,
-            // A subset whose rebuild needs a slot nothing keeps is no allowed mix; a
-            // layer whose own subset is valid is measured in the run of its own index.
-            Err(MixError::Spec(_)) => {
-                measure_alone(
-                    model,
-                    &classes,
-                    &layer_class,
-                    mask,
-                    &meter,
-                    run,
-                    &mut subsets,
-                )?;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let (_, trace) = traced(model, &choices, &meter, run)?;
+        let (plans, trace) = traced(model, &choices, &meter, run)?;
         let got = phases(&trace, layers)?;
         collect_rebuilds(&trace, &layer_class, &mut rebuilds);
         record_subsets(
             model,
             &classes,
             &layer_class,
-            mask,
+            &masks,
             &plans,
             &got,
             &mut subsets,
@@ -346,54 +345,36 @@ pub fn profile(model: &MixModel, rounds: usize, run: &mut Runner) -> Result<Prof
     })
 }
 
-/// Runs a subset that is invalid for some class with the other classes at their own
-/// subset of that index and the invalid ones keeping everything.
-fn measure_alone(
-    model: &MixModel,
-    classes: &[ClassUnits],
-    layer_class: &[usize],
-    mask: usize,
-    meter: &Arc<Meter>,
-    run: &mut Runner,
-    subsets: &mut [Vec<Option<SubsetProfile>>],
-) -> Result<(), MixError> {
-    let valid: Vec<bool> = classes
+/// Per class, per subset: whether the subset compiles (a rebuild needing a slot nothing
+/// keeps is no allowed mix).
+fn valid_subsets(model: &MixModel, classes: &[ClassUnits]) -> Result<Vec<Vec<bool>>, MixError> {
+    classes
         .iter()
         .map(|c| {
             let block = &model.blocks[c.block];
-            let choice = c.choice(&block.resolved, mask % c.subsets(), &[]);
-            block
-                .resolved
-                .plan_layer_with(&block.config, model.mode, c.layer, Some(&choice))
-                .is_ok()
+            (0..c.subsets())
+                .map(|mask| {
+                    let choice = c.choice(&block.resolved, mask, &[]);
+                    let plan = block.resolved.plan_layer_with(
+                        &block.config,
+                        model.mode,
+                        c.layer,
+                        Some(&choice),
+                    );
+                    Ok(plan.is_ok())
+                })
+                .collect()
         })
-        .collect();
-    if !valid.iter().any(|&v| v) {
-        return Ok(());
+        .collect()
+}
+
+/// The layers of each class, in order.
+fn class_members(layer_class: &[usize], classes: usize) -> Vec<Vec<usize>> {
+    let mut members = vec![Vec::new(); classes];
+    for (l, &c) in layer_class.iter().enumerate() {
+        members[c].push(l);
     }
-    let choices: Vec<LayerChoice> = (0..layer_class.len())
-        .map(|l| {
-            let c = &classes[layer_class[l]];
-            let m = if valid[layer_class[l]] {
-                mask % c.subsets()
-            } else {
-                0
-            };
-            c.choice(&model.blocks[c.block].resolved, m, &[])
-        })
-        .collect();
-    let (plans, trace) = traced(model, &choices, meter, run)?;
-    let got = phases(&trace, layer_class.len())?;
-    let mut fresh: Vec<Vec<Option<SubsetProfile>>> =
-        classes.iter().map(|c| vec![None; c.subsets()]).collect();
-    record_subsets(model, classes, layer_class, mask, &plans, &got, &mut fresh);
-    for (c, v) in valid.iter().enumerate() {
-        let m = mask % classes[c].subsets();
-        if *v && subsets[c][m].is_none() {
-            subsets[c][m] = fresh[c][m].take();
-        }
-    }
-    Ok(())
+    members
 }
 
 /// Each layer's backward peak under its class's subset `mask`: above what the earlier
@@ -402,7 +383,7 @@ fn record_subsets(
     model: &MixModel,
     classes: &[ClassUnits],
     layer_class: &[usize],
-    mask: usize,
+    masks: &[usize],
     plans: &[Plan],
     got: &Phases,
     subsets: &mut [Vec<Option<SubsetProfile>>],
@@ -411,7 +392,7 @@ fn record_subsets(
     for (l, &c) in layer_class.iter().enumerate() {
         let layer = &plans[model.layer_block[l]].layers[l];
         let kept = layer.bytes.saved;
-        let m = mask % classes[c].subsets();
+        let m = masks[l];
         // backward_start = base + prefix + kept, so the base is what is left.
         let base = got.backward_start[l] - prefix - kept;
         let peak = got.backward_peak[l] - prefix - base;
