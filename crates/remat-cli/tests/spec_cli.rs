@@ -165,7 +165,7 @@ fn train_infers_the_block_from_the_spec_and_refuses_a_mismatch() {
 fn train_block_refuses_flags_it_would_ignore() {
     for flags in [
         &["--policy", "every:2"][..],
-        &["--policy", "auto"][..],
+        &["--policy", "auto:checkmate"][..],
         &["--stages", "2"][..],
     ] {
         let mut args = vec!["--block", "qwen3"];
@@ -365,4 +365,90 @@ fn train_runs_a_hybrid_model() {
         !ok && err.contains("--dump-grads does not apply to --block hybrid"),
         "{err}"
     );
+}
+
+/// The floor a below-floor error names, in bytes.
+fn floor_of(err: &str) -> u64 {
+    let tail = err
+        .split("raise --memory-budget to at least ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no floor in {err}"));
+    tail.trim().parse().unwrap_or_else(|_| panic!("{err}"))
+}
+
+/// `--policy auto` chooses a mix per layer and slot that fits the budget (the pool enforces
+/// it: a step over it would fail), prints it, and refuses a budget below the floor naming
+/// the floor and the flag; without a budget it says what it needs.
+#[test]
+fn train_block_policy_auto_fits_the_budget_or_names_the_floor() {
+    let mut args = vec![
+        "--block",
+        "qwen3",
+        "--block-set",
+        "num_hidden_layers=3",
+        "--block-set",
+        "hidden_size=32",
+        "--block-set",
+        "head_dim=8",
+        "--block-set",
+        "intermediate_size=64",
+        "--policy",
+        "auto",
+    ];
+    let (ok, _, err) = train(&args);
+    assert!(!ok && err.contains("needs --memory-budget"), "{err}");
+    // Above the parameters (112 KiB), below them plus the optimizer state and the step.
+    args.extend(["--memory-budget", "150KiB"]);
+    let (ok, _, err) = train(&args);
+    assert!(!ok);
+    assert!(
+        err.contains("--memory-budget") && err.contains("below the floor"),
+        "{err}"
+    );
+    let floor = floor_of(&err);
+    let at_floor = floor.to_string();
+    let len = args.len();
+    args[len - 1] = &at_floor;
+    let (ok, out, err) = train(&args);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("recomputed")
+            && out.contains("kept on device")
+            && out.contains("predicted: peak"),
+        "{out}"
+    );
+    assert!(out.contains("last loss"), "{out}");
+    let below = (floor - 1).to_string();
+    args[len - 1] = &below;
+    let (ok, _, err) = train(&args);
+    assert!(!ok && floor_of(&err) == floor, "{err}");
+}
+
+#[test]
+fn inspect_prints_the_mix_for_a_budget() {
+    let base = [
+        "spec",
+        "inspect",
+        "mamba",
+        "--set",
+        "num_hidden_layers=2",
+        "--set",
+        "seq_len=16",
+        "--memory-budget",
+    ];
+    let mut args = base.to_vec();
+    args.push("1KiB");
+    let (ok, _, err) = remat(&args);
+    assert!(!ok && err.contains("below the floor"), "{err}");
+    let floor = floor_of(&err).to_string();
+    let mut args = base.to_vec();
+    args.push(&floor);
+    let (ok, out, err) = remat(&args);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("mix for --memory-budget") && out.contains("added time"),
+        "{out}"
+    );
+    // Two layer rows, each naming the block.
+    assert_eq!(out.matches("  mamba  ").count(), 2, "{out}");
 }

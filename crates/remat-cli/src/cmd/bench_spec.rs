@@ -43,6 +43,10 @@ pub struct Args {
     seq: i64,
     #[arg(long, default_value_t = 2)]
     batch: i64,
+    /// Only the mixed-plan table (Qwen3, Qwen3-MoE, Mamba, hybrid at 0.8, 0.6 and 0.4 of
+    /// keep-all's peak against each uniform policy); without it, both tables.
+    #[arg(long)]
+    mix_only: bool,
 }
 
 fn config(args: &Args, kind: BlockKind) -> ModelConfig {
@@ -168,6 +172,34 @@ fn variants(kind: BlockKind, model: &Qwen3, cfg: &ModelConfig) -> anyhow::Result
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if !args.mix_only {
+        run_variants(&args)?;
+    }
+    run_mixes(&args)
+}
+
+/// The mixed-plan table (see [`super::bench_spec_mix`]), full fine-tuning.
+fn run_mixes(args: &Args) -> anyhow::Result<()> {
+    use super::bench_spec_mix::{Model, bench_model, hybrid_config, print};
+    println!(
+        "\nmixed plans: {} layers, hidden {}, batch {} x seq {}; step time the median of {} interleaved rounds",
+        args.layers, args.hidden, args.batch, args.seq, args.rounds
+    );
+    let mut rows = Vec::new();
+    for kind in [BlockKind::Dense, BlockKind::Moe] {
+        let model = Model::Qwen3(Qwen3::new(kind, &config(args, kind), 1)?);
+        rows.extend(bench_model(kind.spec_name(), &model, args.rounds)?);
+    }
+    let model = Model::Mamba(Mamba::new(&mamba_config(args), 1)?);
+    rows.extend(bench_model(mamba::BLOCK, &model, args.rounds)?);
+    let cfg = hybrid_config(args.layers, args.hidden, args.seq, args.batch)?;
+    let model = Model::Hybrid(remat_engine::models::hybrid::Hybrid::new(&cfg, 1)?);
+    rows.extend(bench_model("hybrid (mamba/qwen3)", &model, args.rounds)?);
+    print(&rows);
+    Ok(())
+}
+
+fn run_variants(args: &Args) -> anyhow::Result<()> {
     let lora = LoraConfig {
         rank: 8,
         alpha: 16.0,
@@ -186,13 +218,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for kind in [Some(BlockKind::Dense), Some(BlockKind::Moe), None] {
         let (block, cfg, model, specs) = match kind {
             Some(kind) => {
-                let cfg = config(&args, kind);
+                let cfg = config(args, kind);
                 let model = Qwen3::new(kind, &cfg, 1)?.with_lora(lora.clone(), true)?;
                 let specs = variants(kind, &model, &cfg)?;
                 (kind.spec_name(), cfg, BenchModel::Qwen3(model), specs)
             }
             None => {
-                let cfg = mamba_config(&args);
+                let cfg = mamba_config(args);
                 let model = Mamba::new(&cfg, 1)?.with_lora(mamba_lora.clone(), true)?;
                 (
                     mamba::BLOCK,
@@ -239,7 +271,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     bar.finish_and_clear();
-    print_cases(&args, &cases);
+    print_cases(args, &cases);
     Ok(())
 }
 

@@ -56,6 +56,16 @@ pub struct InspectArgs {
     /// Print every layer's steps even when they repeat the previous layer's.
     #[arg(long)]
     all_layers: bool,
+    /// Profile the model (random weights, the config's batch and sequence length) and
+    /// print the mix of keep, recompute and offload per layer that fits this many pool
+    /// bytes (parameters and optimizer state included, as `remat train --memory-budget`)
+    /// at the least predicted step time, e.g. 40MiB.
+    #[arg(long, value_parser = parse_budget)]
+    memory_budget: Option<u64>,
+}
+
+fn parse_budget(s: &str) -> Result<u64, String> {
+    super::train::parse_bytes(s).map_err(|e| format!("{e:#}"))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -165,7 +175,92 @@ fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         shown = next;
     }
     print_bytes(&plan);
+    if let Some(budget) = args.memory_budget {
+        inspect_mix(&plan, budget)?;
+    }
     Ok(())
+}
+
+/// `--memory-budget`: builds the spec's model with random weights, profiles it and prints
+/// the chosen mix per layer.
+fn inspect_mix(plan: &Plan, budget: u64) -> anyhow::Result<()> {
+    use remat_engine::models::mamba::Mamba;
+    use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
+    use remat_engine::spec::run::lora::LoraConfig;
+    let mut config = plan.config.clone();
+    if config.get("vocab_size").is_none() {
+        config = config.set("vocab_size", remat_engine::spec::Value::Int(64));
+    }
+    let lora = |targets: &[&str]| LoraConfig {
+        rank: 8,
+        alpha: 16.0,
+        dropout: 0.0,
+        targets: targets.iter().map(|t| t.to_string()).collect(),
+        seed: 1,
+    };
+    let lora_mode = plan.mode == Mode::Lora;
+    let name = &plan.spec().name;
+    let plan = compile(plan.spec(), &config, plan.mode)?;
+    let (step, params, trainable): (Box<super::spec_mix::StepFn>, usize, usize) =
+        match BlockKind::of_spec(name) {
+            Some(kind) => {
+                let mut m = Qwen3::new(kind, &plan.config, 0)?;
+                if lora_mode {
+                    m = m.with_lora(lora(&["q", "k", "v", "o", "gate", "up", "down"]), false)?;
+                }
+                m.check_plan(&plan)?;
+                let counts = (
+                    m.trainable(Mode::Full) + m.trainable(Mode::Lora),
+                    m.trainable(plan.mode),
+                );
+                let rows = m.dims.batch * m.dims.seq;
+                let step = move |plans: &[Plan], env: StepEnv| {
+                    let (t, y) = tokens(rows, m.dims.vocab);
+                    Ok(m.step(&plans[0], &t, &y, env)?)
+                };
+                (Box::new(step), counts.0, counts.1)
+            }
+            None => {
+                let mut m = Mamba::new(&plan.config, 0).with_context(|| {
+                    format!("spec `{name}` is not a qwen3, qwen3-moe or mamba block")
+                })?;
+                if lora_mode {
+                    m = m.with_lora(lora(&["in", "x", "out"]), false)?;
+                }
+                m.check_plan(&plan)?;
+                let counts = (
+                    m.trainable(Mode::Full) + m.trainable(Mode::Lora),
+                    m.trainable(plan.mode),
+                );
+                let rows = m.dims.batch * m.dims.seq;
+                let step = move |plans: &[Plan], env: StepEnv| {
+                    let (t, y) = tokens(rows, m.dims.vocab);
+                    Ok(m.step(&plans[0], &t, &y, env)?)
+                };
+                (Box::new(step), counts.0, counts.1)
+            }
+        };
+    let layers = plan.layers.len();
+    let model =
+        super::spec_mix::mix_model(std::slice::from_ref(&plan), vec![0; layers], plan.mode)?;
+    println!(
+        "
+profiling the model (random weights) for --memory-budget ..."
+    );
+    let profile = super::spec_mix::profile(&model, 3, step.as_ref())?;
+    let base = 4 * params as u64 + 8 * trainable as u64;
+    let mix = super::spec_mix::choose(&model, &profile, budget, base)?;
+    println!("mix for --memory-budget {}:", human_bytes(budget));
+    super::spec_mix::print_mix(&model, &profile, &mix, base);
+    Ok(())
+}
+
+/// A deterministic batch of `rows` tokens and targets below `vocab`.
+fn tokens(rows: usize, vocab: usize) -> (Vec<u32>, Vec<u32>) {
+    let v = vocab.max(1) as u32;
+    let t = (0..rows as u32).map(|i| (i * 7 + 3) % v).collect();
+    let y = (0..rows as u32).map(|i| (i * 5 + 1) % v).collect();
+    (t, y)
 }
 
 fn same_plan(a: &LayerPlan, b: &LayerPlan) -> bool {

@@ -309,8 +309,14 @@ fn block_kind(name: &str) -> anyhow::Result<Block> {
 /// The spec decides what each layer keeps, recomputes or offloads, so a checkpointing
 /// policy or pipeline stages would silently do nothing.
 fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
-    let flag = if let PolicyChoice::Auto(_) = &args.policy {
-        Some("--policy auto")
+    let flag = if let PolicyChoice::Auto(strategy) = &args.policy {
+        match (strategy, args.memory_budget) {
+            (Some(_), _) => Some("--policy auto:STRATEGY"),
+            (None, None) => anyhow::bail!(
+                "--policy auto with --block/--spec needs --memory-budget: the mix of keep, recompute and offload is chosen to fit it"
+            ),
+            (None, Some(_)) => None,
+        }
     } else if args.policy.fixed()?
         != super::train::parse_policy("store-all").map_err(anyhow::Error::msg)?
     {
@@ -326,7 +332,7 @@ fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
     };
     match flag {
         Some(flag) => anyhow::bail!(
-            "{flag} does not apply with --block/--spec: the spec decides what each layer saves, recomputes or offloads (edit the spec, or see `remat spec inspect`); --memory-budget does apply"
+            "{flag} does not apply with --block/--spec: the spec decides what each layer saves, recomputes or offloads (edit the spec, or see `remat spec inspect`), or --policy auto with --memory-budget chooses a mix per layer and slot"
         ),
         None => Ok(()),
     }
@@ -444,6 +450,36 @@ fn hybrid_plans(config: &ModelConfig, mode: Mode) -> anyhow::Result<Vec<Plan>> {
         );
     }
     Ok(plans)
+}
+
+/// `--policy auto`: profiles the model on the first batch and replaces `plans` by the
+/// mix of keep, recompute and offload per layer and slot that fits `budget` (with the
+/// parameters already in `pool` and the optimizer state to come) at the least predicted
+/// step time; prints the mix.
+fn auto_plans(
+    model: &Trainee,
+    plans: &[Plan],
+    mode: Mode,
+    budget: u64,
+    pool: &Arc<MemoryPool>,
+    task: &Task,
+    args: &super::train::Args,
+) -> anyhow::Result<Vec<Plan>> {
+    let layer_block = match model {
+        Trainee::Hybrid(m) => m.layer_block.clone(),
+        _ => vec![0; model.size().0],
+    };
+    let mix_model = super::spec_mix::mix_model(plans, layer_block, mode)?;
+    let batch = task.batch(args.seed, 0, args.batch);
+    let step = |plans: &[Plan], env: StepEnv| model.step(plans, &batch.tokens, &batch.targets, env);
+    println!("profiling the model for --policy auto ...");
+    let profile = super::spec_mix::profile(&mix_model, 3, &step)?;
+    // AdamW's two moments per trained value join the parameters from the first update on.
+    let base = pool.live() + 8 * model.trainable(mode) as u64;
+    let mix = super::spec_mix::choose(&mix_model, &profile, budget, base)?;
+    super::spec_mix::print_mix(&mix_model, &profile, &mix, base);
+    let choices: Vec<_> = mix.layers.iter().map(|l| l.choice.clone()).collect();
+    Ok(mix_model.plans(&choices)?)
 }
 
 /// Runs spec-driven training with `remat train`'s common flags.
@@ -571,6 +607,12 @@ fn train(
     model
         .check_plans(&plans)
         .with_context(|| format!("spec {spec_source}"))?;
+    let plans = match (&args.policy, args.memory_budget) {
+        (PolicyChoice::Auto(None), Some(budget)) => {
+            auto_plans(&model, &plans, sa.mode, budget, &pool, task, args)?
+        }
+        _ => plans,
+    };
     println!(
         "{} block, spec {spec_source}, {} mode: {} layers, hidden {}, {} trainable parameters; {}{}",
         block,

@@ -11,22 +11,20 @@
 //! `[mamba]`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use crate::spec::compile::{Disposition, Mode, Plan};
-use crate::spec::run::exec::{Backward, Forward, LayerState, LayerWeights, Shared, SharedBuffers};
+use crate::spec::run::exec::{Backward, Forward, Scratch, Shared};
 use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
-use crate::spec::run::meter::Use;
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check};
 use crate::spec::{ModelConfig, Value};
 
 use super::mamba::{self, Mamba};
 use super::qwen3::{
-    BlockKind, GradHolds, LayerGrads, LmHead, Qwen3, Qwen3Grads, StepEnv, StepStats, embed_tokens,
-    filled, kernel_err, lm_loss, uniform,
+    BlockKind, LayerGrads, LmHead, Qwen3, Qwen3Grads, StepEnv, StepStats, filled, uniform,
 };
-use crate::kernels::{self, RopeTable};
+use super::spec_step::{BlockRunner, StepModel, run_step};
+use crate::kernels::RopeTable;
 
 /// The block types a hybrid layer may name.
 pub const BLOCK_TYPES: &[&str] = &["qwen3", "qwen3-moe", "mamba"];
@@ -395,27 +393,20 @@ impl Hybrid {
     }
 
     /// Device bytes the plans keep per layer (each layer under its own type's plan), the
-    /// host bytes, and the shared recompute buffers (one set per type): what the meter
-    /// must measure.
+    /// host bytes, and the shared recompute buffers: one set per type, live only during a
+    /// layer's backward, so the largest type's set: what the meter must measure.
     pub fn predicted(&self, plans: &[Plan]) -> (u64, u64, u64) {
         let (mut saved, mut host) = (0u64, 0u64);
         for (l, &b) in self.layer_block.iter().enumerate() {
             saved += plans[b].layers[l].bytes.saved;
             host += plans[b].layers[l].bytes.offloaded;
         }
-        let shared = plans.iter().map(Plan::shared_buffer_bytes).sum();
+        let shared = plans
+            .iter()
+            .map(Plan::shared_buffer_bytes)
+            .max()
+            .unwrap_or(0);
         (saved, shared, host)
-    }
-
-    fn weights(&self, layer: usize, lora: bool) -> LayerWeights<'_> {
-        LayerWeights {
-            params: &self.layers[layer],
-            adapters: if lora {
-                self.lora.as_ref().map(|(_, a)| &a[layer])
-            } else {
-                None
-            },
-        }
     }
 
     /// One forward and backward: each layer under its type's plan.
@@ -467,86 +458,37 @@ impl Hybrid {
                 step: env.step,
             })
             .collect();
-        meter.reset_peak();
-        env.host.reset_peak();
-        let n = self.layers.len();
-        let mut x = Some(embed_tokens(
-            &self.embed,
-            [self.batch, self.seq],
-            tokens,
-            meter,
-        )?);
-        let mut states: Vec<LayerState> = Vec::with_capacity(n);
-        for l in 0..n {
-            let b = self.layer_block[l];
-            let input = x
-                .take()
-                .ok_or_else(|| RunError::Model("lost the residual stream".into()))?;
-            let inputs = BTreeMap::from([("x".to_string(), input)]);
-            let mut f = Forward::new(&shared[b], l, self.weights(l, lora_cfg.is_some()), inputs)?;
-            self.blocks[b].model.forward(&mut f)?;
-            let (out, state) = f.finish("out")?;
-            states.push(state);
-            x = Some(out);
-        }
-        let (last, last_hold) = x.ok_or_else(|| RunError::Model("no block output".into()))?;
-        let mut holds = Vec::new();
-        let head = LmHead {
-            final_norm: &self.final_norm,
-            lm_head: &self.lm_head,
-            eps: self.eps,
-        };
-        let (loss, mut dx, mut grads) = lm_loss(head, &last, targets, mode, meter, &mut holds)?;
-        drop((last, last_hold));
-        // One buffer set per block type: layers of one type have the same shapes.
-        let mut buffers: Vec<SharedBuffers> =
-            self.blocks.iter().map(|_| SharedBuffers::new()).collect();
-        let mut recomputed_ops = 0;
-        grads.layers = vec![BTreeMap::new(); n];
-        grads.adapters = vec![BTreeMap::new(); n];
-        for l in (0..n).rev() {
-            let b = self.layer_block[l];
-            let state = states
-                .pop()
-                .ok_or_else(|| RunError::Model("lost a layer's state".into()))?;
-            let mut bw = Backward::new(
-                &shared[b],
-                self.weights(l, lora_cfg.is_some()),
-                state,
-                &mut buffers[b],
-            )?;
-            let mut lg = LayerGrads {
-                layer: l,
-                params: &mut grads.layers[l],
-                adapters: &mut grads.adapters[l],
-                meter,
-                holds: &mut holds,
-            };
-            dx = self.blocks[b].model.backward(&mut bw, dx, &mut lg)?;
-            recomputed_ops += bw.recomputed_ops;
-        }
-        drop(buffers);
-        if mode == Mode::Full {
-            holds.push(meter.hold(self.embed.bytes(), Use::Gradient, || {
-                "gradient of `embed`".into()
-            })?);
-            grads.embed = vec![0.0; self.embed.data.len()];
-            let (vocab, hidden) = (self.embed.shape[0], self.embed.shape[1]);
-            kernels::embedding_backward(tokens, &dx, vocab, hidden, &mut grads.embed)
-                .map_err(kernel_err("embedding"))?;
-        } else {
-            grads.layers.iter_mut().for_each(BTreeMap::clear);
-        }
-        drop(dx);
-        grads.held = GradHolds(Arc::new(holds));
-        Ok((
-            grads,
-            StepStats {
-                loss,
-                activations: meter.stats(),
-                host_peak: env.host.stats().peak_bytes,
-                recomputed_ops,
+        let model = StepModel {
+            embed: &self.embed,
+            head: LmHead {
+                final_norm: &self.final_norm,
+                lm_head: &self.lm_head,
+                eps: self.eps,
             },
-        ))
+            batch: self.batch,
+            seq: self.seq,
+            layers: &self.layers,
+            adapters: self.lora.as_ref().map(|(_, a)| a.as_slice()),
+            layer_block: &self.layer_block,
+        };
+        run_step(model, &shared, self, mode, tokens, targets, env)
+    }
+}
+
+impl BlockRunner for Hybrid {
+    fn forward(&self, layer: usize, f: &mut Forward) -> RunResult<()> {
+        self.blocks[self.layer_block[layer]].model.forward(f)
+    }
+
+    fn backward(
+        &self,
+        layer: usize,
+        b: &mut Backward,
+        dout: Scratch,
+        g: &mut LayerGrads,
+    ) -> RunResult<Scratch> {
+        self.blocks[self.layer_block[layer]]
+            .model
+            .backward(b, dout, g)
     }
 }

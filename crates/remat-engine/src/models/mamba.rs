@@ -13,20 +13,16 @@ pub mod hf;
 mod inspect;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use crate::spec::compile::{Disposition, Mode, Plan};
-use crate::spec::run::exec::{Backward, Forward, LayerState, LayerWeights, Shared, SharedBuffers};
+use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
 use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
-use crate::spec::run::meter::Use;
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check};
 use crate::spec::{ModelConfig, Value};
 
-use super::qwen3::{
-    GradHolds, LayerGrads, LmHead, Qwen3Grads, StepEnv, StepStats, embed_tokens, filled,
-    kernel_err, lm_loss, uniform,
-};
+use super::qwen3::{LayerGrads, LmHead, Qwen3Grads, StepEnv, StepStats, filled, uniform};
+use super::spec_step::{BlockRunner, StepModel, run_step};
 
 /// The spec name of the block.
 pub const BLOCK: &str = "mamba";
@@ -560,74 +556,36 @@ impl Mamba {
             host: env.host,
             step: env.step,
         };
-        meter.reset_peak();
-        env.host.reset_peak();
-        let mut x = Some(embed_tokens(&self.embed, [d.batch, d.seq], tokens, meter)?);
-        let mut states: Vec<LayerState> = Vec::with_capacity(d.layers);
-        for l in 0..d.layers {
-            let input = x
-                .take()
-                .ok_or_else(|| RunError::Model("lost the residual stream".into()))?;
-            let inputs = BTreeMap::from([("x".to_string(), input)]);
-            let mut f = Forward::new(&shared, l, self.weights(l, lora_cfg.is_some()), inputs)?;
-            self.block_forward(&mut f)?;
-            let (out, state) = f.finish("out")?;
-            states.push(state);
-            x = Some(out);
-        }
-        let (last, last_hold) = x.ok_or_else(|| RunError::Model("no block output".into()))?;
-        let mut holds = Vec::new();
-        let head = LmHead {
-            final_norm: &self.final_norm,
-            lm_head: &self.lm_head,
-            eps: d.eps,
+        let model = StepModel {
+            embed: &self.embed,
+            head: LmHead {
+                final_norm: &self.final_norm,
+                lm_head: &self.lm_head,
+                eps: d.eps,
+            },
+            batch: d.batch,
+            seq: d.seq,
+            layers: &self.layers,
+            adapters: self.lora.as_ref().map(|(_, a)| a.as_slice()),
+            layer_block: &vec![0; d.layers],
         };
-        let (loss, mut dx, mut grads) =
-            lm_loss(head, &last, targets, plan.mode, meter, &mut holds)?;
-        drop((last, last_hold));
-        let mut buffers = SharedBuffers::new();
-        let mut recomputed_ops = 0;
-        grads.layers = vec![BTreeMap::new(); d.layers];
-        grads.adapters = vec![BTreeMap::new(); d.layers];
-        for l in (0..d.layers).rev() {
-            let state = states
-                .pop()
-                .ok_or_else(|| RunError::Model("lost a layer's state".into()))?;
-            let mut b = Backward::new(
-                &shared,
-                self.weights(l, lora_cfg.is_some()),
-                state,
-                &mut buffers,
-            )?;
-            let mut lg = LayerGrads {
-                layer: l,
-                params: &mut grads.layers[l],
-                adapters: &mut grads.adapters[l],
-                meter,
-                holds: &mut holds,
-            };
-            dx = self.block_backward(&mut b, dx, &mut lg)?;
-            recomputed_ops += b.recomputed_ops;
-        }
-        drop(buffers);
-        if plan.mode == Mode::Full {
-            holds.push(meter.hold(self.embed.bytes(), Use::Gradient, || {
-                "gradient of `embed`".into()
-            })?);
-            grads.embed = vec![0.0; self.embed.data.len()];
-            crate::kernels::embedding_backward(tokens, &dx, d.vocab, d.hidden, &mut grads.embed)
-                .map_err(kernel_err("embedding"))?;
-        } else {
-            grads.layers.iter_mut().for_each(BTreeMap::clear);
-        }
-        drop(dx);
-        grads.held = GradHolds(Arc::new(holds));
-        let stats = StepStats {
-            loss,
-            activations: meter.stats(),
-            host_peak: env.host.stats().peak_bytes,
-            recomputed_ops,
-        };
-        Ok((grads, stats))
+        let shared = [shared];
+        run_step(model, &shared, self, plan.mode, tokens, targets, env)
+    }
+}
+
+impl BlockRunner for Mamba {
+    fn forward(&self, _: usize, f: &mut Forward) -> RunResult<()> {
+        self.block_forward(f)
+    }
+
+    fn backward(
+        &self,
+        _: usize,
+        b: &mut Backward,
+        dout: Scratch,
+        g: &mut LayerGrads,
+    ) -> RunResult<Scratch> {
+        self.block_backward(b, dout, g)
     }
 }

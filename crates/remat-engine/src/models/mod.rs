@@ -6,3 +6,4 @@ pub mod hybrid;
 pub mod mamba;
 pub mod mlp;
 pub mod qwen3;
+mod spec_step;

@@ -16,9 +16,7 @@ use std::sync::Arc;
 
 use crate::kernels::{self, RopeTable};
 use crate::spec::compile::{Disposition, Mode, Plan};
-use crate::spec::run::exec::{
-    Backward, Forward, LayerState, LayerWeights, Scratch, Shared, SharedBuffers,
-};
+use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
 use crate::spec::run::lora::{Adapter, AdapterGrad, LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Hold, Meter, MeterStats, Use};
 use crate::spec::run::ops::Act;
@@ -26,6 +24,7 @@ use crate::spec::run::{RunError, RunResult, check, linalg};
 use crate::spec::{ModelConfig, Value};
 use crate::swap::HostStore;
 
+use super::spec_step::{BlockRunner, StepModel, run_step};
 pub(crate) use backward::LayerGrads;
 pub use inspect::{RecomputeCheck, record_block};
 
@@ -660,76 +659,21 @@ impl Qwen3 {
             host: env.host,
             step: env.step,
         };
-        meter.reset_peak();
-        env.host.reset_peak();
-        let mut x = Some(self.embed_tokens(tokens, meter)?);
-        let mut states: Vec<LayerState> = Vec::with_capacity(d.layers);
-        for l in 0..d.layers {
-            let input = x
-                .take()
-                .ok_or_else(|| RunError::Model("lost the residual stream".into()))?;
-            let inputs = BTreeMap::from([("x".to_string(), input)]);
-            let mut f = Forward::new(&shared, l, self.weights(l, lora_cfg.is_some()), inputs)?;
-            self.block_forward(&mut f)?;
-            let (out, state) = f.finish("out")?;
-            states.push(state);
-            x = Some(out);
-        }
-        let (last, _last_hold) = x.ok_or_else(|| RunError::Model("no block output".into()))?;
-        let mut holds = Vec::new();
-        let (loss, dx_final, mut grads) =
-            self.head(&last, targets, plan.mode, meter, &mut holds)?;
-        drop((last, _last_hold));
-        let mut dx = dx_final;
-        let mut buffers = SharedBuffers::new();
-        let mut recomputed_ops = 0;
-        grads.layers = vec![BTreeMap::new(); d.layers];
-        grads.adapters = vec![BTreeMap::new(); d.layers];
-        for l in (0..d.layers).rev() {
-            let state = states
-                .pop()
-                .ok_or_else(|| RunError::Model("lost a layer's state".into()))?;
-            let mut b = Backward::new(
-                &shared,
-                self.weights(l, lora_cfg.is_some()),
-                state,
-                &mut buffers,
-            )?;
-            let mut lg = LayerGrads {
-                layer: l,
-                params: &mut grads.layers[l],
-                adapters: &mut grads.adapters[l],
-                meter,
-                holds: &mut holds,
-            };
-            dx = self.block_backward(&mut b, dx, &mut lg)?;
-            recomputed_ops += b.recomputed_ops;
-        }
-        drop(buffers);
-        if plan.mode == Mode::Full {
-            holds.push(meter.hold(self.embed.bytes(), Use::Gradient, || {
-                "gradient of `embed`".into()
-            })?);
-            grads.embed = vec![0.0; self.embed.data.len()];
-            kernels::embedding_backward(tokens, &dx, d.vocab, d.hidden, &mut grads.embed)
-                .map_err(kernel_err("embedding"))?;
-        } else {
-            grads.layers.iter_mut().for_each(BTreeMap::clear);
-        }
-        drop(dx);
-        grads.held = GradHolds(Arc::new(holds));
-        let stats = StepStats {
-            loss,
-            activations: meter.stats(),
-            host_peak: env.host.stats().peak_bytes,
-            recomputed_ops,
+        let model = StepModel {
+            embed: &self.embed,
+            head: LmHead {
+                final_norm: &self.final_norm,
+                lm_head: &self.lm_head,
+                eps: d.eps,
+            },
+            batch: d.batch,
+            seq: d.seq,
+            layers: &self.layers,
+            adapters: self.lora.as_ref().map(|(_, a)| a.as_slice()),
+            layer_block: &vec![0; d.layers],
         };
-        Ok((grads, stats))
-    }
-
-    /// Layer 0's block input: the token embeddings, charged to the pool.
-    fn embed_tokens(&self, tokens: &[u32], meter: &Arc<Meter>) -> RunResult<(Act, Hold)> {
-        embed_tokens(&self.embed, [self.dims.batch, self.dims.seq], tokens, meter)
+        let shared = [shared];
+        run_step(model, &shared, self, plan.mode, tokens, targets, env)
     }
 
     /// Checks that `plan` was compiled from a spec of this model's block, for its layer
@@ -827,22 +771,32 @@ impl Qwen3 {
             },
         }
     }
+}
 
-    /// Final norm, LM head and mean cross-entropy (see [`lm_loss`]).
-    fn head(
+impl Qwen3 {
+    /// Layer 0's block input: the token embeddings, charged to the pool.
+    pub(crate) fn embed_tokens(
         &self,
-        x: &Act,
-        targets: &[u32],
-        mode: Mode,
+        tokens: &[u32],
         meter: &Arc<Meter>,
-        holds: &mut Vec<Hold>,
-    ) -> RunResult<(f32, Scratch, Qwen3Grads)> {
-        let head = LmHead {
-            final_norm: &self.final_norm,
-            lm_head: &self.lm_head,
-            eps: self.dims.eps,
-        };
-        lm_loss(head, x, targets, mode, meter, holds)
+    ) -> RunResult<(Act, Hold)> {
+        embed_tokens(&self.embed, [self.dims.batch, self.dims.seq], tokens, meter)
+    }
+}
+
+impl BlockRunner for Qwen3 {
+    fn forward(&self, _: usize, f: &mut Forward) -> RunResult<()> {
+        self.block_forward(f)
+    }
+
+    fn backward(
+        &self,
+        _: usize,
+        b: &mut Backward,
+        dout: Scratch,
+        g: &mut LayerGrads,
+    ) -> RunResult<Scratch> {
+        self.block_backward(b, dout, g)
     }
 }
 

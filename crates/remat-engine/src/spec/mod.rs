@@ -17,14 +17,15 @@ pub mod config;
 pub mod derive;
 pub mod error;
 pub mod expr;
+pub mod mix;
 pub mod ops;
 pub mod run;
 pub mod shipped;
 pub mod types;
 
 pub use compile::{
-    Disposition, InputPlan, LayerBytes, LayerPlan, Mode, Operand, Plan, Prefetch, Resolved,
-    SharedBuffer, SlotPlan, Step, compile,
+    Disposition, InputPlan, LayerBytes, LayerChoice, LayerPlan, Mode, Operand, Plan, Prefetch,
+    Resolved, SharedBuffer, SlotPlan, Step, compile,
 };
 pub use config::ModelConfig;
 pub use error::{Result, SpecError};

@@ -157,6 +157,31 @@ pub struct SharedBuffer {
     pub bytes: u64,
 }
 
+/// A per-layer override of the spec's own policy (what `spec::mix` chooses under a memory
+/// budget): which recompute recipes rebuild their slots in backward, which saved slots and
+/// block inputs go to the host store. Everything else is saved. A slot backward does not
+/// read (`save = false`) is still rebuilt wherever a rebuilt slot needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct LayerChoice {
+    /// Recipe index ([`Resolved::recipes`]) -> rebuilt in backward.
+    pub recompute: Vec<bool>,
+    /// Slot index -> offloaded to the host store.
+    pub offload: Vec<bool>,
+    /// Block input index -> offloaded to the host store.
+    pub offload_inputs: Vec<bool>,
+}
+
+impl LayerChoice {
+    /// Everything saved on the device: nothing rebuilt, nothing offloaded.
+    pub fn keep_all(resolved: &Resolved) -> Self {
+        Self {
+            recompute: vec![false; resolved.recipes.len()],
+            offload: vec![false; resolved.spec.slots.len()],
+            offload_inputs: vec![false; resolved.spec.inputs.len()],
+        }
+    }
+}
+
 /// The compiled spec: one plan per layer for one mode.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -342,8 +367,119 @@ impl Resolved {
             })
     }
 
+    /// Plans every layer under its own [`LayerChoice`] instead of the spec's policy (layers
+    /// with the same conditions and choice are planned once).
+    pub fn plan_with(
+        &self,
+        config: &ModelConfig,
+        mode: Mode,
+        choices: &[LayerChoice],
+    ) -> Result<Plan> {
+        let config = config.clone().with_defaults(&self.spec.config_defaults);
+        let num_layers = checked_layer_count(&config)?;
+        if choices.len() != num_layers {
+            return Err(SpecError::BadConfig {
+                source_name: config.source.clone(),
+                reason: format!(
+                    "{} layer choices for a model of {num_layers} layers",
+                    choices.len()
+                ),
+            });
+        }
+        let mut planned: HashMap<(Vec<bool>, &LayerChoice), LayerPlan> = HashMap::new();
+        let mut layers = Vec::with_capacity(num_layers);
+        for (layer, choice) in choices.iter().enumerate() {
+            let key = (self.condition_key(&config, layer)?, choice);
+            let plan = match planned.get(&key) {
+                Some(same) => LayerPlan {
+                    layer,
+                    ..same.clone()
+                },
+                None => {
+                    let plan = self.plan_layer_with(&config, mode, layer, Some(choice))?;
+                    planned.insert(key, plan.clone());
+                    plan
+                }
+            };
+            layers.push(plan);
+        }
+        let shared_buffers = shared_buffers(&self.spec, &layers);
+        let plan = Plan {
+            resolved: self.clone(),
+            config,
+            mode,
+            layers,
+            shared_buffers,
+        };
+        plan.check_totals()?;
+        Ok(plan)
+    }
+
     /// Plans one layer; `config` must already carry the spec's defaults.
     pub fn plan_layer(&self, config: &ModelConfig, mode: Mode, layer: usize) -> Result<LayerPlan> {
+        self.plan_layer_with(config, mode, layer, None)
+    }
+
+    /// A slot's disposition under `choice`, or an error when the choice asks for what the
+    /// spec does not allow (rebuilding against the slot's policy, offloading a slot that is
+    /// not saved).
+    fn chosen_disposition(
+        &self,
+        slot: usize,
+        mode: Mode,
+        choice: &LayerChoice,
+    ) -> Result<Disposition> {
+        let s = &self.spec.slots[slot];
+        let bad = |reason: String| SpecError::BadSlot {
+            block: self.spec.name.clone(),
+            slot: s.name.clone(),
+            reason,
+        };
+        let allowed = s.recompute && policy_applies(self.slot_policy(slot), mode);
+        // A slot without `recompute` is never rebuilt, even when a rebuilt group's op also
+        // produces it (attention's log-sum-exp): it stays saved, that output dropped.
+        let rebuilt = s.recompute
+            && self.producer[slot].is_some_and(|r| choice.recompute.get(r) == Some(&true));
+        let offloaded = choice.offload.get(slot) == Some(&true);
+        if rebuilt && !allowed {
+            return Err(bad(format!(
+                "is chosen to be recomputed, but its policy `{}` does not allow it in {} mode",
+                self.slot_policy(slot).name(),
+                mode.name()
+            )));
+        }
+        if rebuilt && s.save {
+            return Ok(Disposition::Recomputed);
+        }
+        if !s.save && allowed {
+            // An intermediate: rebuilt where a rebuilt slot needs it (pruned otherwise).
+            if offloaded {
+                return Err(bad(
+                    "is chosen to be offloaded, but backward never reads it".into(),
+                ));
+            }
+            return Ok(Disposition::Recomputed);
+        }
+        let kept = s.save || s.recompute;
+        match (offloaded, kept) {
+            (true, true) => Ok(Disposition::Offloaded),
+            (true, false) => Err(bad(
+                "is chosen to be offloaded, but backward never reads it".into(),
+            )),
+            (false, true) => Ok(Disposition::Saved),
+            (false, false) => Ok(Disposition::Transient),
+        }
+    }
+
+    /// Plans one layer under `choice` (the spec's policy when `None`); `config` must
+    /// already carry the spec's defaults.
+    pub fn plan_layer_with(
+        &self,
+        config: &ModelConfig,
+        mode: Mode,
+        layer: usize,
+        choice: Option<&LayerChoice>,
+    ) -> Result<LayerPlan> {
         let spec = &self.spec;
         let shapes = ShapeResolver {
             block: &spec.name,
@@ -361,6 +497,8 @@ impl Resolved {
             )?;
             let disposition = if !present {
                 Disposition::Absent
+            } else if let Some(choice) = choice {
+                self.chosen_disposition(i, mode, choice)?
             } else if s.offload {
                 Disposition::Offloaded
             } else if s.recompute && policy_applies(self.slot_policy(i), mode) {
@@ -402,14 +540,18 @@ impl Resolved {
             });
         }
         let mut inputs = Vec::with_capacity(spec.inputs.len());
-        for x in &spec.inputs {
+        for (i, x) in spec.inputs.iter().enumerate() {
             let shape = shapes.shape(&format!("input `{}`", x.name), &x.shape)?;
             let bytes = shape_bytes(&spec.name, &format!("input `{}`", x.name), &shape, x.dtype)?;
+            let offload = match choice {
+                Some(c) => c.offload_inputs.get(i) == Some(&true),
+                None => x.offload,
+            };
             inputs.push(InputPlan {
                 name: x.name.clone(),
                 shape,
                 bytes,
-                offload: x.offload,
+                offload,
             });
         }
         for &o in &self.outputs {
@@ -484,7 +626,8 @@ impl Resolved {
         }
     }
 
-    fn slot_policy(&self, slot: usize) -> RecomputePolicy {
+    /// The policy of the recipe that rebuilds `slot` (its own when it has none).
+    pub fn slot_policy(&self, slot: usize) -> RecomputePolicy {
         match self.producer[slot] {
             Some(r) => self.recipes[r].policy,
             None => self.spec.slots[slot].recompute_policy,
@@ -619,7 +762,8 @@ impl Resolved {
     }
 }
 
-fn policy_applies(policy: RecomputePolicy, mode: Mode) -> bool {
+/// Whether a slot of `policy` may be rebuilt in `mode`.
+pub fn policy_applies(policy: RecomputePolicy, mode: Mode) -> bool {
     match policy {
         RecomputePolicy::Always => true,
         RecomputePolicy::LoraOnly => mode == Mode::Lora,

@@ -423,10 +423,14 @@ impl LayerState {
 
     fn offload(&mut self, shared: &Shared, name: String, value: Act) -> RunResult<()> {
         let tag = format!("layer {} {name}", self.layer);
+        let start = std::time::Instant::now();
         let id = shared
             .host
             .put(&to_bytes(&value.data), &tag)
             .map_err(|e| RunError::Model(format!("offloading {tag}: {e}")))?;
+        shared
+            .meter
+            .record_transfer(self.layer, &name, start.elapsed().as_secs_f64());
         self.host.insert(name, (id, value.shape));
         Ok(())
     }
@@ -451,8 +455,19 @@ pub struct Backward<'a> {
     pub recomputed_ops: usize,
 }
 
+/// The layer's rebuilt slots die with its backward: a buffer holds nothing another layer
+/// could read, so keeping it until the next layer's rebuild would only add its bytes to
+/// every phase in between (and make a layer's peak depend on which layers ran before it,
+/// which the mixed plans' predicted peak must not).
+impl Drop for Backward<'_> {
+    fn drop(&mut self) {
+        self.buffers.held.clear();
+    }
+}
+
 /// The recompute buffers shared by every layer: one per `shares_with` root, each holding
-/// the slot most recently rebuilt into it, tagged with its layer.
+/// the slot most recently rebuilt into it during one layer's backward (released when that
+/// backward ends), tagged with its layer.
 #[derive(Default)]
 pub struct SharedBuffers {
     held: HashMap<usize, (Occupant, Act, Hold)>,
@@ -508,6 +523,7 @@ impl<'a> Backward<'a> {
                 Prefetch::Input(i) => format!("@input:{}", spec.inputs[i].name),
                 Prefetch::Slot(s) => spec.slots[s].name.clone(),
             };
+            let start = std::time::Instant::now();
             let Some((id, shape)) = self.state.host.remove(&key) else {
                 return Err(RunError::Slot {
                     layer: self.layer,
@@ -530,6 +546,9 @@ impl<'a> Backward<'a> {
                 .release(id)
                 .map_err(|e| RunError::Model(e.to_string()))?;
             let act = Act::new(from_bytes(&bytes), shape);
+            self.shared
+                .meter
+                .record_transfer(self.layer, &key, start.elapsed().as_secs_f64());
             let hold = self.shared.meter.hold(act.bytes(), Use::Prefetched, || {
                 format!("layer {} prefetched `{key}`", self.layer)
             })?;
@@ -736,6 +755,7 @@ impl<'a> Backward<'a> {
             (step.op.clone(), step.attrs.clone(), spec_operands, outs)
         };
         self.check_lora(step, &out_names)?;
+        let started = std::time::Instant::now();
         let produced = {
             let values = operands
                 .iter()
@@ -762,6 +782,11 @@ impl<'a> Backward<'a> {
             })
             .collect::<RunResult<Vec<_>>>()?;
         self.recomputed_ops += 1;
+        self.shared.meter.record_recompute(
+            self.layer,
+            step.recipe,
+            started.elapsed().as_secs_f64(),
+        );
         for (pos, name) in out_names.iter().enumerate() {
             let Some(name) = name else { continue };
             let slot = self.slot_index(name)?;

@@ -63,11 +63,43 @@ struct Breakdown {
     shared_peak: u64,
 }
 
+/// A stretch of a training step whose peak the profile needs on its own: the layers'
+/// forwards, the LM head, the layers' backwards, and what follows the last backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Forward(usize),
+    Head,
+    Backward(usize),
+    Tail,
+}
+
+/// One phase of a traced step: the pool's live bytes when it began and its peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhaseRecord {
+    pub phase: Phase,
+    pub start: u64,
+    pub peak: u64,
+}
+
+/// What a traced step recorded: its phases in order, and how long each recompute step and
+/// each host-store transfer took.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub phases: Vec<PhaseRecord>,
+    /// (layer, recipe index, seconds) per recompute op run in backward.
+    pub recomputes: Vec<(usize, usize, f64)>,
+    /// (layer, `@input:NAME` or slot name, seconds) per offload (forward) or prefetch
+    /// (backward) of one value.
+    pub transfers: Vec<(usize, String, f64)>,
+    open: Option<(Phase, u64)>,
+}
+
 /// The runtime's view of a pool.
 #[derive(Debug)]
 pub struct Meter {
     pool: Arc<MemoryPool>,
     breakdown: Mutex<Breakdown>,
+    trace: Mutex<Option<Trace>>,
 }
 
 impl Meter {
@@ -75,7 +107,67 @@ impl Meter {
         Arc::new(Self {
             pool,
             breakdown: Mutex::new(Breakdown::default()),
+            trace: Mutex::new(None),
         })
+    }
+
+    fn trace_lock(&self) -> std::sync::MutexGuard<'_, Option<Trace>> {
+        self.trace.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts tracing (clears an earlier trace). While tracing, every [`Meter::mark`]
+    /// restarts the pool's peak, so a traced step reports per-phase peaks, not one.
+    pub fn start_trace(&self) {
+        *self.trace_lock() = Some(Trace::default());
+    }
+
+    /// Whether a trace is being recorded (the runtime times its recomputes only then).
+    pub fn tracing(&self) -> bool {
+        self.trace_lock().is_some()
+    }
+
+    /// Ends the open phase and returns the trace; `None` when not tracing.
+    pub fn take_trace(&self) -> Option<Trace> {
+        self.close_phase();
+        self.trace_lock().take()
+    }
+
+    fn close_phase(&self) {
+        let mut guard = self.trace_lock();
+        let Some(trace) = guard.as_mut() else { return };
+        if let Some((phase, start)) = trace.open.take() {
+            trace.phases.push(PhaseRecord {
+                phase,
+                start,
+                peak: self.pool.peak(),
+            });
+        }
+    }
+
+    /// Begins `phase` (ending the previous one) when tracing; otherwise nothing.
+    pub fn mark(&self, phase: Phase) {
+        if !self.tracing() {
+            return;
+        }
+        self.close_phase();
+        self.pool.reset_peak();
+        if let Some(trace) = self.trace_lock().as_mut() {
+            trace.open = Some((phase, self.pool.live()));
+        }
+    }
+
+    /// Records the duration of a recompute op of `layer` (recipe `recipe`) when tracing.
+    pub fn record_recompute(&self, layer: usize, recipe: usize, seconds: f64) {
+        if let Some(trace) = self.trace_lock().as_mut() {
+            trace.recomputes.push((layer, recipe, seconds));
+        }
+    }
+
+    /// Records the duration of one host-store transfer when tracing.
+    pub fn record_transfer(&self, layer: usize, name: &str, seconds: f64) {
+        if let Some(trace) = self.trace_lock().as_mut() {
+            trace.transfers.push((layer, name.to_string(), seconds));
+        }
     }
 
     /// A meter on a pool without a budget.
@@ -175,6 +267,30 @@ impl Drop for Hold {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trace_has_one_peak_per_phase() {
+        let meter = Meter::unbounded();
+        meter.mark(Phase::Head); // not tracing: nothing recorded
+        meter.start_trace();
+        meter.mark(Phase::Forward(0));
+        let a = meter.hold(100, Use::Forward, || "a".into()).unwrap();
+        drop(meter.hold(50, Use::Scratch, || "b".into()).unwrap());
+        meter.mark(Phase::Backward(0));
+        drop(a);
+        let _c = meter.hold(20, Use::Scratch, || "c".into()).unwrap();
+        let trace = meter.take_trace().unwrap();
+        let phases: Vec<(Phase, u64, u64)> = trace
+            .phases
+            .iter()
+            .map(|p| (p.phase, p.start, p.peak))
+            .collect();
+        assert_eq!(
+            phases,
+            [(Phase::Forward(0), 0, 150), (Phase::Backward(0), 100, 100)]
+        );
+        assert!(!meter.tracing());
+    }
 
     #[test]
     fn holds_count_in_the_pool_and_the_breakdown() {

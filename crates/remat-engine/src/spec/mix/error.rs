@@ -1,0 +1,43 @@
+//! Errors of profiling and solving mixed plans.
+
+use thiserror::Error;
+
+use crate::spec::SpecError;
+use crate::spec::run::RunError;
+
+#[derive(Debug, Error)]
+pub enum MixError {
+    // Boxed: the spec and run errors are large, and this one is returned by closures.
+    #[error(transparent)]
+    Spec(Box<SpecError>),
+    #[error(transparent)]
+    Run(Box<RunError>),
+    #[error(
+        "--memory-budget {budget} B is below the floor of this model: no allowed mix of keep, recompute and offload peaks under {floor} B (every slot's declared policy respected); raise --memory-budget to at least {floor}"
+    )]
+    BelowFloor { budget: u64, floor: u64 },
+    #[error(
+        "block `{block}`, layer {layer}: {units} recompute units make {subsets} subsets, more than the profile measures exhaustively ({max}); give some of its slots recompute_policy = \"never\""
+    )]
+    TooManyUnits {
+        block: String,
+        layer: usize,
+        units: usize,
+        subsets: usize,
+        max: usize,
+    },
+    #[error("profile: {0}")]
+    Profile(String),
+}
+
+impl From<SpecError> for MixError {
+    fn from(e: SpecError) -> Self {
+        MixError::Spec(Box::new(e))
+    }
+}
+
+impl From<RunError> for MixError {
+    fn from(e: RunError) -> Self {
+        MixError::Run(Box::new(e))
+    }
+}
