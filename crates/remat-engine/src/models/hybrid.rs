@@ -1,7 +1,7 @@
 //! Hybrid models: a block type per layer (Jamba-style Mamba layers with attention layers,
 //! or Qwen3 and Qwen3-MoE interleaved), each layer run through the plan compiled from its
 //! own block's spec. Recompute buffers are shared only among layers of one block type
-//! (one [`SharedBuffers`] per type: the same shapes), never across types.
+//! (one [`SharedBuffers`](crate::spec::run::exec::SharedBuffers) per type: the same shapes), never across types.
 //!
 //! The config lists the types in `layer_types` (`"mamba mamba mamba qwen3"`, spaces or
 //! commas); top-level keys are common to every block (`hidden_size`, `batch`, `seq_len`,

@@ -318,7 +318,7 @@ impl Best {
 /// Plans the graph run in `order`: store-all when the order's peak fits (no overhead),
 /// else eviction (`evict_until`); the steps are mapped back and simulated on the
 /// original graph. With `grace` (no plan known yet), the first eviction pass may run past
-/// `deadline` by [`LAST_RESORT`]; without, nothing runs past it.
+/// `deadline` by `LAST_RESORT` (1 s); without, nothing runs past it.
 pub fn plan_in_order(
     problem: &Problem,
     order: &[NodeId],

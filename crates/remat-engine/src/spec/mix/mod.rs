@@ -7,7 +7,7 @@
 //! units, and the time of every recompute op and host transfer (medians over runs).
 //! [`solve()`] then picks, exactly, the mix of least predicted time whose predicted peak
 //! fits the budget (a dynamic program over the layers whose states are the bytes the
-//! earlier layers keep; see [`solve`]).
+//! earlier layers keep; see [`mod@solve`]).
 //!
 //! Why the peak is predictable to the byte: a layer's backward frees its rebuilt slots when
 //! it ends, so what a layer's backward adds to the pool depends on its own choice only, and
