@@ -299,26 +299,9 @@ pub fn improve(
         if s.profile.excess == 0 || (attempt % 64 == 0 && stop()) {
             break;
         }
-        let v = s.order[rng.below(n)];
-        let lo = prec.preds[v]
-            .iter()
-            .map(|&p| s.pos[p] + 1)
-            .max()
-            .unwrap_or(0);
-        let hi = prec.succs[v]
-            .iter()
-            .map(|&q| s.pos[q])
-            .min()
-            .unwrap_or(n)
-            .saturating_sub(1);
-        let from = s.pos[v];
-        if hi <= lo {
+        let Some((from, to)) = random_move(s, prec, rng, n) else {
             continue;
-        }
-        let to = lo + rng.below(hi - lo + 1);
-        if to == from {
-            continue;
-        }
+        };
         s.shift(from, to);
         let profile = eval.profile(&s.order, &s.pos);
         if profile <= s.profile {
