@@ -203,3 +203,23 @@ fn the_derived_spec_recomputes_everything_exactly() {
     assert!(s.recomputed_ops > 0);
     assert!(g.bit_diff(&g_ref).is_empty());
 }
+
+/// A spec that drops a slot the Mamba backward reads is refused before the step runs,
+/// naming the layer, the slot and the spec; so is one whose parameter shape differs.
+#[test]
+fn a_spec_missing_what_backward_reads_is_refused() {
+    let cfg = config(&[]);
+    let model = Mamba::new(&cfg, 3).unwrap();
+    let mut spec = MAMBA.spec().unwrap();
+    spec.slots.retain(|s| s.name != "gated");
+    let plan = compile(&spec, &cfg, Mode::Full).unwrap();
+    let e = model.check_plan(&plan).unwrap_err().to_string();
+    assert!(
+        e.contains("layer 0") && e.contains("slot `gated`") && e.contains("`mamba`"),
+        "{e}"
+    );
+    let wider = config(&["expand=3", "intermediate_size=48"]);
+    let plan = compile(&MAMBA.spec().unwrap(), &wider, Mode::Full).unwrap();
+    let e = model.check_plan(&plan).unwrap_err().to_string();
+    assert!(e.contains("layer 0: parameter `in_proj`"), "{e}");
+}

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::spec::compile::{Disposition, Mode, Plan};
+use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, Scratch, Shared};
 use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
 use crate::spec::run::ops::Act;
@@ -23,7 +23,7 @@ use super::mamba::{self, Mamba};
 use super::qwen3::{
     BlockKind, LayerGrads, LmHead, Qwen3, Qwen3Grads, StepEnv, StepStats, filled, uniform,
 };
-use super::spec_step::{BlockRunner, StepModel, run_step};
+use super::spec_step::{BlockRunner, StepModel, check_layer_plan, run_step};
 use crate::kernels::RopeTable;
 
 /// The block types a hybrid layer may name.
@@ -360,34 +360,14 @@ impl Hybrid {
         }
         for (l, params) in self.layers.iter().enumerate() {
             let block = &self.blocks[self.layer_block[l]];
-            let layer_plan = &plans[self.layer_block[l]].layers[l];
-            let spec = plans[self.layer_block[l]].spec();
-            for (p, shape) in spec.params.iter().zip(&layer_plan.params) {
-                let have = params.get(&p.name).map(|a| &a.shape);
-                if have != shape.as_ref() {
-                    return bad(format!(
-                        "layer {l} ({}): parameter `{}`: the spec declares {shape:?}, the model has {have:?}",
-                        block.name, p.name
-                    ));
-                }
-            }
-            let declared = |slot: &str| {
-                layer_plan
-                    .slots
-                    .iter()
-                    .any(|s| s.name == slot && s.disposition != Disposition::Absent)
-            };
-            if let Some(missing) = block
-                .model
-                .backward_reads()
-                .into_iter()
-                .find(|s| !declared(s))
-            {
-                return bad(format!(
-                    "layer {l} ({}): backward reads slot `{missing}`, which the spec does not declare",
-                    block.name
-                ));
-            }
+            let plan = &plans[self.layer_block[l]];
+            check_layer_plan(
+                &format!("layer {l} ({})", block.name),
+                plan,
+                &plan.layers[l],
+                params,
+                &block.model.backward_reads(),
+            )?;
         }
         Ok(())
     }

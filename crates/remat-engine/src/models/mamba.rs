@@ -14,15 +14,15 @@ mod inspect;
 
 use std::collections::BTreeMap;
 
-use crate::spec::compile::{Disposition, Mode, Plan};
+use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
 use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
 use crate::spec::run::ops::Act;
-use crate::spec::run::{RunError, RunResult, check};
+use crate::spec::run::{RunError, RunResult};
 use crate::spec::{ModelConfig, Value};
 
 use super::qwen3::{LayerGrads, LmHead, Qwen3Grads, StepEnv, StepStats, filled, uniform};
-use super::spec_step::{BlockRunner, StepModel, run_step};
+use super::spec_step::{BlockRunner, StackDims, StepModel, check_stacked_plan, run_step};
 
 /// The spec name of the block.
 pub const BLOCK: &str = "mamba";
@@ -460,59 +460,13 @@ impl Mamba {
                 "plan is for block `{name}`, the model stacks `mamba`"
             ));
         }
-        if plan.spec().outputs != ["out"] {
-            return bad(format!(
-                "spec `{name}` lists block outputs {:?}; the mamba model passes exactly one output, `out`, from each block to the next",
-                plan.spec().outputs
-            ));
-        }
-        if plan.layers.len() != d.layers {
-            return bad(format!(
-                "plan has {} layers, the model {}",
-                plan.layers.len(),
-                d.layers
-            ));
-        }
-        check::check_dtypes(plan)?;
-        let expected = [d.batch, d.seq, d.hidden];
-        if let Some(x) = plan
-            .layers
-            .first()
-            .and_then(|l| l.inputs.iter().find(|x| x.name == "x"))
-            && x.shape != expected
-        {
-            return bad(format!(
-                "the spec's block input `x` has shape {:?}, but this run is [batch {}, seq {}, hidden {}]; a spec with fixed sizes (as `remat spec derive` writes) runs only at its own batch and sequence length (remat train: --batch, --digits N for sequence 2N or --data FILE --seq N), or write its dims as `batch` and `seq_len`",
-                x.shape, d.batch, d.seq, d.hidden
-            ));
-        }
-        for (l, (layer_plan, params)) in plan.layers.iter().zip(&self.layers).enumerate() {
-            for (spec, shape) in plan.spec().params.iter().zip(&layer_plan.params) {
-                let have = params.get(&spec.name).map(|p| &p.shape);
-                if have != shape.as_ref() {
-                    return bad(format!(
-                        "layer {l}: parameter `{}`: the spec declares {}, the model has {}",
-                        spec.name,
-                        shape
-                            .as_ref()
-                            .map_or("none (absent)".into(), |s| format!("{s:?}")),
-                        have.map_or("none".into(), |s| format!("{s:?}"))
-                    ));
-                }
-            }
-            let declared = |slot: &str| {
-                layer_plan
-                    .slots
-                    .iter()
-                    .any(|s| s.name == slot && s.disposition != Disposition::Absent)
-            };
-            if let Some(missing) = BACKWARD_READS.iter().find(|s| !declared(s)) {
-                return bad(format!(
-                    "layer {l}: the mamba backward reads slot `{missing}`, which the spec does not declare"
-                ));
-            }
-        }
-        Ok(())
+        let dims = StackDims {
+            layers: d.layers,
+            batch: d.batch,
+            seq: d.seq,
+            hidden: d.hidden,
+        };
+        check_stacked_plan(plan, BLOCK, &dims, &self.layers, &BACKWARD_READS)
     }
 
     /// One forward and backward under `plan`: loss, gradients and memory figures. Every

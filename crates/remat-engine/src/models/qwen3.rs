@@ -15,16 +15,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kernels::{self, RopeTable};
-use crate::spec::compile::{Disposition, Mode, Plan};
+use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
 use crate::spec::run::lora::{Adapter, AdapterGrad, LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Hold, Meter, MeterStats, Use};
 use crate::spec::run::ops::Act;
-use crate::spec::run::{RunError, RunResult, check, linalg};
+use crate::spec::run::{RunError, RunResult, linalg};
 use crate::spec::{ModelConfig, Value};
 use crate::swap::HostStore;
 
-use super::spec_step::{BlockRunner, StepModel, run_step};
+use super::spec_step::{BlockRunner, StackDims, StepModel, check_stacked_plan, run_step};
 pub(crate) use backward::LayerGrads;
 pub use inspect::{RecomputeCheck, record_block};
 
@@ -688,62 +688,14 @@ impl Qwen3 {
                 self.kind.spec_name()
             ));
         }
-        if plan.spec().outputs != ["out"] {
-            return bad(format!(
-                "spec `{}` lists block outputs {:?}; the {} model passes exactly one output, `out`, from each block to the next",
-                plan.spec().name,
-                plan.spec().outputs,
-                self.kind.spec_name()
-            ));
-        }
-        if plan.layers.len() != d.layers {
-            return bad(format!(
-                "plan has {} layers, the model {}",
-                plan.layers.len(),
-                d.layers
-            ));
-        }
-        check::check_dtypes(plan)?;
-        let expected = [d.batch, d.seq, d.hidden];
-        if let Some(x) = plan
-            .layers
-            .first()
-            .and_then(|l| l.inputs.iter().find(|x| x.name == "x"))
-            && x.shape != expected
-        {
-            return bad(format!(
-                "the spec's block input `x` has shape {:?}, but this run is [batch {}, seq {}, hidden {}]; a spec with fixed sizes (as `remat spec derive` writes) runs only at its own batch and sequence length: set the batch and sequence length to match it (remat train: --batch, and --digits N for sequence 2N or --data FILE --seq N), or write its dims as `batch` and `seq_len`",
-                x.shape, d.batch, d.seq, d.hidden
-            ));
-        }
-        for (l, (layer_plan, params)) in plan.layers.iter().zip(&self.layers).enumerate() {
-            for (spec, shape) in plan.spec().params.iter().zip(&layer_plan.params) {
-                let have = params.get(&spec.name).map(|p| &p.shape);
-                if have != shape.as_ref() {
-                    return bad(format!(
-                        "layer {l}: parameter `{}`: the spec declares {}, the model has {}",
-                        spec.name,
-                        shape
-                            .as_ref()
-                            .map_or("none (absent)".into(), |s| format!("{s:?}")),
-                        have.map_or("none".into(), |s| format!("{s:?}"))
-                    ));
-                }
-            }
-            let declared = |slot: &str| {
-                layer_plan
-                    .slots
-                    .iter()
-                    .any(|s| s.name == slot && s.disposition != Disposition::Absent)
-            };
-            if let Some(missing) = self.backward_reads().into_iter().find(|s| !declared(s)) {
-                return bad(format!(
-                    "layer {l}: the {} backward reads slot `{missing}`, which the spec does not declare",
-                    self.kind.spec_name()
-                ));
-            }
-        }
-        Ok(())
+        let dims = StackDims {
+            layers: d.layers,
+            batch: d.batch,
+            seq: d.seq,
+            hidden: d.hidden,
+        };
+        let reads = self.backward_reads();
+        check_stacked_plan(plan, self.kind.spec_name(), &dims, &self.layers, &reads)
     }
 
     fn check_batch(&self, tokens: &[u32], targets: &[u32]) -> RunResult<()> {

@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kernels;
-use crate::spec::compile::Mode;
+use crate::spec::compile::{Disposition, LayerPlan, Mode, Plan};
 use crate::spec::run::RunError;
 use crate::spec::run::RunResult;
+use crate::spec::run::check;
 use crate::spec::run::exec::{
     Backward, Forward, LayerState, LayerWeights, Scratch, Shared, SharedBuffers,
 };
@@ -154,4 +155,102 @@ pub(crate) fn run_step(
             recomputed_ops,
         },
     ))
+}
+
+/// The sizes a stacked spec model runs at, which a plan's block input must match.
+pub(crate) struct StackDims {
+    pub layers: usize,
+    pub batch: usize,
+    pub seq: usize,
+    pub hidden: usize,
+}
+
+/// The checks every model that stacks one block type makes of a plan, after its own check
+/// of the block name: one block output `out`, a plan layer per model layer, dtypes the
+/// runtime runs, the block input `x` at this run's sizes, and per layer the parameter
+/// shapes and the slots `backward_reads` needs (see [`check_layer_plan`]).
+pub(crate) fn check_stacked_plan(
+    plan: &Plan,
+    model: &str,
+    d: &StackDims,
+    layers: &[BTreeMap<String, Act>],
+    backward_reads: &[&str],
+) -> RunResult<()> {
+    let bad = |what: String| Err(RunError::Model(what));
+    if plan.spec().outputs != ["out"] {
+        return bad(format!(
+            "spec `{}` lists block outputs {:?}; the {model} model passes exactly one output, `out`, from each block to the next",
+            plan.spec().name,
+            plan.spec().outputs,
+        ));
+    }
+    if plan.layers.len() != d.layers {
+        return bad(format!(
+            "plan has {} layers, the model {}",
+            plan.layers.len(),
+            d.layers
+        ));
+    }
+    check::check_dtypes(plan)?;
+    let expected = [d.batch, d.seq, d.hidden];
+    if let Some(x) = plan
+        .layers
+        .first()
+        .and_then(|l| l.inputs.iter().find(|x| x.name == "x"))
+        && x.shape != expected
+    {
+        return bad(format!(
+            "the spec's block input `x` has shape {:?}, but this run is [batch {}, seq {}, hidden {}]; a spec with fixed sizes (as `remat spec derive` writes) runs only at its own batch and sequence length: set the batch and sequence length to match it (remat train: --batch, and --digits N for sequence 2N or --data FILE --seq N), or write its dims as `batch` and `seq_len`",
+            x.shape, d.batch, d.seq, d.hidden
+        ));
+    }
+    for (l, (layer_plan, params)) in plan.layers.iter().zip(layers).enumerate() {
+        check_layer_plan(
+            &format!("layer {l}"),
+            plan,
+            layer_plan,
+            params,
+            backward_reads,
+        )?;
+    }
+    Ok(())
+}
+
+/// Checks one layer's part of `plan` against the layer: every parameter the spec declares
+/// has the layer's shape, and every slot the block's backward reads is declared (present,
+/// whatever its disposition). `layer` names the layer in the error.
+pub(crate) fn check_layer_plan(
+    layer: &str,
+    plan: &Plan,
+    layer_plan: &LayerPlan,
+    params: &BTreeMap<String, Act>,
+    backward_reads: &[&str],
+) -> RunResult<()> {
+    let bad = |what: String| Err(RunError::Model(what));
+    for (spec, shape) in plan.spec().params.iter().zip(&layer_plan.params) {
+        let have = params.get(&spec.name).map(|p| &p.shape);
+        if have != shape.as_ref() {
+            return bad(format!(
+                "{layer}: parameter `{}`: the spec declares {}, the model has {}",
+                spec.name,
+                shape
+                    .as_ref()
+                    .map_or("none (absent)".into(), |s| format!("{s:?}")),
+                have.map_or("none".into(), |s| format!("{s:?}"))
+            ));
+        }
+    }
+    let declared = |slot: &str| {
+        layer_plan
+            .slots
+            .iter()
+            .any(|s| s.name == slot && s.disposition != Disposition::Absent)
+    };
+    if let Some(missing) = backward_reads.iter().find(|s| !declared(s)) {
+        return bad(format!(
+            "{layer}: the block's backward reads slot `{missing}`, which the spec `{}` does not declare",
+            plan.spec().name
+        ));
+    }
+    Ok(())
 }
