@@ -178,28 +178,59 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     run_mixes(&args)
 }
 
-/// The mixed-plan table (see [`super::bench_spec_mix`]), full fine-tuning.
+/// The mixed-plan table (see [`super::bench_spec_mix`]), full fine-tuning and LoRA.
 fn run_mixes(args: &Args) -> anyhow::Result<()> {
     use super::bench_spec_mix::{Model, bench_model, hybrid_config, print};
     println!(
         "\nmixed plans: {} layers, hidden {}, batch {} x seq {}; step time the median of {} interleaved rounds",
         args.layers, args.hidden, args.batch, args.seq, args.rounds
     );
+    let (lora, mamba_lora) = lora_configs();
+    let hybrid_lora = LoraConfig {
+        targets: lora
+            .targets
+            .iter()
+            .chain(&mamba_lora.targets)
+            .cloned()
+            .collect(),
+        ..lora.clone()
+    };
     let mut rows = Vec::new();
-    for kind in [BlockKind::Dense, BlockKind::Moe] {
-        let model = Model::Qwen3(Qwen3::new(kind, &config(args, kind), 1)?);
-        rows.extend(bench_model(kind.spec_name(), &model, args.rounds)?);
+    for mode in [Mode::Full, Mode::Lora] {
+        let with = |cfg: &LoraConfig| (mode == Mode::Lora).then(|| cfg.clone());
+        for kind in [BlockKind::Dense, BlockKind::Moe] {
+            let mut model = Qwen3::new(kind, &config(args, kind), 1)?;
+            if let Some(cfg) = with(&lora) {
+                model = model.with_lora(cfg, true)?;
+            }
+            let model = Model::Qwen3(model);
+            rows.extend(bench_model(kind.spec_name(), &model, mode, args.rounds)?);
+        }
+        let mut model = Mamba::new(&mamba_config(args), 1)?;
+        if let Some(cfg) = with(&mamba_lora) {
+            model = model.with_lora(cfg, true)?;
+        }
+        let model = Model::Mamba(model);
+        rows.extend(bench_model(mamba::BLOCK, &model, mode, args.rounds)?);
+        let cfg = hybrid_config(args.layers, args.hidden, args.seq, args.batch)?;
+        let mut model = remat_engine::models::hybrid::Hybrid::new(&cfg, 1)?;
+        if let Some(cfg) = with(&hybrid_lora) {
+            model = model.with_lora(cfg, true)?;
+        }
+        let model = Model::Hybrid(model);
+        rows.extend(bench_model(
+            "hybrid (mamba/qwen3)",
+            &model,
+            mode,
+            args.rounds,
+        )?);
     }
-    let model = Model::Mamba(Mamba::new(&mamba_config(args), 1)?);
-    rows.extend(bench_model(mamba::BLOCK, &model, args.rounds)?);
-    let cfg = hybrid_config(args.layers, args.hidden, args.seq, args.batch)?;
-    let model = Model::Hybrid(remat_engine::models::hybrid::Hybrid::new(&cfg, 1)?);
-    rows.extend(bench_model("hybrid (mamba/qwen3)", &model, args.rounds)?);
     print(&rows);
     Ok(())
 }
 
-fn run_variants(args: &Args) -> anyhow::Result<()> {
+/// The LoRA set-ups of the benchmark: rank 8 on every Qwen3 projection, and on Mamba's.
+fn lora_configs() -> (LoraConfig, LoraConfig) {
     let lora = LoraConfig {
         rank: 8,
         alpha: 16.0,
@@ -209,12 +240,17 @@ fn run_variants(args: &Args) -> anyhow::Result<()> {
             .to_vec(),
         seed: 3,
     };
-    let mut models = Vec::new();
-    let mut cases = Vec::new();
     let mamba_lora = LoraConfig {
         targets: mamba::LORA_TARGETS.iter().map(|t| t.to_string()).collect(),
         ..lora.clone()
     };
+    (lora, mamba_lora)
+}
+
+fn run_variants(args: &Args) -> anyhow::Result<()> {
+    let (lora, mamba_lora) = lora_configs();
+    let mut models = Vec::new();
+    let mut cases = Vec::new();
     for kind in [Some(BlockKind::Dense), Some(BlockKind::Moe), None] {
         let (block, cfg, model, specs) = match kind {
             Some(kind) => {

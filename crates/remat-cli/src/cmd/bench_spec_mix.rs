@@ -55,13 +55,13 @@ impl Model {
         })
     }
 
-    /// Shipped plans (one per block type) and each layer's type.
-    fn shipped(&self) -> anyhow::Result<(Vec<Plan>, Vec<usize>)> {
+    /// Shipped plans (one per block type) for `mode`, and each layer's type.
+    fn shipped(&self, mode: Mode) -> anyhow::Result<(Vec<Plan>, Vec<usize>)> {
         let one = |name: &str, cfg: &ModelConfig, layers: usize| -> anyhow::Result<_> {
             let spec = ShippedBlock::by_name(name)
                 .context("no shipped spec")?
                 .spec()?;
-            Ok((vec![compile(&spec, cfg, Mode::Full)?], vec![0; layers]))
+            Ok((vec![compile(&spec, cfg, mode)?], vec![0; layers]))
         };
         match self {
             Model::Qwen3(m) => one(m.kind.spec_name(), &m.config, m.dims.layers),
@@ -74,7 +74,7 @@ impl Model {
                         let spec = ShippedBlock::by_name(&b.name)
                             .context("no shipped spec")?
                             .spec()?;
-                        Ok(compile(&spec, &b.config, Mode::Full)?)
+                        Ok(compile(&spec, &b.config, mode)?)
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 Ok((plans, m.layer_block.clone()))
@@ -132,10 +132,16 @@ fn uniform(mix: &MixModel, rebuild_all: bool) -> anyhow::Result<Vec<Plan>> {
     Ok(mix.plans(&choices)?)
 }
 
-/// Benchmarks one model: returns its table rows.
-pub fn bench_model(name: &str, model: &Model, rounds: usize) -> anyhow::Result<Vec<Vec<String>>> {
-    let (shipped, layer_block) = model.shipped()?;
-    let mix_model = super::spec_mix::mix_model(&shipped, layer_block, Mode::Full)?;
+/// Benchmarks one model in `mode` (a LoRA model carries its adapters): returns its table
+/// rows.
+pub fn bench_model(
+    name: &str,
+    model: &Model,
+    mode: Mode,
+    rounds: usize,
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let (shipped, layer_block) = model.shipped(mode)?;
+    let mix_model = super::spec_mix::mix_model(&shipped, layer_block, mode)?;
     let step = |plans: &[Plan], env: StepEnv| model.step(plans, env);
     let profile = super::spec_mix::profile(&mix_model, 3, &step)?;
     let mut cases = vec![
@@ -177,7 +183,7 @@ pub fn bench_model(name: &str, model: &Model, rounds: usize) -> anyhow::Result<V
         }
     }
     bar.finish_and_clear();
-    Ok(rows(name, &cases, keep_peak, floor))
+    Ok(rows(name, mode, &cases, keep_peak, floor))
 }
 
 impl Case {
@@ -193,7 +199,7 @@ impl Case {
     }
 }
 
-fn rows(name: &str, cases: &[Case], keep_peak: u64, floor: u64) -> Vec<Vec<String>> {
+fn rows(name: &str, mode: Mode, cases: &[Case], keep_peak: u64, floor: u64) -> Vec<Vec<String>> {
     let base = median(&cases[0].times);
     let mut out = Vec::new();
     for fraction in FRACTIONS {
@@ -216,6 +222,11 @@ fn rows(name: &str, cases: &[Case], keep_peak: u64, floor: u64) -> Vec<Vec<Strin
             };
             out.push(vec![
                 name.to_string(),
+                match mode {
+                    Mode::Full => "full",
+                    Mode::Lora => "LoRA",
+                }
+                .into(),
                 format!("{fraction:.1} ({})", human_bytes(budget)),
                 c.policy.clone(),
                 if c.plans.is_empty() {
@@ -267,6 +278,7 @@ pub fn print(rows: &[Vec<String>]) {
     print_table(
         &[
             "model",
+            "mode",
             "budget (x keep-all)",
             "policy",
             "pool peak",
@@ -279,6 +291,6 @@ pub fn print(rows: &[Vec<String>]) {
         rows,
     );
     println!(
-        "full fine-tuning; budgets are fractions of keep-all's measured step peak (activations, scratch, gradients); \"all recomputed\" rebuilds every slot whose declared policy allows it; the mix is chosen from a profile (3 timed runs) at the least predicted time whose predicted peak fits"
+        "full fine-tuning and LoRA (adapters on every target, the base frozen); budgets are fractions of keep-all's measured step peak (activations, scratch, gradients); \"all recomputed\" rebuilds every slot whose declared policy allows it; the mix is chosen from a profile (3 timed runs) at the least predicted time whose predicted peak fits"
     );
 }
