@@ -418,6 +418,15 @@ fn train_block_policy_auto_fits_the_budget_or_names_the_floor() {
         "{out}"
     );
     assert!(out.contains("last loss"), "{out}");
+    // Above the floor the exact mixes of a budget ladder run off; the fastest is chosen.
+    let roomy = (2 * floor).to_string();
+    args[len - 1] = &roomy;
+    let (ok, out, err) = train(&args);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("run-off") && out.contains("chosen") && out.contains("measured step"),
+        "{out}"
+    );
     let below = (floor - 1).to_string();
     args[len - 1] = &below;
     let (ok, _, err) = train(&args);

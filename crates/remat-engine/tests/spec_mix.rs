@@ -284,3 +284,45 @@ fn units_respect_each_slots_policy() {
         assert!(names.contains(&"ln1") && names.contains(&"q"), "{names:?}");
     }
 }
+
+/// Tuning by measurement: every candidate of the budget ladder fits the budget and differs
+/// from the others, the first is the exact least-predicted mix, and the chosen one runs at
+/// its predicted peak with keep-all's gradients. Without rounds nothing is measured.
+#[test]
+fn tuned_mixes_fit_and_stay_exact() {
+    let model = Model::Qwen3(Qwen3::new(BlockKind::Dense, &small(&QWEN3, 3), 1).unwrap());
+    let mix = mix_model(&model, Mode::Full);
+    let mut run = |plans: &[Plan], meter: &Arc<Meter>| -> Result<(), MixError> {
+        model.step(plans, meter);
+        Ok(())
+    };
+    let profile = mix::profile(&mix, 1, &mut run).unwrap();
+    let (g_ref, s_ref) = model.step(&keep_all(&mix), &Meter::unbounded());
+    let floor = mix::floor(&profile);
+    let budget = floor + (s_ref.activations.peak - floor) * 9 / 10;
+    let untimed = mix::tune(&mix, &profile, budget, 0, &mut run).unwrap();
+    assert_eq!(untimed.chosen, 0);
+    assert!(untimed.tried.iter().all(|t| t.seconds.is_none()));
+    let exact = mix::solve(&mix, &profile, budget).unwrap();
+    assert_eq!(untimed.mix().seconds, exact.seconds);
+    let tuned = mix::tune(&mix, &profile, budget, 2, &mut run).unwrap();
+    assert!(tuned.tried.len() >= 2, "{} candidates", tuned.tried.len());
+    let mut seen = std::collections::HashSet::new();
+    for t in &tuned.tried {
+        assert!(t.mix.peak <= t.budget && t.budget <= budget);
+        assert!(t.seconds.is_some_and(|s| s > 0.0));
+        let choices: Vec<_> = t.mix.layers.iter().map(|l| l.choice.clone()).collect();
+        assert!(seen.insert(format!("{choices:?}")), "a repeated candidate");
+    }
+    let best = tuned.tried[tuned.chosen].seconds.unwrap();
+    assert!(tuned.tried.iter().all(|t| t.seconds.unwrap() >= best));
+    let choices: Vec<_> = tuned
+        .mix()
+        .layers
+        .iter()
+        .map(|l| l.choice.clone())
+        .collect();
+    let (g, s) = model.step(&mix.plans(&choices).unwrap(), &Meter::unbounded());
+    assert_eq!(s.activations.peak, tuned.mix().peak);
+    assert!(g.bit_diff(&g_ref).is_empty());
+}

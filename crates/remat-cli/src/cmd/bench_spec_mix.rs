@@ -132,7 +132,8 @@ fn uniform(mix: &MixModel, rebuild_all: bool) -> anyhow::Result<Vec<Plan>> {
     Ok(mix.plans(&choices)?)
 }
 
-/// Benchmarks one model in `mode` (a LoRA model carries its adapters): returns its table
+/// Benchmarks one model in `mode`; the mix is chosen as `remat train --policy auto` does
+/// (the run-off of `spec_mix::choose`) (a LoRA model carries its adapters): returns its table
 /// rows.
 pub fn bench_model(
     name: &str,
@@ -154,7 +155,15 @@ pub fn bench_model(
     let floor = mix::floor(&profile);
     for fraction in FRACTIONS {
         let budget = (keep_peak as f64 * fraction) as u64;
-        match mix::solve(&mix_model, &profile, budget) {
+        let mut run = super::spec_mix::runner(&step);
+        let tuned = mix::tune(
+            &mix_model,
+            &profile,
+            budget,
+            super::spec_mix::TUNE_ROUNDS,
+            &mut run,
+        );
+        match tuned.map(|t| t.mix().clone()) {
             Ok(chosen) => {
                 let choices: Vec<_> = chosen.layers.iter().map(|l| l.choice.clone()).collect();
                 let mut case = Case::new("mix", mix_model.plans(&choices)?);

@@ -249,9 +249,17 @@ profiling the model (random weights) for --memory-budget ..."
     );
     let profile = super::spec_mix::profile(&model, 3, step.as_ref())?;
     let base = 4 * params as u64 + 8 * trainable as u64;
-    let mix = super::spec_mix::choose(&model, &profile, budget, base)?;
+    let tuned = super::spec_mix::choose(
+        &model,
+        &profile,
+        budget,
+        base,
+        super::spec_mix::TUNE_ROUNDS,
+        step.as_ref(),
+    )?;
+    super::spec_mix::print_tuned(&tuned, base);
     println!("mix for --memory-budget {}:", human_bytes(budget));
-    super::spec_mix::print_mix(&model, &profile, &mix, base);
+    super::spec_mix::print_mix(&model, &profile, tuned.mix(), base);
     Ok(())
 }
 

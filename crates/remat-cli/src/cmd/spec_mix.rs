@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use remat_engine::models::qwen3::{Qwen3Grads, StepEnv, StepStats};
-use remat_engine::spec::mix::{self, Mix, MixError, MixModel, Profile};
+use remat_engine::spec::mix::{self, Mix, MixError, MixModel, Profile, Tuned};
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::{Mode, Plan};
 use remat_engine::swap::HostStore;
@@ -25,9 +25,11 @@ pub fn mix_model(plans: &[Plan], layer_block: Vec<usize>, mode: Mode) -> anyhow:
     Ok(MixModel::new(&blocks, layer_block, mode)?)
 }
 
-/// Profiles the model by running `step` (`rounds` timed runs per timing).
-pub fn profile(model: &MixModel, rounds: usize, step: &StepFn) -> anyhow::Result<Profile> {
-    let mut run = |plans: &[Plan], meter: &Arc<Meter>| -> Result<(), MixError> {
+/// `step` as the library's runner: one step on a fresh host store, charged to `meter`.
+pub fn runner<'a>(
+    step: &'a StepFn<'a>,
+) -> impl FnMut(&[Plan], &Arc<Meter>) -> Result<(), MixError> + 'a {
+    move |plans: &[Plan], meter: &Arc<Meter>| {
         let host = HostStore::in_memory();
         let env = StepEnv {
             host: &host,
@@ -37,13 +39,30 @@ pub fn profile(model: &MixModel, rounds: usize, step: &StepFn) -> anyhow::Result
         step(plans, env)
             .map(drop)
             .map_err(|e| MixError::Profile(format!("{e:#}")))
-    };
+    }
+}
+
+/// Profiles the model by running `step` (`rounds` timed runs per timing).
+pub fn profile(model: &MixModel, rounds: usize, step: &StepFn) -> anyhow::Result<Profile> {
+    let mut run = runner(step);
     mix::profile(model, rounds, &mut run).context("profiling the spec model")
 }
 
+/// Timed rounds of [`choose`]'s run-off between the budget ladder's mixes.
+pub const TUNE_ROUNDS: usize = 3;
+
 /// The mix for `budget` pool bytes, of which `base` (parameters, optimizer state) are
-/// taken before the step begins.
-pub fn choose(model: &MixModel, profile: &Profile, budget: u64, base: u64) -> anyhow::Result<Mix> {
+/// taken before the step begins: the fastest measured (`rounds` timed runs each, by
+/// `step`) of the exact mixes for a ladder of budgets up to `budget` (see
+/// `remat_engine::spec::mix::tune`).
+pub fn choose(
+    model: &MixModel,
+    profile: &Profile,
+    budget: u64,
+    base: u64,
+    rounds: usize,
+    step: &StepFn,
+) -> anyhow::Result<Tuned> {
     let floor = mix::floor(profile);
     let step_budget = budget.checked_sub(base).ok_or_else(|| {
         anyhow::anyhow!(
@@ -52,7 +71,8 @@ pub fn choose(model: &MixModel, profile: &Profile, budget: u64, base: u64) -> an
             base + floor
         )
     })?;
-    mix::solve(model, profile, step_budget).map_err(|e| match e {
+    let mut run = runner(step);
+    mix::tune(model, profile, step_budget, rounds, &mut run).map_err(|e| match e {
         MixError::BelowFloor { .. } => anyhow::anyhow!(
             "--memory-budget {budget} B is below the floor of this model: no allowed mix of keep, recompute and offload peaks under {} B ({} B for parameters and optimizer state plus the step's least peak, {floor} B), every slot's declared policy respected; raise --memory-budget to at least {}",
             base + floor,
@@ -109,5 +129,41 @@ pub fn print_mix(model: &MixModel, profile: &Profile, mix: &Mix, base: u64) {
         1e3 * mix.seconds,
         1e3 * profile.base_seconds,
         human_bytes(base + mix::floor(profile)),
+    );
+}
+
+/// The run-off of [`choose`]: each candidate's budget rung, predicted peak and time, and
+/// measured time; the chosen one marked. Prints nothing when only one candidate ran.
+pub fn print_tuned(tuned: &Tuned, base: u64) {
+    if tuned.tried.len() < 2 || tuned.tried.iter().all(|t| t.seconds.is_none()) {
+        return;
+    }
+    let rows: Vec<Vec<String>> = tuned
+        .tried
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            vec![
+                human_bytes(base + t.budget),
+                human_bytes(base + t.mix.peak),
+                format!("{:.1} ms", 1e3 * t.mix.seconds),
+                t.seconds
+                    .map_or("-".into(), |s| format!("{:.1} ms", 1e3 * s)),
+                if i == tuned.chosen { "chosen" } else { "" }.into(),
+            ]
+        })
+        .collect();
+    println!(
+        "run-off between the exact mixes of a ladder of budgets (median of the timed rounds):"
+    );
+    print_table(
+        &[
+            "solved for",
+            "predicted peak",
+            "predicted step",
+            "measured step",
+            "",
+        ],
+        &rows,
     );
 }

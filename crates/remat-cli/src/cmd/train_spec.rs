@@ -476,8 +476,17 @@ fn auto_plans(
     let profile = super::spec_mix::profile(&mix_model, 3, &step)?;
     // AdamW's two moments per trained value join the parameters from the first update on.
     let base = pool.live() + 8 * model.trainable(mode) as u64;
-    let mix = super::spec_mix::choose(&mix_model, &profile, budget, base)?;
-    super::spec_mix::print_mix(&mix_model, &profile, &mix, base);
+    let tuned = super::spec_mix::choose(
+        &mix_model,
+        &profile,
+        budget,
+        base,
+        super::spec_mix::TUNE_ROUNDS,
+        &step,
+    )?;
+    super::spec_mix::print_tuned(&tuned, base);
+    let mix = tuned.mix();
+    super::spec_mix::print_mix(&mix_model, &profile, mix, base);
     let choices: Vec<_> = mix.layers.iter().map(|l| l.choice.clone()).collect();
     Ok(mix_model.plans(&choices)?)
 }
