@@ -276,6 +276,7 @@ fn units_respect_each_slots_policy() {
         let names: Vec<&str> = classes[0]
             .units
             .iter()
+            .flatten()
             .map(|&r| resolved.recipes[r].key.as_str())
             .collect();
         assert!(!names.contains(&"act"), "{names:?}");
@@ -325,4 +326,50 @@ fn tuned_mixes_fit_and_stay_exact() {
     let (g, s) = model.step(&mix.plans(&choices).unwrap(), &Meter::unbounded());
     assert_eq!(s.activations.peak, tuned.mix().peak);
     assert!(g.bit_diff(&g_ref).is_empty());
+}
+
+/// A block with more rebuildable recipes than the profile measures one by one (above
+/// `MAX_UNITS`, or a smaller `with_max_units`; here the derived Mamba spec, which replays
+/// every op, with 4) is mixed with neighbouring recipes joined into units, and its mixes
+/// stay exact: predicted peak executed to the byte, keep-all's gradients.
+#[test]
+fn a_block_with_many_recipes_mixes_at_a_coarser_grain() {
+    let config = small(&MAMBA, 2);
+    let mamba = Mamba::new(&config, 4).unwrap();
+    let shipped = remat_engine::spec::compile(&MAMBA.spec().unwrap(), &config, Mode::Full);
+    let derived = mamba.derive_spec(&shipped.unwrap()).unwrap();
+    let model = Model::Mamba(mamba);
+    let blocks = [(derived, config)];
+    let fine = MixModel::new(&blocks, vec![0; 2], Mode::Full).unwrap();
+    let recipes = fine.classes().unwrap().0[0].units.len();
+    assert!(
+        recipes > 4 && recipes <= mix::MAX_UNITS,
+        "{recipes} recipes"
+    );
+    let mix = fine.with_max_units(4).unwrap();
+    let (classes, _) = mix.classes().unwrap();
+    assert_eq!(classes[0].units.len(), 4);
+    assert_eq!(
+        classes[0].units.iter().map(Vec::len).sum::<usize>(),
+        recipes
+    );
+    let refused = MixModel::new(&blocks, vec![0; 2], Mode::Full)
+        .unwrap()
+        .with_max_units(13);
+    assert!(refused.unwrap_err().to_string().contains("1 to 12, not 13"));
+    let mut run = |plans: &[Plan], meter: &Arc<Meter>| -> Result<(), MixError> {
+        model.step(plans, meter);
+        Ok(())
+    };
+    let profile = mix::profile(&mix, 1, &mut run).unwrap();
+    let (g_ref, s_ref) = model.step(&keep_all(&mix), &Meter::unbounded());
+    let floor = mix::floor(&profile);
+    assert!(floor < s_ref.activations.peak);
+    for budget in [floor, (floor + s_ref.activations.peak) / 2] {
+        let chosen = mix::solve(&mix, &profile, budget).unwrap();
+        let choices: Vec<_> = chosen.layers.iter().map(|l| l.choice.clone()).collect();
+        let (g, s) = model.step(&mix.plans(&choices).unwrap(), &Meter::unbounded());
+        assert_eq!(s.activations.peak, chosen.peak, "at {budget}");
+        assert!(g.bit_diff(&g_ref).is_empty(), "at {budget}");
+    }
 }

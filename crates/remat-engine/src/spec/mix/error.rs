@@ -16,16 +16,6 @@ pub enum MixError {
         "--memory-budget {budget} B is below the floor of this model: no allowed mix of keep, recompute and offload peaks under {floor} B (every slot's declared policy respected); raise --memory-budget to at least {floor}"
     )]
     BelowFloor { budget: u64, floor: u64 },
-    #[error(
-        "block `{block}`, layer {layer}: {units} recompute units make {subsets} subsets, more than the profile measures exhaustively ({max}); give some of its slots recompute_policy = \"never\""
-    )]
-    TooManyUnits {
-        block: String,
-        layer: usize,
-        units: usize,
-        subsets: usize,
-        max: usize,
-    },
     #[error("profile: {0}")]
     Profile(String),
 }

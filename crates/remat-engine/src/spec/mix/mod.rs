@@ -25,4 +25,4 @@ pub use error::MixError;
 pub use profile::{BlockOf, MixModel, Profile, profile};
 pub use solve::{LayerMix, Mix, floor, solve};
 pub use tune::{Tried, Tuned, ladder, tune};
-pub use units::{Candidate, ClassUnits, Target};
+pub use units::{Candidate, ClassUnits, MAX_UNITS, Target};

@@ -18,10 +18,7 @@ use crate::spec::run::meter::{Meter, Phase, Trace};
 use crate::spec::{BlockSpec, ModelConfig};
 
 use super::error::MixError;
-use super::units::ClassUnits;
-
-/// The most recompute-unit subsets measured for one class of layers.
-pub const MAX_SUBSETS: usize = 4096;
+use super::units::{ClassUnits, MAX_UNITS};
 
 /// One block type of a model, with the config its spec compiles against.
 #[derive(Debug, Clone)]
@@ -37,6 +34,9 @@ pub struct MixModel {
     pub blocks: Vec<BlockOf>,
     pub layer_block: Vec<usize>,
     pub mode: Mode,
+    /// Most recompute units per class ([`MAX_UNITS`] unless set by
+    /// [`MixModel::with_max_units`]): more rebuildable recipes join into this many.
+    pub max_units: usize,
 }
 
 impl MixModel {
@@ -65,7 +65,20 @@ impl MixModel {
             blocks,
             layer_block,
             mode,
+            max_units: MAX_UNITS,
         })
+    }
+
+    /// At most `max` (1..=[`MAX_UNITS`]) recompute units per class: a coarser mix that is
+    /// profiled in fewer runs (2^max subsets per class).
+    pub fn with_max_units(mut self, max: usize) -> Result<Self, MixError> {
+        if !(1..=MAX_UNITS).contains(&max) {
+            return Err(MixError::Profile(format!(
+                "recompute units per layer must be 1 to {MAX_UNITS}, not {max}"
+            )));
+        }
+        self.max_units = max;
+        Ok(self)
     }
 
     /// One plan per block type, layer `l` under `choices[l]` in its block's plan (the other
@@ -105,16 +118,13 @@ impl MixModel {
             let next = classes.len();
             let c = *keys.entry(key).or_insert(next);
             if c == next {
-                let units = ClassUnits::of(&block.resolved, &block.config, self.mode, b, l)?;
-                if units.units.len() > 12 {
-                    return Err(MixError::TooManyUnits {
-                        block: block.resolved.spec.name.clone(),
-                        layer: l,
-                        units: units.units.len(),
-                        subsets: 1 << units.units.len().min(62),
-                        max: MAX_SUBSETS,
-                    });
-                }
+                let units = ClassUnits::of(
+                    &block.resolved,
+                    &block.config,
+                    self.mode,
+                    (b, l),
+                    self.max_units,
+                )?;
                 classes.push(units);
             }
             layer_class.push(c);

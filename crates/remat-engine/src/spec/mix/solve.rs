@@ -260,7 +260,7 @@ fn describe(model: &MixModel, profile: &Profile, chosen: &[&Option_]) -> Mix {
             .iter()
             .enumerate()
             .filter(|(bit, _)| o.mask & (1 << bit) != 0)
-            .map(|(_, &r)| resolved.recipes[r].key.clone())
+            .flat_map(|(_, unit)| unit.iter().map(|&r| resolved.recipes[r].key.clone()))
             .collect();
         let offloaded = o
             .offload
@@ -378,7 +378,7 @@ mod tests {
             classes.push(ClassUnits {
                 block: 0,
                 layer: 0,
-                units: (0..units).collect(),
+                units: (0..units).map(|u| vec![u]).collect(),
                 candidates,
             });
         }
