@@ -1,14 +1,17 @@
 //! Planning K models together: a strategy runs on the combined graph renumbered in an
 //! [`Order`], and its plan is mapped back onto the given graph's nodes.
 //!
-//! With the default request this is MuTWO (Algorithm B, Algorithm C for the swap overhead)
-//! over the interleaved order: Algorithm C walks a prefetch's prompt back from the tensor's
+//! With [`MultiRequest::mutwo`] this is MuTWO (Algorithm B, Algorithm C for the swap
+//! overhead) over the interleaved order: Algorithm C walks a prefetch's prompt back from the tensor's
 //! first backward use over the nodes that run before it, which in the interleaved order are
 //! the other models' forward and backward nodes as well as the model's own, and stops at
 //! the peak interval; so a swap of one model is hidden behind another model's compute, as
 //! in the paper's multi-model setting. Any registered strategy can be asked for by name, and
-//! without one the anytime search (every strategy, then the general solver) plans the
-//! combined graph like any other graph.
+//! without one ([`MultiRequest::new`]) the anytime search (every strategy, MuTWO's included,
+//! then the general solver) plans the combined graph like any other graph and keeps the
+//! fastest plan. The renumbered graph keeps the given graph's order mark: when the order is
+//! fixed, the general solver keeps the interleaved order too; otherwise it may choose its
+//! own memory-aware order, still checked by the simulator on the given graph.
 
 use std::time::Duration;
 
@@ -30,21 +33,31 @@ pub struct MultiRequest {
     pub bandwidth: f64,
     /// How the models' steps are merged (default [`Order::Interleaved`]).
     pub order: Order,
-    /// A strategy by registry name (default `mutwo`), or `None` for the anytime search.
+    /// A strategy by registry name (`mutwo` for MuTWO's Algorithms B and C alone), or
+    /// `None` (the default) for the anytime search: every strategy, MuTWO's included, then
+    /// the general solver improving on the best, as for one graph.
     pub strategy: Option<String>,
     /// The search's (and the `anytime` strategy's) time limit; default by graph size.
     pub time_limit: Option<Duration>,
 }
 
 impl MultiRequest {
-    /// MuTWO over the interleaved order at `budget_bytes` and `bandwidth`.
+    /// The anytime search over the interleaved order at `budget_bytes` and `bandwidth`.
     pub fn new(budget_bytes: u64, bandwidth: f64) -> MultiRequest {
         MultiRequest {
             budget_bytes,
             bandwidth,
             order: Order::Interleaved,
-            strategy: Some("mutwo".into()),
+            strategy: None,
             time_limit: None,
+        }
+    }
+
+    /// [`MultiRequest::new`] with MuTWO's Algorithms B and C alone (no search).
+    pub fn mutwo(budget_bytes: u64, bandwidth: f64) -> MultiRequest {
+        MultiRequest {
+            strategy: Some("mutwo".into()),
+            ..MultiRequest::new(budget_bytes, bandwidth)
         }
     }
 }
@@ -193,7 +206,7 @@ mod tests {
     fn a_budget_below_the_floor_of_the_models_together_names_it() {
         let m = Multiplexed::union(&[tiny("a", 10, 5), tiny("b", 10, 5)]).unwrap();
         // Floor: 10 static plus b1 with its two inputs (30 bytes).
-        let err = plan(&m, &MultiRequest::new(39, 1.0)).unwrap_err();
+        let err = plan(&m, &MultiRequest::mutwo(39, 1.0)).unwrap_err();
         assert_eq!(
             err,
             MultiError::BelowFloor {
@@ -208,11 +221,7 @@ mod tests {
             "{text}"
         );
         // At the floor itself the search finds a plan.
-        let search = MultiRequest {
-            strategy: None,
-            ..MultiRequest::new(40, 1.0)
-        };
-        let planned = plan(&m, &search).unwrap();
+        let planned = plan(&m, &MultiRequest::new(40, 1.0)).unwrap();
         assert_eq!(planned.report.peak_bytes, 40);
     }
 
