@@ -43,8 +43,7 @@ impl SwapHiding {
         self.in_hidden_by
             .iter()
             .filter(|(m, _)| *m != self.model)
-            .map(|(_, t)| t)
-            .sum()
+            .fold(0.0, |sum, (_, t)| sum + t)
     }
 }
 
