@@ -152,7 +152,7 @@ fn print_swaps(multi: &Multiplexed, swaps: &[SwapHiding], unit: f64) {
             "bytes",
             "copy out ms",
             "compute during copy out (ms)",
-            "copy in ms",
+            "copies in ms",
             "compute during copy in (ms)",
             "exposed ms",
         ],
