@@ -274,3 +274,49 @@ fn bad_input_is_refused_naming_what_is_wrong() {
         Err(MultiError::Plan { models: 2, .. })
     ));
 }
+
+#[test]
+fn shared_nodes_of_a_fixed_order_graph_stay_barriers_in_every_plan() {
+    // The engine's case: one order-fixed graph with some nodes shared by both models (here
+    // each model's `end:step`, the node reading every gradient buffer, marked shared).
+    let one = gpt(1);
+    let union = Multiplexed::union(&[one.clone(), one.clone()]).unwrap();
+    let mut labels = union.labels().to_vec();
+    let shared: Vec<NodeId> = (0..union.graph().len())
+        .filter(|&v| union.graph().node(v).name.ends_with("end:step"))
+        .collect();
+    assert_eq!(shared.len(), 2);
+    for &v in &shared {
+        labels[v] = None;
+    }
+    let m = Multiplexed::from_labels(union.graph().clone().with_fixed_order(), labels).unwrap();
+    let peak = m
+        .interleave(Order::Interleaved)
+        .unwrap()
+        .graph()
+        .store_all_peak();
+    let budget = peak * 9 / 10;
+    for strategy in [Some("mutwo"), None] {
+        let request = MultiRequest {
+            strategy: strategy.map(str::to_string),
+            time_limit: Some(Duration::from_millis(300)),
+            ..MultiRequest::new(budget, 64e9)
+        };
+        let planned = match plan(&m, &request) {
+            Ok(p) => p,
+            Err(MultiError::Plan { .. }) if strategy.is_some() => continue,
+            Err(e) => panic!("{strategy:?}: {e}"),
+        };
+        check(&m, &planned, budget);
+        assert_eq!(planned.models.len(), 3, "two models and the shared row");
+        let computed = first_computations(&planned.plan.steps, m.graph().len());
+        let pos = |v: NodeId| computed.iter().position(|&c| c == v).unwrap();
+        for &s in &shared {
+            for v in 0..m.graph().len() {
+                // Everything given before a shared node runs before it, everything after it
+                // after it.
+                assert_eq!(v < s, pos(v) < pos(s), "{strategy:?}: node {v} around {s}");
+            }
+        }
+    }
+}

@@ -161,10 +161,8 @@ pub fn explain(
         swap.out_hidden_by = overlap(&computes, &[swap.copy_out], multi.models());
         swap.in_hidden_by = overlap(&computes, &swap.copy_in, multi.models());
     }
-    if models
-        .last()
-        .is_some_and(|s| s.compute_time == 0.0 && s.swaps == 0)
-    {
+    // The shared row only when some node is shared.
+    if multi.labels().iter().all(Option::is_some) {
         models.pop();
     }
     (swaps, models)
