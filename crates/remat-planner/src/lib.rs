@@ -18,6 +18,9 @@
 //! - [`request`]: one planning request as the front ends make it: a named strategy or the
 //!   search over all, with the infeasible case explained in bytes.
 //! - [`output`]: output files written all or nothing (checked first, temporary, synced, renamed).
+//! - [`multi`]: K models trained together (MuTWO's setting): the multiplexed graph with a
+//!   model label per node, the interleaved order, plans for the K models under one budget
+//!   and which model's compute hides which swap.
 //! - [`solve`]: the anytime general-DAG solver (memory-aware orders, eviction on top,
 //!   improved until a deadline) and the lower bound on any schedule's overhead.
 //! - [`plot`]: memory-timeline charts as SVG or PNG; [`synth`]: synthetic graphs for benches.
@@ -35,6 +38,7 @@ pub mod exact;
 pub mod import;
 pub mod ir;
 pub mod lower;
+pub mod multi;
 pub mod output;
 pub mod plan;
 pub mod plot;

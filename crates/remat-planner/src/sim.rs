@@ -111,6 +111,36 @@ pub fn simulate_steps(
     machine.finish()
 }
 
+/// When one step ran, in the graph's time unit (see [`simulate_traced`]).
+///
+/// - `Compute`: the compute stream waited `wait` for its inputs' copies, then ran the node
+///   from `start` to `end`.
+/// - `Free`: it waited `wait` for a swap-out still copying; `start == end` is then.
+/// - `SwapOut` / `SwapIn`: the copy ran on its stream from `start` to `end`; `wait` is 0
+///   (a copy never holds up the compute stream when it is issued).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepTime {
+    pub start: f64,
+    pub end: f64,
+    pub wait: f64,
+}
+
+/// [`simulate_steps`], also returning when each step ran (one [`StepTime`] per step), for
+/// reports that say which computations overlapped which copy.
+pub fn simulate_traced(
+    graph: &Graph,
+    steps: &[Step],
+    bandwidth: f64,
+) -> Result<(SimReport, Vec<StepTime>), SimError> {
+    let mut machine = Machine::new(graph, bandwidth)?;
+    machine.trace = Some(Vec::with_capacity(steps.len()));
+    for &step in steps {
+        machine.apply(step)?;
+    }
+    let trace = machine.trace.take().unwrap_or_default();
+    Ok((machine.finish()?, trace))
+}
+
 /// Where a tensor is and when its copies complete.
 #[derive(Clone, Copy, Debug, Default)]
 struct TensorState {
@@ -141,6 +171,8 @@ pub struct Machine<'g> {
     swapped_out_bytes: u64,
     swapped: Vec<bool>,
     timeline: Vec<TimelinePoint>,
+    /// When set, each applied step's [`StepTime`] is pushed here.
+    trace: Option<Vec<StepTime>>,
 }
 
 impl<'g> Machine<'g> {
@@ -169,6 +201,7 @@ impl<'g> Machine<'g> {
                 time: 0.0,
                 bytes: live,
             }],
+            trace: None,
         })
     }
 
@@ -257,6 +290,7 @@ impl<'g> Machine<'g> {
                 node: self.name(node),
             });
         }
+        self.traced(start, start + spec.compute_time, start - self.now);
         self.stall_time += start - self.now;
         self.allocate(step, node, start);
         let state = &mut self.tensors[node];
@@ -277,10 +311,12 @@ impl<'g> Machine<'g> {
                 tensor: self.name(tensor),
             });
         }
+        let waited_from = self.now;
         if let Some(done) = state.host_copy_at.filter(|&done| done > self.now) {
             self.stall_time += done - self.now;
             self.now = done;
         }
+        self.traced(self.now, self.now, self.now - waited_from);
         self.tensors[tensor].on_device = false;
         self.live -= self.graph.node(tensor).output_bytes;
         self.record(step);
@@ -298,6 +334,7 @@ impl<'g> Machine<'g> {
         let bytes = self.graph.node(tensor).output_bytes;
         let start = self.now.max(self.d2h_free_at).max(state.ready_at);
         let done = start + self.copy_time(bytes);
+        self.traced(start, done, 0.0);
         self.d2h_free_at = done;
         self.tensors[tensor].host_copy_at = Some(done);
         // A tensor may be swapped out more than once, so this can pass the graph's total
@@ -324,10 +361,17 @@ impl<'g> Machine<'g> {
         let bytes = self.graph.node(tensor).output_bytes;
         let start = self.now.max(self.h2d_free_at).max(host_ready);
         let done = start + self.copy_time(bytes);
+        self.traced(start, done, 0.0);
         self.h2d_free_at = done;
         self.allocate(step, tensor, self.now);
         self.tensors[tensor].ready_at = done;
         Ok(())
+    }
+
+    fn traced(&mut self, start: f64, end: f64, wait: f64) {
+        if let Some(trace) = &mut self.trace {
+            trace.push(StepTime { start, end, wait });
+        }
     }
 
     fn allocate(&mut self, step: usize, tensor: NodeId, time: f64) {
@@ -431,6 +475,34 @@ mod tests {
         assert_eq!(r.total_time, 6.0);
         assert_eq!(r.stall_time, 0.0);
         assert_eq!(r.fates, vec![Fate::Swapped, Fate::Kept, Fate::Kept]);
+    }
+
+    #[test]
+    fn the_trace_says_when_each_step_ran() {
+        // As in exposed_swap_is_stall: the free waits for the copy-out, n1 for the copy-in.
+        let g = chain(&[10, 20]);
+        let steps = [
+            Step::Compute { node: 0 },
+            Step::SwapOut { tensor: 0 },
+            Step::Free { tensor: 0 },
+            Step::SwapIn { tensor: 0 },
+            Step::Compute { node: 1 },
+        ];
+        let (report, trace) = simulate_traced(&g, &steps, 1.0).unwrap();
+        assert_eq!(report, simulate_steps(&g, &steps, 1.0).unwrap());
+        let at = |start, end, wait| StepTime { start, end, wait };
+        assert_eq!(
+            trace,
+            vec![
+                at(0.0, 2.0, 0.0),
+                at(2.0, 12.0, 0.0),
+                at(12.0, 12.0, 10.0),
+                at(12.0, 22.0, 0.0),
+                at(22.0, 24.0, 10.0),
+            ]
+        );
+        let waits: f64 = trace.iter().map(|t| t.wait).sum();
+        assert_eq!(waits, report.stall_time);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! on Moccasin's published files found in `--graphs` (those of 250 nodes or more go there
 //! rather than into the per-strategy table, at the paper's byte budgets).
 
+pub mod multi;
 pub mod scale;
 
 use std::path::{Path, PathBuf};
@@ -65,6 +66,16 @@ pub struct Args {
     /// Skip the scale section.
     #[arg(long, conflicts_with = "scale_only")]
     pub no_scale: bool,
+    /// Only the multi-model table: K = 1, 2, 4 copies of a synthetic transformer planned
+    /// together, interleaved against one after another and each alone.
+    #[arg(long, conflicts_with_all = ["scale_only", "scale_worker"])]
+    pub multi: bool,
+    /// With --multi: the budget as a multiple of one model's store-all peak.
+    #[arg(long, default_value_t = 1.1)]
+    pub multi_budget: f64,
+    /// With --multi: layers of the synthetic transformer (`synth::TransformerParams::gpt`).
+    #[arg(long, default_value_t = 2)]
+    pub multi_layers: usize,
     /// Internal: run one solve of the scale section (SPEC|BUDGET|SOLVER) and print it.
     #[arg(long, hide = true)]
     pub scale_worker: Option<String>,
@@ -274,6 +285,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.scale_only {
         return run_scale(&args, options);
+    }
+    if args.multi {
+        if !(args.multi_budget.is_finite() && args.multi_budget > 0.0) {
+            bail!(
+                "--multi-budget {}: give a positive multiple of one model's peak",
+                args.multi_budget
+            );
+        }
+        if args.multi_layers == 0 {
+            bail!("--multi-layers 0: give at least one layer");
+        }
+        return multi::run(&multi::MultiBench {
+            layers: args.multi_layers,
+            budget_of_one: args.multi_budget,
+            bandwidth,
+            time_limit: std::time::Duration::from_secs(1),
+        });
     }
     let strategies = strategies(&args);
     if !cfg!(feature = "milp") {

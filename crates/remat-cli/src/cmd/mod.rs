@@ -10,6 +10,7 @@ pub mod bench_spec_mix;
 pub mod bench_torch;
 pub mod cpu_steal;
 pub mod plan;
+pub mod plan_multi;
 pub mod profile;
 pub mod reshard;
 pub mod spec;

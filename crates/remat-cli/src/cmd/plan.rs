@@ -27,8 +27,16 @@ use remat_planner::{Graph, PlanError};
 #[derive(clap::Args)]
 pub struct Args {
     /// Graph file: remat's JSON schema or networkx node-link JSON (Checkmate graphs).
-    #[arg(required_unless_present = "list")]
-    pub graph: Option<PathBuf>,
+    /// Several graphs are planned together, as models trained in one step under one budget
+    /// (MuTWO's multi-model setting): the plan, which model's compute hides which swap, and
+    /// the comparison with each model alone at the same budget.
+    #[arg(required_unless_present = "list", num_args = 1..)]
+    pub graphs: Vec<PathBuf>,
+    /// With several graphs: how their steps are merged (`interleaved`: model i's backward
+    /// beside model i+1's forward, as MuTWO multiplexes; `one-after-another`,
+    /// `forwards-then-backwards`, `as-given`).
+    #[arg(long, default_value = "interleaved")]
+    pub order: String,
     /// Device budget: bytes (`8GiB`, `500MB`, `1234`) or a fraction of the store-all peak
     /// (`0.7`). Several, comma-separated, with --compare.
     #[arg(long, value_delimiter = ',', required_unless_present = "list")]
@@ -77,8 +85,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let options = ImportOptions {
         time_unit_s: args.time_unit,
     };
-    let Some(graph_path) = &args.graph else {
-        bail!("give a GRAPH file");
+    let time_limit = match args.time_limit {
+        Some(s) if s.is_finite() && s > 0.0 && s <= 1e6 => Some(Duration::from_secs_f64(s)),
+        Some(s) => bail!("--time-limit {s}: give a number of seconds above 0 (at most 1e6)"),
+        None => None,
+    };
+    let graph_path = match &args.graphs[..] {
+        [] => bail!("give a GRAPH file"),
+        [one] => one,
+        several => return run_multi(&args, several, options, time_limit),
     };
     let graph = load(graph_path, options)?;
     let bandwidth = parse_bandwidth(&args.bandwidth)?;
@@ -87,11 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|b| parse_budget(b, &graph))
         .collect::<anyhow::Result<Vec<u64>>>()?;
-    let time_limit = match args.time_limit {
-        Some(s) if s.is_finite() && s > 0.0 && s <= 1e6 => Duration::from_secs_f64(s),
-        Some(s) => bail!("--time-limit {s}: give a number of seconds above 0 (at most 1e6)"),
-        None => default_time_limit(graph.len()),
-    };
+    let time_limit = time_limit.unwrap_or_else(|| default_time_limit(graph.len()));
     println!(
         "graph {}: {} nodes, store-all peak {}, floor {}",
         graph.name(),
@@ -157,6 +168,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{what} to {}", path.display());
     }
     Ok(())
+}
+
+/// Several graphs: refuses what only one graph takes, then plans them together.
+fn run_multi(
+    args: &Args,
+    graphs: &[PathBuf],
+    options: ImportOptions,
+    time_limit: Option<Duration>,
+) -> anyhow::Result<()> {
+    let refused: Vec<&str> = [("--compare", args.compare), ("--plot", args.plot.is_some())]
+        .iter()
+        .filter_map(|&(flag, given)| given.then_some(flag))
+        .collect();
+    if !refused.is_empty() {
+        bail!(
+            "{} graphs are planned together: {} takes one graph",
+            graphs.len(),
+            refused.join(" and ")
+        );
+    }
+    super::plan_multi::run(super::plan_multi::MultiArgs {
+        graphs,
+        budget: &args.budget,
+        strategy: args.strategy.as_deref(),
+        order: &args.order,
+        bandwidth: &args.bandwidth,
+        options,
+        time_limit,
+        out: args.out.as_deref(),
+    })
 }
 
 fn plot_format(path: &Path) -> anyhow::Result<ImageFormat> {

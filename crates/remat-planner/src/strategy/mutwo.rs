@@ -20,9 +20,12 @@
 //! Swap-out deviation: a swap whose copy-out would still be running in the peak interval
 //! is not taken (see `Scheduler::copy_out_clears_peak`).
 //!
-//! Single-model deviation: Algorithm C's cases 2-3 also overlap a swap with forward nodes of
-//! *another* model fused into the same step; with one model there are none, so only backward
-//! nodes hide a prefetch.
+//! Several models: Algorithm C's cases 2-3 also overlap a swap with forward nodes of
+//! *another* model trained in the same step. The walk here goes back over whatever nodes run
+//! before the use, so it does exactly that when the graph holds several models in an
+//! interleaved order: [`crate::multi`] renumbers the combined graph in MuTWO's order (model
+//! `i`'s backward beside model `i + 1`'s forward) and plans it with this scheduler. With one
+//! model there are no other nodes, and only the model's own backward nodes hide a prefetch.
 
 use super::{Planned, Problem, Strategy, plan_from_decisions, plan_from_decisions_with};
 use crate::attrs::{TensorAttrs, prefix_times, tensor_attrs};
