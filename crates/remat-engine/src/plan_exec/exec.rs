@@ -34,8 +34,10 @@ pub struct ItemMeasure {
 /// What one executed step reports.
 #[derive(Clone, Debug, Default)]
 pub struct StepReport {
-    /// The loss value (its first computation).
+    /// The loss value (its first computation; the last loss when the step has several).
     pub loss: Option<f64>,
+    /// Every loss root's value, in [`super::Layout::losses`] order.
+    pub losses: Vec<Option<f64>>,
     /// The pool's peak during the step, static memory included.
     pub peak_bytes: u64,
     /// Pool bytes live when the step started (parameters, inputs, optimizer state, ...).
@@ -167,6 +169,7 @@ impl<'a> Runner<'a> {
             report: StepReport {
                 static_bytes,
                 items: vec![ItemMeasure::default(); if opts.measure_items { n } else { 0 }],
+                losses: vec![None; layout.losses.len()],
                 ..StepReport::default()
             },
             peak: static_bytes,
@@ -428,7 +431,7 @@ impl<'a> Runner<'a> {
         let mut drawn = Vec::new();
         let rng = if first {
             RngSource::Record {
-                generator: &mut graph.rng,
+                generator: graph.rng.stream(node.rng_stream),
                 drawn: &mut drawn,
             }
         } else {
@@ -478,8 +481,12 @@ impl<'a> Runner<'a> {
         }
         if first {
             self.rng[v] = drawn;
-            if v == self.layout.loss {
-                self.report.loss = tensors[0].to_f64_vec().first().copied();
+            if let Ok(k) = self.layout.losses.binary_search(&v) {
+                let value = tensors[0].to_f64_vec().first().copied();
+                self.report.losses[k] = value;
+                if v == self.layout.loss {
+                    self.report.loss = value;
+                }
             }
         }
         Ok(Held {
@@ -492,7 +499,7 @@ impl<'a> Runner<'a> {
     /// users' backward items produced for it, in the engine's accumulation order.
     fn grad_out(&self, c: usize) -> Result<Option<Tensor>, PlanExecError> {
         let node = &self.graph.nodes[c];
-        if c == self.layout.loss {
+        if self.layout.is_loss(c) {
             let seed = Tensor::zeros(
                 &self.pool,
                 &node.shape,
