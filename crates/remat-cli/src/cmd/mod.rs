@@ -16,5 +16,6 @@ pub mod spec;
 pub mod spec_mix;
 pub mod train;
 pub mod train_auto;
+pub mod train_multi;
 pub mod train_pipeline;
 pub mod train_spec;
