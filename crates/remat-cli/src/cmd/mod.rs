@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod bench_auto;
 pub mod bench_engine;
+pub mod bench_multi;
 pub mod bench_pipeline;
 pub mod bench_pipeline_mpi;
 pub mod bench_plan;
