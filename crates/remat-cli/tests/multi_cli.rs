@@ -115,6 +115,10 @@ fn auto_plans_the_k_model_step_exactly() {
     let cols: Vec<&str> = peak.split_whitespace().collect();
     assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{text}");
     assert_eq!(losses(&text, Some(1)).len(), 4, "{text}");
+    assert!(
+        text.contains("swap stall ms/step"),
+        "no per-model stall:\n{text}"
+    );
 }
 
 #[test]

@@ -162,6 +162,8 @@ fn plans_of_the_k_model_step_run_exactly() {
             );
             let got = take_grads(&mut graph, &step.params).unwrap();
             assert!(bit_eq(&got, &expected), "{name}@{budget}: gradients differ");
+            let per_model = report.stall_by_owner(&owners, K);
+            assert_eq!(per_model.iter().sum::<std::time::Duration>(), report.stall);
             let got_losses: Vec<f64> = report.losses.iter().map(|l| l.unwrap()).collect();
             assert_eq!(got_losses, losses, "{name}@{budget}: losses");
             ran += 1;

@@ -145,6 +145,8 @@ pub struct MultiRun {
     pub losses: Vec<Vec<f64>>,
     pub step_times: Vec<Duration>,
     pub peak: u64,
+    /// Under a plan: each model's mean swap stall per step (ms), the steps after the first.
+    pub stall_ms: Option<Vec<f64>>,
 }
 
 /// Flags a K-model run does not use: refused rather than ignored.
@@ -213,7 +215,10 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
             run
         }
     };
-    print!("{}", summary_table(&members, &run.losses));
+    print!(
+        "{}",
+        summary_table(&members, &run.losses, run.stall_ms.as_deref())
+    );
     let timed = if run.step_times.len() > 1 {
         &run.step_times[1..]
     } else {
@@ -265,6 +270,7 @@ pub fn train_fixed(
         losses: Vec::new(),
         step_times: Vec::new(),
         peak: 0,
+        stall_ms: None,
     };
     for step in 0..args.steps {
         let batches = models.batches(task, step, args.batch);
@@ -336,14 +342,18 @@ pub fn train_auto(
     };
     let name = format!("gpt-train-k{}-l{}", members.len(), args.layers());
     let session = AutoSession::prepare_multi(&mut g0, &step0.losses, &name, &settings)?;
+    let owners = session.profile.node_owners(&g0);
     drop(g0);
     pool.set_budget(Some(budget));
     pool.reset_peak();
+    let k = members.len();
     let mut run = MultiRun {
         losses: Vec::new(),
         step_times: Vec::new(),
         peak: 0,
+        stall_ms: None,
     };
+    let mut stalls = vec![Duration::ZERO; k + 1];
     let mut reports = Vec::new();
     for step in 0..args.steps {
         let (mut g, recorded) = record(step, store_all)?;
@@ -360,6 +370,11 @@ pub fn train_auto(
             .collect();
         run.step_times.push(report.step_time);
         run.peak = run.peak.max(report.peak_bytes);
+        if step > 0 || args.steps == 1 {
+            for (total, s) in stalls.iter_mut().zip(report.stall_by_owner(&owners, k)) {
+                *total += s;
+            }
+        }
         log(step, &losses);
         run.losses.push(losses);
         reports.push(report);
@@ -369,12 +384,21 @@ pub fn train_auto(
     } else {
         &reports[..]
     };
-    let summary = session.summary(timed);
+    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / timed.len().max(1) as f64;
+    run.stall_ms = Some(stalls[..k].iter().map(|&d| per_step(d)).collect());
+    let mut summary = session.summary(timed);
+    if !stalls[k].is_zero() {
+        summary.push_str(&format!(
+            "\n  stall on tensors no model owns: {:.1} ms per step",
+            per_step(stalls[k])
+        ));
+    }
     Ok((run, summary))
 }
 
-/// One row per model: its settings and its mean loss over the first and last steps.
-pub fn summary_table(members: &Members, losses: &[Vec<f64>]) -> String {
+/// One row per model: its settings, its mean loss over the first and last steps and, under
+/// a plan, its swap stall per step.
+pub fn summary_table(members: &Members, losses: &[Vec<f64>], stall_ms: Option<&[f64]>) -> String {
     let n = losses.len();
     let window = (n / 10).clamp(1, 20).min(n.max(1));
     let mean = |k: usize, rows: &[Vec<f64>]| {
@@ -385,7 +409,7 @@ pub fn summary_table(members: &Members, losses: &[Vec<f64>]) -> String {
     let rows: Vec<Vec<String>> = (0..members.len())
         .map(|k| {
             let c = &members.configs[k];
-            vec![
+            let mut row = vec![
                 format!("m{k}"),
                 c.d_model.to_string(),
                 format!("{}", members.lrs[k]),
@@ -393,11 +417,16 @@ pub fn summary_table(members: &Members, losses: &[Vec<f64>]) -> String {
                 format!("{}", c.dropout),
                 format!("{:.4}", mean(k, &losses[..window.min(n)])),
                 format!("{:.4}", mean(k, &losses[n - window.min(n)..])),
-            ]
+            ];
+            if let Some(stall) = stall_ms {
+                row.push(format!("{:.2}", stall[k]));
+            }
+            row
         })
         .collect();
-    table::render(
-        &["model", "d_model", "lr", "seed", "dropout", &first, &last],
-        &rows,
-    )
+    let mut header = vec!["model", "d_model", "lr", "seed", "dropout", &first, &last];
+    if stall_ms.is_some() {
+        header.push("swap stall ms/step");
+    }
+    table::render(&header, &rows)
 }
