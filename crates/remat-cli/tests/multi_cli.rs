@@ -165,3 +165,52 @@ fn bad_per_model_flags_name_the_flag() {
         assert!(text.contains(want), "{extra:?}: want {want:?} in:\n{text}");
     }
 }
+
+#[test]
+fn bench_multi_prints_every_row_kind() {
+    let (ok, text) = remat_text(&[
+        "bench",
+        "multi",
+        "--ks",
+        "1,2",
+        "--steps",
+        "1",
+        "--layers",
+        "2",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--batch",
+        "16",
+        "--digits",
+        "4",
+        "--threads",
+        "1",
+        "--budget-factor",
+        "1.5",
+    ]);
+    assert!(ok, "{text}");
+    for k in ["1", "2"] {
+        for mode in [
+            "(a) one after another",
+            "(b) together",
+            "(c) together, recompute only",
+        ] {
+            let row = text
+                .lines()
+                .find(|l| l.starts_with(k) && l.contains(mode))
+                .unwrap_or_else(|| panic!("no row K={k} {mode}:\n{text}"));
+            let rate: f64 = row
+                .split_whitespace()
+                .find_map(|w| w.parse().ok().filter(|_| w.contains('.')))
+                .unwrap_or_else(|| panic!("no rate in {row}"));
+            assert!(rate > 0.0, "{row}");
+        }
+        assert!(text.contains("(d) together, multiplexed MuTWO"), "{text}");
+    }
+    // (c)'s plans never swap.
+    for row in text.lines().filter(|l| l.contains("recompute only")) {
+        assert!(row.contains("swaps 0.00 MiB"), "{row}");
+    }
+}

@@ -67,7 +67,7 @@ pub enum RowKind {
     TogetherRecompute,
     /// (d) the K models in one step by the planner's multiplexed multi-model MuTWO plan.
     /// The hook for the planner half of issue 22: not run until that scheduler is wired
-    /// in (see [`run_row`]).
+    /// in (see [`runner`]).
     Multiplexed,
 }
 
@@ -92,9 +92,19 @@ impl RowKind {
 /// A measured row.
 struct Row {
     samples_per_s: f64,
+    /// Throughput over (a)'s at the same K: the median of per-round ratios.
+    vs_a: f64,
     peak: u64,
     stall_ms: f64,
     note: String,
+}
+
+/// One mode set up for K models: each call trains every model one step.
+trait Runner {
+    /// Runs step `step` of every model: (wall seconds, swap stall seconds).
+    fn step(&mut self, step: u64) -> anyhow::Result<(f64, f64)>;
+    fn peak(&self) -> u64;
+    fn note(&self) -> String;
 }
 
 fn config(args: &Args, vocab: usize, seed: u64) -> GptConfig {
@@ -146,37 +156,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "fusion of the K models' ops is not built: rows (b) and (c) run the K models' ops one after another in one step"
     );
-    // The process's first steps pay one-off costs (page faults, thread start-up) that
-    // would land on the first row: run one model's row once, unreported.
-    one_after_another(&args, &task, 1, budget).context("warm-up")?;
     let mut rows = Vec::new();
     for &k in &args.ks {
-        let mut base = None;
-        for kind in RowKind::ALL {
-            let row = run_row(&args, &task, k, budget, kind)
-                .with_context(|| format!("K = {k}, {}", kind.label()))?;
-            let Some(row) = row else {
-                rows.push(vec![
+        let measured = measure_k(&args, &task, k, budget).with_context(|| format!("K = {k}"))?;
+        for (kind, row) in RowKind::ALL.iter().zip(measured) {
+            rows.push(match row {
+                Ok(row) => vec![
+                    k.to_string(),
+                    kind.label().into(),
+                    format!("{:.1}", row.samples_per_s),
+                    format!("{:.2}", row.vs_a),
+                    mib(row.peak),
+                    format!("{:.1}", row.stall_ms),
+                    row.note,
+                ],
+                Err(why) => vec![
                     k.to_string(),
                     kind.label().into(),
                     "-".into(),
                     "-".into(),
                     "-".into(),
                     "-".into(),
-                    "not run: needs the planner's multi-model scheduler".into(),
-                ]);
-                continue;
-            };
-            let base_rate = *base.get_or_insert(row.samples_per_s);
-            rows.push(vec![
-                k.to_string(),
-                kind.label().into(),
-                format!("{:.1}", row.samples_per_s),
-                format!("{:.2}", row.samples_per_s / base_rate),
-                mib(row.peak),
-                format!("{:.1}", row.stall_ms),
-                row.note,
-            ]);
+                    why,
+                ],
+            });
         }
     }
     print!(
@@ -215,122 +218,232 @@ fn store_all() -> Checkpointing {
     Checkpointing::Graph(Policy::StoreAll)
 }
 
-/// Measures one row; `None` for a row kind not runnable yet.
-fn run_row(
+/// Sets up a runner per row kind (`None`: not runnable yet).
+fn runner<'a>(
+    args: &Args,
+    task: &'a Task,
+    k: usize,
+    budget: u64,
+    kind: RowKind,
+) -> anyhow::Result<Option<Box<dyn Runner + 'a>>> {
+    Ok(match kind {
+        RowKind::OneAfterAnother => Some(Box::new(OneAfterAnother::new(args, task, k, budget)?)),
+        RowKind::Together => Some(Box::new(Together::new(args, task, k, budget, None)?)),
+        // A link of one byte per second: every swap would cost more than any recompute.
+        RowKind::TogetherRecompute => {
+            Some(Box::new(Together::new(args, task, k, budget, Some(1.0))?))
+        }
+        // The hook for the planner's multi-model MuTWO plan: a `Together` whose session
+        // plans with that scheduler, given the planner-node owners
+        // (`session.profile.node_owners`).
+        RowKind::Multiplexed => None,
+    })
+}
+
+/// Every row kind at K models: one warm-up step each, then `--steps` rounds in which every
+/// runner trains one step, so all rows see the same machine; ratios against (a) are
+/// medians of per-round ratios. A row that cannot run (a kind not wired in yet, or no plan
+/// fitting the budget) is `Err` with the reason.
+fn measure_k(
     args: &Args,
     task: &Task,
     k: usize,
     budget: u64,
-    kind: RowKind,
-) -> anyhow::Result<Option<Row>> {
-    match kind {
-        RowKind::OneAfterAnother => one_after_another(args, task, k, budget).map(Some),
-        RowKind::Together => together(args, task, k, budget, None).map(Some),
-        // A link of one byte per second: every swap would cost more than any recompute.
-        RowKind::TogetherRecompute => together(args, task, k, budget, Some(1.0)).map(Some),
-        RowKind::Multiplexed => Ok(None),
+) -> anyhow::Result<Vec<Result<Row, String>>> {
+    let mut runners = Vec::new();
+    let mut skipped = Vec::new();
+    for kind in RowKind::ALL {
+        let made = runner(args, task, k, budget, kind);
+        let why = match &made {
+            Ok(Some(_)) => String::new(),
+            Ok(None) => "not run: needs the planner's multi-model scheduler".into(),
+            // (a) always fits (the budget is above one model's store-all peak).
+            Err(e) if kind == RowKind::OneAfterAnother => {
+                return Err(anyhow::anyhow!("{}: {e:#}", kind.label()));
+            }
+            Err(e) => format!("not run: {e:#}"),
+        };
+        runners.push(made.ok().flatten());
+        skipped.push(why);
     }
+    for r in runners.iter_mut().flatten() {
+        r.step(0)?;
+    }
+    let mut times = vec![Vec::new(); runners.len()];
+    let mut stalls = vec![Vec::new(); runners.len()];
+    for step in 1..=args.steps {
+        for (i, r) in runners.iter_mut().enumerate() {
+            if let Some(r) = r {
+                let (t, stall) = r.step(step)?;
+                times[i].push(t);
+                stalls[i].push(stall);
+            }
+        }
+    }
+    let samples = (k * args.batch) as f64;
+    Ok(runners
+        .iter()
+        .enumerate()
+        .map(|(i, r)| match r {
+            Some(r) => Ok(Row {
+                samples_per_s: samples / median(times[i].clone()).max(1e-12),
+                vs_a: super::bench::paired_median(&times[0], &times[i]),
+                peak: r.peak(),
+                stall_ms: median(stalls[i].clone()) * 1e3,
+                note: r.note(),
+            }),
+            None => Err(skipped[i].clone()),
+        })
+        .collect())
 }
 
 /// (a): the K models trained one after another, each alone on the device (its own pool
-/// under the budget, where it fits whole): its timed steps, then the next model's.
-fn one_after_another(args: &Args, task: &Task, k: usize, budget: u64) -> anyhow::Result<Row> {
-    let all = members(args, task.vocab(), k);
-    let (mut seconds, mut peak) = (0.0, 0);
-    for i in 0..k {
-        let pool = MemoryPool::with_budget(budget);
-        let ctx = ExecContext::new(pool.clone(), args.threads)?;
-        let one = Members {
-            configs: vec![all.configs[i].clone()],
-            lrs: vec![all.lrs[i]],
-            seeds: vec![all.seeds[i]],
-        };
-        let mut m = Models::new(&pool, &one)?;
-        let mut times = Vec::new();
-        for step in 0..=args.steps {
-            let start = Instant::now();
-            let batches = m.batches(task, step, args.batch);
-            let mut g = Graph::new(&ctx);
+/// under the budget, where it fits whole). A round runs one step of each in turn: the same
+/// work per sample as training each to the end before the next.
+struct OneAfterAnother<'a> {
+    task: &'a Task,
+    batch: usize,
+    alone: Vec<(ExecContext, Models)>,
+}
+
+impl<'a> OneAfterAnother<'a> {
+    fn new(args: &Args, task: &'a Task, k: usize, budget: u64) -> anyhow::Result<Self> {
+        let all = members(args, task.vocab(), k);
+        let mut alone = Vec::with_capacity(k);
+        for i in 0..k {
+            let pool = MemoryPool::with_budget(budget);
+            let ctx = ExecContext::new(pool.clone(), args.threads)?;
+            let one = Members {
+                configs: vec![all.configs[i].clone()],
+                lrs: vec![all.lrs[i]],
+                seeds: vec![all.seeds[i]],
+            };
+            alone.push((ctx, Models::new(&pool, &one)?));
+        }
+        Ok(OneAfterAnother {
+            task,
+            batch: args.batch,
+            alone,
+        })
+    }
+}
+
+impl Runner for OneAfterAnother<'_> {
+    fn step(&mut self, step: u64) -> anyhow::Result<(f64, f64)> {
+        let start = Instant::now();
+        for (ctx, m) in &mut self.alone {
+            let batches = m.batches(self.task, step, self.batch);
+            let mut g = Graph::new(ctx);
             let rec = m.record(&mut g, &batches, step, store_all())?;
             g.forward()?;
             g.backward_many(&rec.losses)?;
             let grads = take_grads(&mut g, &rec.params)?;
             drop(g);
             ctx.install(|| step_optimizers(&mut m.opts, &grads))?;
-            if step > 0 {
-                times.push(start.elapsed().as_secs_f64());
-            }
         }
-        seconds += median(times);
-        peak = peak.max(pool.stats().peak);
+        Ok((start.elapsed().as_secs_f64(), 0.0))
     }
-    Ok(Row {
-        samples_per_s: (k * args.batch) as f64 / seconds.max(1e-12),
-        peak,
-        stall_ms: 0.0,
-        note: "store-all, each model alone on the device".into(),
-    })
+
+    fn peak(&self) -> u64 {
+        self.alone
+            .iter()
+            .map(|(ctx, _)| ctx.pool().stats().peak)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn note(&self) -> String {
+        "store-all, each model alone on the device".into()
+    }
 }
 
-/// (b) and (c): the K-model step profiled, planned for the budget, run by the plan.
-fn together(
-    args: &Args,
-    task: &Task,
-    k: usize,
-    budget: u64,
-    bandwidth: Option<f64>,
-) -> anyhow::Result<Row> {
-    let pool = MemoryPool::unbounded();
-    let ctx = ExecContext::new(pool.clone(), args.threads)?;
-    let mut models = Models::new(&pool, &members(args, task.vocab(), k))?;
-    let mut opts = std::mem::take(&mut models.opts);
-    let record = |step: u64, ckpt: Checkpointing| -> anyhow::Result<(Graph, MultiStep)> {
-        let mut g = Graph::new(&ctx);
-        let batches = models.batches(task, step, args.batch);
-        let rec = models.record(&mut g, &batches, step, ckpt)?;
-        Ok((g, rec))
-    };
-    let (mut g0, step0) = record(0, store_all())?;
-    let fixed = fixed_policy_sets(&g0, &fixed_policies(args.layers), |ckpt| {
-        Ok(record(0, ckpt)?.0)
-    })?;
-    let settings = AutoSettings {
-        budget,
-        strategy: None,
-        swap_dir: None,
-        bandwidth,
-        profile_runs: 3,
-        fixed,
-    };
-    let name = format!("bench-multi-k{k}");
-    let session = AutoSession::prepare_multi(&mut g0, &step0.losses, &name, &settings)?;
-    drop(g0);
-    pool.set_budget(Some(budget));
-    pool.reset_peak();
-    let (mut times, mut stalls, mut peak) = (Vec::new(), Vec::new(), 0);
-    for step in 0..=args.steps {
+/// (b) and (c): the K-model step (K loss roots) profiled, planned for the budget, and run
+/// by the plan.
+struct Together<'a> {
+    task: &'a Task,
+    batch: usize,
+    ctx: ExecContext,
+    models: Models,
+    opts: Vec<remat_engine::AdamW>,
+    session: AutoSession,
+    peak: u64,
+}
+
+impl<'a> Together<'a> {
+    fn new(
+        args: &Args,
+        task: &'a Task,
+        k: usize,
+        budget: u64,
+        bandwidth: Option<f64>,
+    ) -> anyhow::Result<Self> {
+        let pool = MemoryPool::unbounded();
+        let ctx = ExecContext::new(pool.clone(), args.threads)?;
+        let mut models = Models::new(&pool, &members(args, task.vocab(), k))?;
+        let opts = std::mem::take(&mut models.opts);
+        let record = |ckpt: Checkpointing| -> anyhow::Result<(Graph, MultiStep)> {
+            let mut g = Graph::new(&ctx);
+            let batches = models.batches(task, 0, args.batch);
+            let rec = models.record(&mut g, &batches, 0, ckpt)?;
+            Ok((g, rec))
+        };
+        let (mut g0, step0) = record(store_all())?;
+        let fixed =
+            fixed_policy_sets(
+                &g0,
+                &fixed_policies(args.layers),
+                |ckpt| Ok(record(ckpt)?.0),
+            )?;
+        let settings = AutoSettings {
+            budget,
+            strategy: None,
+            swap_dir: None,
+            bandwidth,
+            profile_runs: 3,
+            fixed,
+        };
+        let name = format!("bench-multi-k{k}");
+        let session = AutoSession::prepare_multi(&mut g0, &step0.losses, &name, &settings)?;
+        drop(g0);
+        pool.set_budget(Some(budget));
+        Ok(Together {
+            task,
+            batch: args.batch,
+            ctx,
+            models,
+            opts,
+            session,
+            peak: 0,
+        })
+    }
+}
+
+impl Runner for Together<'_> {
+    fn step(&mut self, step: u64) -> anyhow::Result<(f64, f64)> {
         let start = Instant::now();
-        let (mut g, rec) = record(step, store_all())?;
-        let report = session.step(&mut g)?;
+        let mut g = Graph::new(&self.ctx);
+        let batches = self.models.batches(self.task, step, self.batch);
+        let rec = self.models.record(&mut g, &batches, step, store_all())?;
+        let report = self.session.step(&mut g)?;
         let grads = take_grads(&mut g, &rec.params)?;
         drop(g);
-        ctx.install(|| step_optimizers(&mut opts, &grads))?;
-        peak = peak.max(report.peak_bytes);
-        if step > 0 {
-            times.push(start.elapsed().as_secs_f64());
-            stalls.push(report.stall.as_secs_f64());
-        }
+        let opts = &mut self.opts;
+        self.ctx.install(|| step_optimizers(opts, &grads))?;
+        self.peak = self.peak.max(report.peak_bytes);
+        Ok((start.elapsed().as_secs_f64(), report.stall.as_secs_f64()))
     }
-    let traffic = swap_traffic(&session.profile.graph, &session.planned.plan);
-    Ok(Row {
-        samples_per_s: (k * args.batch) as f64 / median(times).max(1e-12),
-        peak,
-        stall_ms: median(stalls) * 1e3,
-        note: format!(
+
+    fn peak(&self) -> u64 {
+        self.peak
+    }
+
+    fn note(&self) -> String {
+        let s = &self.session;
+        format!(
             "{} (swaps {} MiB, simulated peak {} MiB)",
-            session.planned.plan.strategy,
-            mib(traffic),
-            mib(session.planned.report.peak_bytes)
-        ),
-    })
+            s.planned.plan.strategy,
+            mib(swap_traffic(&s.profile.graph, &s.planned.plan)),
+            mib(s.planned.report.peak_bytes)
+        )
+    }
 }
