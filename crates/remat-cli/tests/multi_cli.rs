@@ -148,9 +148,24 @@ fn bad_per_model_flags_name_the_flag() {
                 "--policy",
                 "auto",
                 "--memory-budget",
-                "1KiB",
+                "2500KiB",
             ],
             "smallest feasible budget",
+        ),
+        (
+            &["--models", "4", "--memory-budget", "4MiB"],
+            "below the floor of the 4 models together",
+        ),
+        (
+            &[
+                "--models",
+                "4",
+                "--policy",
+                "auto",
+                "--memory-budget",
+                "4MiB",
+            ],
+            "below the floor of the 4 models together",
         ),
     ];
     for (extra, want) in cases {

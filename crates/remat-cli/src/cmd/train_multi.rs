@@ -70,6 +70,32 @@ impl Members {
     pub fn len(&self) -> usize {
         self.configs.len()
     }
+
+    /// Bytes every step holds whatever the plan: each model's parameters and its AdamW
+    /// moments (two per parameter).
+    pub fn resident_bytes(&self) -> anyhow::Result<u64> {
+        let mut total = 0u64;
+        for c in &self.configs {
+            total = total.saturating_add(c.param_bytes()?.saturating_mul(3));
+        }
+        Ok(total)
+    }
+
+    /// Refuses a budget below what the K models hold before any step, naming that floor.
+    pub fn check_budget(&self, budget: Option<u64>) -> anyhow::Result<()> {
+        let need = self.resident_bytes()?;
+        match budget {
+            Some(b) if need > b => anyhow::bail!(
+                "--memory-budget {} is below the floor of the {} models together: their \
+                 parameters and optimizer state alone take {} ({need} bytes), before any \
+                 activation or gradient",
+                format_bytes(b),
+                self.len(),
+                format_bytes(need)
+            ),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The K models with their optimizers, on one pool.
@@ -180,6 +206,7 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
 pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
     let members = Members::from_args(args, task.vocab(), models)?;
     check_flags(args)?;
+    members.check_budget(args.memory_budget)?;
     anyhow::ensure!(
         args.steps > 0,
         "--steps must be at least 1 (got 0): there is nothing to train or time"
