@@ -122,5 +122,5 @@ pub use op::{Op, OpCtx, OpOutput, Phase, Saved};
 pub use optim::{AdamW, AdamWConfig};
 pub use policy::Policy;
 pub use pool::{Category, MemoryPool, PoolEvent, PoolStats};
-pub use rng::{CounterRng, RngState};
+pub use rng::{CounterRng, RngState, RngStreams};
 pub use tensor::Tensor;

@@ -54,6 +54,14 @@ impl StepProfile {
     pub fn static_bytes(&self) -> u64 {
         self.graph.static_bytes()
     }
+
+    /// Which model (or fused group) each node of the planner graph belongs to, from the
+    /// owners the step was recorded under ([`Graph::set_owner`]); `None` for shared nodes
+    /// (the end of the step, nodes recorded without an owner). `graph` is the profiled one.
+    /// This is the labelling a multi-model scheduler interleaves by.
+    pub fn node_owners(&self, graph: &Graph) -> Vec<Option<usize>> {
+        self.layout.item_owners(graph)
+    }
 }
 
 /// Profiles the training step of `graph` ending in `loss`. The graph's random generator is
@@ -64,15 +72,26 @@ pub fn profile_step(
     loss: NodeId,
     opts: &ProfileOptions,
 ) -> Result<StepProfile, PlanExecError> {
-    let rng = graph.rng;
-    let rough = Layout::build(graph, loss, &Measured::unknown(graph.nodes.len()))?;
+    profile_step_multi(graph, &[loss], opts)
+}
+
+/// [`profile_step`] for a step with several loss roots (K models recorded into one graph,
+/// see [`Layout::build_multi`]). Which model each planner node belongs to:
+/// [`StepProfile::node_owners`].
+pub fn profile_step_multi(
+    graph: &mut Graph,
+    losses: &[NodeId],
+    opts: &ProfileOptions,
+) -> Result<StepProfile, PlanExecError> {
+    let rng = graph.rng.clone();
+    let rough = Layout::build_multi(graph, losses, &Measured::unknown(graph.nodes.len()))?;
     let steps = rough.store_all_steps();
     let runs = opts.runs.max(1);
     let mut measures: Vec<Vec<ItemMeasure>> = Vec::with_capacity(runs);
     let mut step_times = Vec::with_capacity(runs);
     let mut peak = 0;
     for run in 0..=runs {
-        graph.rng = rng;
+        graph.rng = rng.clone();
         let result = run_steps(
             graph,
             &rough,
@@ -83,7 +102,7 @@ pub fn profile_step(
                 ..RunOptions::default()
             },
         );
-        graph.rng = rng;
+        graph.rng = rng.clone();
         let report = result?;
         if run > 0 {
             peak = peak.max(report.peak_bytes);
@@ -95,7 +114,7 @@ pub fn profile_step(
         node.grad = None;
     }
     let measured = measurements(graph.nodes.len(), &rough, &measures);
-    let layout = Layout::build(graph, loss, &measured)?;
+    let layout = Layout::build_multi(graph, losses, &measured)?;
     let (mut times, bytes) = item_costs(&rough, &layout, &measures);
     let step_time = median(step_times);
     let op_sum: f64 = times.iter().sum();
@@ -221,7 +240,7 @@ pub fn measure_copy_under_compute(
 ) -> Result<CopyUnderCompute, PlanExecError> {
     let words = (probe_bytes / 4).max(1);
     let steps = profile.layout.store_all_steps();
-    let rng = graph.rng;
+    let rng = graph.rng.clone();
     let stop = AtomicBool::new(false);
     let copying = AtomicBool::new(false);
     let trips = AtomicU64::new(0);
@@ -259,7 +278,7 @@ pub fn measure_copy_under_compute(
         {
             for with_copies in [false, true] {
                 copying.store(with_copies, Ordering::Relaxed);
-                graph.rng = rng;
+                graph.rng = rng.clone();
                 let run = run_steps(graph, &profile.layout, &steps, None, RunOptions::default());
                 match run {
                     Ok(report) if with_copies => times.1.push(report.step_time.as_secs_f64()),
@@ -341,9 +360,9 @@ pub fn calibrate_swap_cost(
     let Some((traffic, swapping)) = swapping else {
         return Ok(None);
     };
-    let rng = graph.rng;
+    let rng = graph.rng.clone();
     let mut step = |plan: &remat_planner::Plan| -> Result<f64, PlanExecError> {
-        graph.rng = rng;
+        graph.rng = rng.clone();
         let report =
             crate::plan_exec::run_plan(graph, &profile.layout, g.name(), plan, Some(copy))?;
         Ok(report.step_time.as_secs_f64())
@@ -368,7 +387,7 @@ pub fn calibrate_swap_cost(
 
 /// Leaves the step as a probe found it: the random generator at its state before the
 /// probe's runs, no gradients from them, the copy engine's counters cleared.
-fn restore_after_probe(graph: &mut Graph, rng: crate::rng::CounterRng, copy: &CopyEngine) {
+fn restore_after_probe(graph: &mut Graph, rng: crate::rng::RngStreams, copy: &CopyEngine) {
     graph.rng = rng;
     for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
         node.grad = None;

@@ -65,6 +65,39 @@ impl CounterRng {
     }
 }
 
+/// One generator per stream. A graph recording several models (issue 22) gives each model
+/// its own stream, so model `k`'s random ops draw exactly what they draw when `k` is
+/// recorded alone, whatever the other models drew before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RngStreams {
+    streams: Vec<CounterRng>,
+}
+
+impl RngStreams {
+    /// Stream 0 seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            streams: vec![CounterRng::new(seed)],
+        }
+    }
+
+    /// Reseeds stream `stream` (creating the streams up to it, seeded 0).
+    pub fn set_seed(&mut self, stream: usize, seed: u64) {
+        if stream >= self.streams.len() {
+            self.streams.resize(stream + 1, CounterRng::new(0));
+        }
+        self.streams[stream] = CounterRng::new(seed);
+    }
+
+    /// The generator of `stream` (created seeded 0 if it was never set).
+    pub fn stream(&mut self, stream: usize) -> &mut CounterRng {
+        if stream >= self.streams.len() {
+            self.streams.resize(stream + 1, CounterRng::new(0));
+        }
+        &mut self.streams[stream]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +113,18 @@ mod tests {
         assert_ne!(a.bits(0), b.bits(0));
         let again = RngState { seed: 7, offset: 0 };
         assert_eq!(again.uniform(3), a.uniform(3));
+    }
+
+    #[test]
+    fn streams_draw_independently() {
+        let mut s = RngStreams::new(3);
+        s.set_seed(2, 9);
+        let a = s.stream(2).draw(5);
+        let b = s.stream(0).draw(5);
+        // Stream 2 is where a lone generator seeded 9 would be; stream 0 untouched by it.
+        assert_eq!(a, CounterRng::new(9).draw(5));
+        assert_eq!(b, CounterRng::new(3).draw(5));
+        assert_eq!(s.stream(1).draw(1), CounterRng::new(0).draw(1));
     }
 
     #[test]

@@ -20,6 +20,8 @@ enum Target {
     Spec(super::bench_spec::Args),
     /// Pipeline schedules and stage checkpoint strategies.
     Pipeline(super::bench_pipeline::Args),
+    /// K models trained together against one after another, at one budget (issue 22).
+    Multi(super::bench_multi::Args),
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -31,6 +33,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Target::Auto(a) => super::bench_auto::run(a),
         Target::Spec(a) => super::bench_spec::run(a),
         Target::Pipeline(a) => super::bench_pipeline::run(a),
+        Target::Multi(a) => super::bench_multi::run(a),
     }?;
     if let Some(line) = steal.report() {
         println!("{line}");

@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod bench_auto;
 pub mod bench_engine;
+pub mod bench_multi;
 pub mod bench_pipeline;
 pub mod bench_pipeline_mpi;
 pub mod bench_plan;
@@ -17,5 +18,6 @@ pub mod spec;
 pub mod spec_mix;
 pub mod train;
 pub mod train_auto;
+pub mod train_multi;
 pub mod train_pipeline;
 pub mod train_spec;

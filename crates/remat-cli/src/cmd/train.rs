@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use remat_engine::models::gpt::{Checkpointing, GptConfig};
 
+use super::train_multi::per_model::PerModel;
 pub use budget::{format_bytes, parse_bytes};
 
 #[derive(clap::Args, Debug, Clone)]
@@ -35,9 +36,9 @@ pub struct Args {
     /// Transformer blocks (default 2; with --stages P > 2 and no --layers, P).
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Model width.
-    #[arg(long, default_value_t = 64)]
-    pub d_model: usize,
+    /// Model width (with --models: one width for all, or a comma list, one per model).
+    #[arg(long, default_value = "64", value_parser = super::train_multi::per_model::parse_widths)]
+    pub d_model: PerModel<usize>,
     /// Attention heads.
     #[arg(long, default_value_t = 4)]
     pub heads: usize,
@@ -47,9 +48,9 @@ pub struct Args {
     /// SwiGLU hidden width. Default: 8/3 x d_model rounded up to a multiple of 16.
     #[arg(long)]
     pub ffn: Option<usize>,
-    /// Residual dropout probability.
-    #[arg(long, default_value_t = 0.0)]
-    pub dropout: f32,
+    /// Residual dropout probability (with --models: one for all, or a comma list).
+    #[arg(long, default_value = "0", value_parser = super::train_multi::per_model::parse_dropouts)]
+    pub dropout: PerModel<f32>,
     /// Sequences per step.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
@@ -67,12 +68,18 @@ pub struct Args {
     /// Training steps.
     #[arg(long, default_value_t = 800)]
     pub steps: u64,
-    /// AdamW learning rate, in (0, 1].
-    #[arg(long, default_value_t = 3e-3, value_parser = parse_lr, allow_negative_numbers = true)]
-    pub lr: f64,
-    /// Seed of the initialization, the data and dropout.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// AdamW learning rate, in (0, 1] (with --models: one for all, or a comma list).
+    #[arg(long, default_value = "0.003", value_parser = parse_lrs, allow_negative_numbers = true)]
+    pub lr: PerModel<f64>,
+    /// Seed of the initialization, the data and dropout (with --models: one for all, or a
+    /// comma list).
+    #[arg(long, default_value = "0", value_parser = super::train_multi::per_model::parse_seeds)]
+    pub seed: PerModel<u64>,
+    /// Train K models together in one step, sharing the pool and --memory-budget, each
+    /// with its own parameters, optimizer, data order and hyper-parameters (see
+    /// `train_multi`).
+    #[arg(long)]
+    pub models: Option<usize>,
     /// Worker threads (gradients are bit-exact for a given thread count).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -131,6 +138,10 @@ fn parse_lr(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_lrs(s: &str) -> Result<PerModel<f64>, String> {
+    super::train_multi::per_model::parse_list(s, parse_lr)
+}
+
 fn parse_budget(s: &str) -> Result<u64, String> {
     parse_bytes(s).map_err(|e| e.to_string())
 }
@@ -157,7 +168,7 @@ impl Args {
 
     /// The model configuration for a task of `vocab` tokens.
     pub fn model_config(&self, vocab: usize) -> GptConfig {
-        let d = self.d_model;
+        let d = self.d_model.one();
         GptConfig {
             vocab,
             d_model: d,
@@ -167,8 +178,8 @@ impl Args {
             ffn_hidden: self.ffn.unwrap_or((8 * d).div_ceil(3).div_ceil(16) * 16),
             rope_theta: 10000.0,
             norm_eps: 1e-5,
-            dropout: self.dropout,
-            init_seed: self.seed,
+            dropout: self.dropout.one(),
+            init_seed: self.seed.one(),
         }
     }
 
@@ -226,6 +237,13 @@ fn check_gpt_flags(args: &Args) -> anyhow::Result<()> {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let task = args.task()?;
+    if let Some(models) = args.models {
+        return super::train_multi::run(&args, &task, models);
+    }
+    args.lr.check_single("--lr")?;
+    args.seed.check_single("--seed")?;
+    args.dropout.check_single("--dropout")?;
+    args.d_model.check_single("--d-model")?;
     // Before --policy auto: the spec path refuses the flags it does not use.
     if args.spec_args.block.is_some() || args.spec_args.spec.is_some() {
         return super::train_spec::run(&args, &task);
@@ -235,7 +253,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return super::train_auto::run(&args, &task, strategy.clone());
     }
     if let Some(stages) = args.pipeline.stages {
-        let batch = |step| task.batch(args.seed, step, args.batch);
+        let batch = |step| task.batch(args.seed.one(), step, args.batch);
         let source = super::train_pipeline::TaskSource {
             vocab: task.vocab(),
             description: task.describe(),

@@ -17,7 +17,7 @@ use remat_engine::plan_exec::{
 };
 use remat_engine::profile::{
     CopyUnderCompute, ProfileOptions, StepProfile, calibrate_swap_cost, measure_copy_under_compute,
-    median, profile_step,
+    median, profile_step_multi,
 };
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_planner::{PlanError, Planned, Problem};
@@ -175,6 +175,17 @@ impl AutoSession {
         name: &str,
         settings: &AutoSettings,
     ) -> anyhow::Result<Self> {
+        Self::prepare_multi(graph, &[loss], name, settings)
+    }
+
+    /// [`AutoSession::prepare`] for a step with several loss roots (K models recorded into
+    /// one graph, `remat train --models K`).
+    pub fn prepare_multi(
+        graph: &mut Graph,
+        losses: &[NodeId],
+        name: &str,
+        settings: &AutoSettings,
+    ) -> anyhow::Result<Self> {
         let store = match &settings.swap_dir {
             Some(dir) => {
                 HostStore::on_disk(dir).with_context(|| format!("--swap-dir {}", dir.display()))?
@@ -186,7 +197,8 @@ impl AutoSession {
             runs: settings.profile_runs,
             name: name.to_string(),
         };
-        let profile = profile_step(graph, loss, &opts).context("profiling the training step")?;
+        let profile =
+            profile_step_multi(graph, losses, &opts).context("profiling the training step")?;
         let copies = match settings.bandwidth {
             Some(bandwidth) => CopyUnderCompute {
                 bandwidth,
@@ -368,7 +380,7 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
         hf::load_params(&gpt, path)?;
     }
     let opt_config = AdamWConfig {
-        lr: args.lr,
+        lr: args.lr.one(),
         weight_decay: 0.0,
         ..AdamWConfig::default()
     };
@@ -384,8 +396,8 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
     };
     let record = |step: u64| -> anyhow::Result<(Graph, Vec<NodeId>, NodeId)> {
         let mut g = Graph::new(&ctx);
-        g.set_seed(args.seed ^ (step << 32));
-        let batch = task.batch(args.seed, step, args.batch);
+        g.set_seed(args.seed.one() ^ (step << 32));
+        let batch = task.batch(args.seed.one(), step, args.batch);
         let s = gpt.record(&mut g, &batch, Checkpointing::Graph(Policy::StoreAll))?;
         Ok((g, s.params, s.loss))
     };
@@ -395,7 +407,7 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
     let (mut g0, _, loss0) = record(0)?;
     let mut settings = settings;
     if settings.strategy.is_none() {
-        let batch0 = task.batch(args.seed, 0, args.batch);
+        let batch0 = task.batch(args.seed.one(), 0, args.batch);
         settings.fixed = fixed_policy_sets(&g0, &fixed_policies(n_layers), |ckpt| {
             let mut g = Graph::new(&ctx);
             gpt.record(&mut g, &batch0, ckpt)?;

@@ -208,7 +208,7 @@ impl RunPlan {
                 strategy: p.stage_policy,
             },
             adam: AdamWConfig {
-                lr: args.lr,
+                lr: args.lr.one(),
                 ..AdamWConfig::default()
             },
             resources: StageResources {
@@ -240,7 +240,7 @@ impl RunPlan {
 
 /// The seed of training step `step` (as the threaded pipeline has always used it).
 pub fn step_seed(args: &Args, step: u64) -> u64 {
-    args.seed ^ step.rotate_left(32)
+    args.seed.one() ^ step.rotate_left(32)
 }
 
 /// Replica `replica`'s micro-batches of a step's batch: the batch is cut into `replicas`

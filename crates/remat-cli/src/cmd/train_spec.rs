@@ -470,7 +470,7 @@ fn auto_plans(
         _ => vec![0; model.size().0],
     };
     let mix_model = super::spec_mix::mix_model(plans, layer_block, mode)?;
-    let batch = task.batch(args.seed, 0, args.batch);
+    let batch = task.batch(args.seed.one(), 0, args.batch);
     let step = |plans: &[Plan], env: StepEnv| model.step(plans, &batch.tokens, &batch.targets, env);
     println!("profiling the model for --policy auto ...");
     let profile = super::spec_mix::profile(&mix_model, 3, &step)?;
@@ -546,7 +546,7 @@ fn train(
         alpha: sa.lora_alpha,
         dropout: sa.lora_dropout,
         targets: kind.lora_targets().iter().map(|t| t.to_string()).collect(),
-        seed: args.seed ^ 0x10ba,
+        seed: args.seed.one() ^ 0x10ba,
     });
     // The parameters' bytes come from the dims alone, so an impossible model is refused by
     // the budget before a single weight is allocated (and the weights are allocated
@@ -569,9 +569,9 @@ fn train(
     };
     let mut _params = param_count.map(reserve).transpose()?;
     let mut model = match kind {
-        Block::Qwen3(k) => Trainee::Qwen3(Qwen3::new(k, block_config, args.seed)?),
-        Block::Mamba => Trainee::Mamba(Mamba::new(block_config, args.seed)?),
-        Block::Hybrid => Trainee::Hybrid(Hybrid::new(&config, args.seed)?),
+        Block::Qwen3(k) => Trainee::Qwen3(Qwen3::new(k, block_config, args.seed.one())?),
+        Block::Mamba => Trainee::Mamba(Mamba::new(block_config, args.seed.one())?),
+        Block::Hybrid => Trainee::Hybrid(Hybrid::new(&config, args.seed.one())?),
     };
     if kind == Block::Hybrid
         && let Some(flag) = [
@@ -638,7 +638,7 @@ fn train(
     let host = HostStore::in_memory();
     let meter = Meter::new(Arc::clone(&pool));
     let mut opt = AdamW {
-        lr: args.lr as f32,
+        lr: args.lr.one() as f32,
         step: 0,
         moments: BTreeMap::new(),
         pool: Arc::clone(&pool),
@@ -654,7 +654,7 @@ fn train(
     let (mut first, mut last) = (None, 0.0f32);
     let (mut peak, mut saved, mut shared, mut host_peak) = (0u64, 0u64, 0u64, 0u64);
     for step in 0..args.steps {
-        let batch = task.batch(args.seed, step, args.batch);
+        let batch = task.batch(args.seed.one(), step, args.batch);
         let env = StepEnv {
             host: &host,
             meter: &meter,

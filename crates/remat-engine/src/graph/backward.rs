@@ -21,6 +21,40 @@ impl Graph {
     /// Backpropagates from `loss`, seeding its gradient with ones.
     pub fn backward(&mut self, loss: NodeId) -> Result<()> {
         self.check_not_spent("backward")?;
+        let seed = self.ones_seed(loss)?;
+        self.backward_with(loss, seed)
+    }
+
+    /// Backpropagates from several losses at once (K models recorded into one graph, each
+    /// with its own loss), seeding each with ones. No sum node joins them: each loss is its
+    /// own root, so a node receives gradients only from the losses it feeds, accumulated
+    /// in the order one model's backward alone would use.
+    pub fn backward_many(&mut self, losses: &[NodeId]) -> Result<()> {
+        self.check_not_spent("backward")?;
+        let mut seen = std::collections::HashSet::new();
+        let mut seeds = Vec::with_capacity(losses.len());
+        for &loss in losses {
+            if !seen.insert(loss) {
+                return Err(EngineError::Invalid(format!(
+                    "{} is given twice as a loss of one backward",
+                    self.node(loss)?.name
+                )));
+            }
+            self.check_root(loss, &self.node(loss)?.shape.clone())?;
+            seeds.push((loss.0, self.ones_seed(loss)?));
+        }
+        let Some(last) = seeds.iter().map(|s| s.0).max() else {
+            return Err(EngineError::Invalid(
+                "backward needs at least one loss".into(),
+            ));
+        };
+        let ctx = self.ctx.clone();
+        self.spent = true;
+        ctx.install(|| self.backward_roots(last, seeds))
+    }
+
+    /// A tensor of ones shaped like `loss` (the seed of its gradient).
+    fn ones_seed(&self, loss: NodeId) -> Result<Tensor> {
         let node = self.node(loss)?;
         let seed = Tensor::zeros(
             self.ctx.pool(),
@@ -34,12 +68,11 @@ impl Graph {
             seed.write().as_mut_slice::<T>()?.fill(T::ONE);
             Ok(())
         })?;
-        self.backward_with(loss, seed)
+        Ok(seed)
     }
 
-    /// Backpropagates from `node` with the given gradient of its output.
-    pub fn backward_with(&mut self, node: NodeId, grad: Tensor) -> Result<()> {
-        self.check_not_spent("backward")?;
+    /// A root must have run forward, and its seed must match its shape.
+    fn check_root(&self, node: NodeId, seed_shape: &[usize]) -> Result<()> {
         let root = self.node(node)?;
         if !root.executed {
             return Err(EngineError::NoValue {
@@ -47,24 +80,35 @@ impl Graph {
                 reason: "forward has not run it".into(),
             });
         }
-        if grad.shape() != root.shape.as_slice() {
+        if seed_shape != root.shape.as_slice() {
             return Err(EngineError::Shape {
                 node: root.name.clone(),
                 message: format!(
                     "seed gradient has shape {:?}, node has {:?}",
-                    grad.shape(),
-                    root.shape
+                    seed_shape, root.shape
                 ),
             });
         }
-        let ctx = self.ctx.clone();
-        self.spent = true;
-        ctx.install(|| self.backward_inner(node.0, grad))
+        Ok(())
     }
 
-    fn backward_inner(&mut self, root: usize, seed: Tensor) -> Result<()> {
-        self.accumulate(root, seed)?;
-        let result = (0..=root).rev().try_for_each(|c| self.backward_node(c));
+    /// Backpropagates from `node` with the given gradient of its output.
+    pub fn backward_with(&mut self, node: NodeId, grad: Tensor) -> Result<()> {
+        self.check_not_spent("backward")?;
+        self.check_root(node, grad.shape())?;
+        let ctx = self.ctx.clone();
+        self.spent = true;
+        ctx.install(|| self.backward_roots(node.0, vec![(node.0, grad)]))
+    }
+
+    /// Seeds every root, then walks back from the last one.
+    fn backward_roots(&mut self, last: usize, seeds: Vec<(usize, Tensor)>) -> Result<()> {
+        let result = (|| {
+            for (root, seed) in seeds {
+                self.accumulate(root, seed)?;
+            }
+            (0..=last).rev().try_for_each(|c| self.backward_node(c))
+        })();
         // Whatever the outcome, no activation outlives backward.
         for node in self.nodes.iter_mut().filter(|n| !n.is_leaf()) {
             node.value = None;

@@ -15,7 +15,7 @@ use crate::context::ExecContext;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
 use crate::op::{Op, Phase};
-use crate::rng::{CounterRng, RngState};
+use crate::rng::{RngState, RngStreams};
 use crate::tensor::Tensor;
 
 /// A node of one graph.
@@ -48,6 +48,10 @@ pub(crate) struct Node {
     pub requires_grad: bool,
     pub retention: Retention,
     pub segment: Option<usize>,
+    /// The random stream its forward draws from (see [`Graph::set_rng_stream`]).
+    pub rng_stream: usize,
+    /// The model it belongs to when several are recorded together (see [`Graph::set_owner`]).
+    pub owner: Option<usize>,
     // Execution state.
     pub value: Option<Tensor>,
     /// Storage version when the value was produced (leaves: when forward started).
@@ -119,7 +123,7 @@ pub(crate) struct Plan {
 pub struct Graph {
     pub(crate) ctx: ExecContext,
     pub(crate) nodes: Vec<Node>,
-    pub(crate) rng: CounterRng,
+    pub(crate) rng: RngStreams,
     pub(crate) plan: Plan,
     pub(crate) stats: GraphStats,
     pub(crate) observer: Option<Box<dyn GraphObserver>>,
@@ -128,6 +132,9 @@ pub struct Graph {
     pub(crate) rebuild_mode: RebuildMode,
     segment: Option<usize>,
     next_segment: usize,
+    /// Stream and owner given to the nodes recorded next.
+    rng_stream: usize,
+    owner: Option<usize>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -144,7 +151,7 @@ impl Graph {
         Self {
             ctx: ctx.clone(),
             nodes: Vec::new(),
-            rng: CounterRng::new(0),
+            rng: RngStreams::new(0),
             plan: Plan::default(),
             stats: GraphStats::default(),
             observer: None,
@@ -152,12 +159,38 @@ impl Graph {
             rebuild_mode: RebuildMode::default(),
             segment: None,
             next_segment: 0,
+            rng_stream: 0,
+            owner: None,
         }
     }
 
-    /// Seeds the generator random ops draw from (before forward).
+    /// Seeds the generator random ops draw from (stream 0; before forward).
     pub fn set_seed(&mut self, seed: u64) {
-        self.rng = CounterRng::new(seed);
+        self.rng.set_seed(0, seed);
+    }
+
+    /// Seeds random stream `stream` (before forward).
+    pub fn set_stream_seed(&mut self, stream: usize, seed: u64) {
+        self.rng.set_seed(stream, seed);
+    }
+
+    /// Nodes recorded from now on draw their random states from stream `stream` (0 unless
+    /// set). Several models recorded into one graph each use their own stream, so each
+    /// draws the dropout masks it draws when recorded alone.
+    pub fn set_rng_stream(&mut self, stream: usize) {
+        self.rng_stream = stream;
+    }
+
+    /// Nodes recorded from now on belong to `owner` (a model, or a group of fused models;
+    /// `None`: shared). Read back with [`Graph::owner`]; the profiler maps it onto the
+    /// planner graph's nodes for multi-model scheduling.
+    pub fn set_owner(&mut self, owner: Option<usize>) {
+        self.owner = owner;
+    }
+
+    /// The owner a node was recorded under.
+    pub fn owner(&self, id: NodeId) -> Result<Option<usize>> {
+        Ok(self.node(id)?.owner)
     }
 
     pub fn context(&self) -> &ExecContext {
@@ -216,6 +249,8 @@ impl Graph {
             requires_grad: grad,
             retention: Retention::Keep,
             segment: None,
+            rng_stream: self.rng_stream,
+            owner: self.owner,
             value_version: value.version(),
             value: Some(value),
             aux: Vec::new(),
@@ -282,6 +317,8 @@ impl Graph {
             requires_grad,
             retention,
             segment: self.segment,
+            rng_stream: self.rng_stream,
+            owner: self.owner,
             value: None,
             value_version: 0,
             aux: Vec::new(),

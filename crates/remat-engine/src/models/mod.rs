@@ -5,5 +5,6 @@ pub mod hf_file;
 pub mod hybrid;
 pub mod mamba;
 pub mod mlp;
+pub mod multi;
 pub mod qwen3;
 mod spec_step;

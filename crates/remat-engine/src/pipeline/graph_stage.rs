@@ -17,7 +17,7 @@ use crate::context::ExecContext;
 use crate::error::EngineError;
 use crate::graph::{Graph, NodeId};
 use crate::pool::{Category, MemoryPool, PoolStats};
-use crate::rng::{CounterRng, mix64};
+use crate::rng::mix64;
 use crate::tensor::Tensor;
 
 /// A piece of a staged model that owns parameters.
@@ -479,9 +479,9 @@ impl<M: StagedModel> StageWork for GraphStage<'_, M> {
         input: &StageInput,
     ) -> Result<Forwarded<StageGraph, Boundary>, GraphStageError> {
         let mut g = Graph::new(&self.ctx);
-        g.rng = CounterRng::new(micro_batch_seed(self.step_seed, m));
+        g.set_seed(micro_batch_seed(self.step_seed, m));
         if let StageInput::Hidden { rng_offset, .. } = input {
-            g.rng.draw(*rng_offset);
+            g.rng.stream(0).draw(*rng_offset);
         }
         let recorded = self.record(&mut g, m, input)?;
         g.forward()?;
@@ -493,7 +493,7 @@ impl<M: StagedModel> StageWork for GraphStage<'_, M> {
         }
         let output = (!self.is_last()).then(|| Boundary {
             tensor: host,
-            rng_offset: g.rng.state().offset,
+            rng_offset: g.rng.stream(0).state().offset,
         });
         let state = StageGraph {
             bytes: held_activation_bytes(&g),

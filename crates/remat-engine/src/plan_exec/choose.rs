@@ -43,7 +43,7 @@ pub fn policy_plan(
         };
         if kept.get(node).copied().unwrap_or(true)
             || item.phase != remat_planner::Phase::Forward
-            || node == layout.loss().index()
+            || layout.is_loss(node)
         {
             continue;
         }

@@ -34,8 +34,10 @@ pub struct ItemMeasure {
 /// What one executed step reports.
 #[derive(Clone, Debug, Default)]
 pub struct StepReport {
-    /// The loss value (its first computation).
+    /// The loss value (its first computation; the last loss when the step has several).
     pub loss: Option<f64>,
+    /// Every loss root's value, in [`super::Layout::losses`] order.
+    pub losses: Vec<Option<f64>>,
     /// The pool's peak during the step, static memory included.
     pub peak_bytes: u64,
     /// Pool bytes live when the step started (parameters, inputs, optimizer state, ...).
@@ -43,6 +45,9 @@ pub struct StepReport {
     pub step_time: Duration,
     /// Time the compute thread waited for copies (a prefetch not done, a swap-out to finish).
     pub stall: Duration,
+    /// Each wait behind `stall`: the item waited for (a prefetch or a swap-out) and how
+    /// long, in the order they happened.
+    pub stalls: Vec<(usize, Duration)>,
     /// Computations beyond the first of each item.
     pub recomputed_items: usize,
     pub swapped_out_bytes: u64,
@@ -51,6 +56,25 @@ pub struct StepReport {
     pub items: Vec<ItemMeasure>,
     /// Pool bytes live after each plan step (when asked for).
     pub timeline: Vec<u64>,
+}
+
+impl StepReport {
+    /// The stall time per owner (`owners[item]`, as [`super::Layout::item_owners`] gives
+    /// them): entry `k` is what the step waited for copies of model `k`'s tensors; the last
+    /// entry, index `models`, is the waits on shared tensors (no owner, or one >= `models`).
+    pub fn stall_by_owner(&self, owners: &[Option<usize>], models: usize) -> Vec<Duration> {
+        let mut out = vec![Duration::ZERO; models + 1];
+        for &(item, stall) in &self.stalls {
+            let k = owners
+                .get(item)
+                .copied()
+                .flatten()
+                .filter(|&k| k < models)
+                .unwrap_or(models);
+            out[k] += stall;
+        }
+        out
+    }
 }
 
 /// How to run.
@@ -167,6 +191,7 @@ impl<'a> Runner<'a> {
             report: StepReport {
                 static_bytes,
                 items: vec![ItemMeasure::default(); if opts.measure_items { n } else { 0 }],
+                losses: vec![None; layout.losses.len()],
                 ..StepReport::default()
             },
             peak: static_bytes,
@@ -241,6 +266,13 @@ impl<'a> Runner<'a> {
         &self.layout.items[item].name
     }
 
+    fn note_stall(&mut self, item: usize, stall: Duration) {
+        self.report.stall += stall;
+        if !stall.is_zero() {
+            self.report.stalls.push((item, stall));
+        }
+    }
+
     /// Waits for an item's prefetch, if one is in flight.
     fn settle_incoming(&mut self, item: usize) -> Result<(), PlanExecError> {
         let Some((transfers, grad_slots)) = self.states[item].incoming.take() else {
@@ -249,7 +281,7 @@ impl<'a> Runner<'a> {
         let mut tensors = Vec::with_capacity(transfers.len());
         for t in transfers {
             let Waited { value, stall } = t.wait()?;
-            self.report.stall += stall;
+            self.note_stall(item, stall);
             tensors.push(value);
         }
         let held = self.states[item].held.get_or_insert_with(Held::default);
@@ -269,7 +301,7 @@ impl<'a> Runner<'a> {
                 value: (slot, _device),
                 stall,
             } = t.wait()?;
-            self.report.stall += stall;
+            self.note_stall(item, stall);
             slots.push(slot);
         }
         if let Some(host) = self.states[item].host.as_mut() {
@@ -428,7 +460,7 @@ impl<'a> Runner<'a> {
         let mut drawn = Vec::new();
         let rng = if first {
             RngSource::Record {
-                generator: &mut graph.rng,
+                generator: graph.rng.stream(node.rng_stream),
                 drawn: &mut drawn,
             }
         } else {
@@ -478,8 +510,12 @@ impl<'a> Runner<'a> {
         }
         if first {
             self.rng[v] = drawn;
-            if v == self.layout.loss {
-                self.report.loss = tensors[0].to_f64_vec().first().copied();
+            if let Ok(k) = self.layout.losses.binary_search(&v) {
+                let value = tensors[0].to_f64_vec().first().copied();
+                self.report.losses[k] = value;
+                if v == self.layout.loss {
+                    self.report.loss = value;
+                }
             }
         }
         Ok(Held {
@@ -492,7 +528,7 @@ impl<'a> Runner<'a> {
     /// users' backward items produced for it, in the engine's accumulation order.
     fn grad_out(&self, c: usize) -> Result<Option<Tensor>, PlanExecError> {
         let node = &self.graph.nodes[c];
-        if c == self.layout.loss {
+        if self.layout.is_loss(c) {
             let seed = Tensor::zeros(
                 &self.pool,
                 &node.shape,
@@ -851,4 +887,25 @@ fn own_storage(
         return Ok(t);
     }
     Ok(t.deep_copy(category).map_err(|e| e.at(name))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stalls_are_summed_per_owner_and_shared_last() {
+        let ms = Duration::from_millis;
+        let report = StepReport {
+            stalls: vec![(0, ms(1)), (2, ms(4)), (1, ms(2)), (0, ms(8)), (3, ms(16))],
+            ..StepReport::default()
+        };
+        // Items 0 and 1 belong to models 0 and 1, item 2 is shared, item 3 names a model
+        // beyond K (counted as shared).
+        let owners = [Some(0), Some(1), None, Some(5)];
+        assert_eq!(
+            report.stall_by_owner(&owners, 2),
+            vec![ms(9), ms(2), ms(20)]
+        );
+    }
 }

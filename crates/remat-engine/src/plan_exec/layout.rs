@@ -77,7 +77,10 @@ impl Measured {
 #[derive(Clone, Debug)]
 pub struct Layout {
     pub(crate) items: Vec<Item>,
+    /// The last loss (the step's only one for a single model).
     pub(crate) loss: usize,
+    /// Every loss root, ascending (several when K models share the graph).
+    pub(crate) losses: Vec<usize>,
     /// Engine node -> its forward item.
     pub(crate) fwd: Vec<Option<usize>>,
     /// Engine node -> its backward item.
@@ -92,23 +95,48 @@ pub struct Layout {
 
 impl Layout {
     /// Lays out the training step of `graph` ending in `loss`.
-    #[allow(clippy::needless_range_loop)] // v indexes three arrays at once
     pub fn build(
         graph: &Graph,
         loss: NodeId,
         measured: &Measured,
     ) -> Result<Layout, PlanExecError> {
+        Self::build_multi(graph, &[loss], measured)
+    }
+
+    /// Lays out a training step with several loss roots (K models recorded into one
+    /// graph, each ending in its own loss; see [`Graph::backward_many`]). Each loss seeds
+    /// its own gradient; none is summed with another.
+    #[allow(clippy::needless_range_loop)] // v indexes three arrays at once
+    pub fn build_multi(
+        graph: &Graph,
+        losses: &[NodeId],
+        measured: &Measured,
+    ) -> Result<Layout, PlanExecError> {
         let nodes = &graph.nodes;
-        let loss = loss.index();
-        let loss_node = nodes.get(loss).ok_or(PlanExecError::BadLoss {
-            index: loss,
-            reason: "no such node",
-        })?;
-        if loss_node.op().is_none() {
-            return Err(PlanExecError::BadLoss {
-                index: loss,
-                reason: "it is a leaf, not an op",
-            });
+        let mut roots: Vec<usize> = losses.iter().map(|l| l.index()).collect();
+        roots.sort_unstable();
+        for pair in roots.windows(2) {
+            if pair[0] == pair[1] {
+                return Err(PlanExecError::BadLoss {
+                    index: pair[0],
+                    reason: "it is given twice",
+                });
+            }
+        }
+        let loss = *roots.last().ok_or(PlanExecError::Invalid(
+            "a training step needs at least one loss".into(),
+        ))?;
+        for &root in &roots {
+            let node = nodes.get(root).ok_or(PlanExecError::BadLoss {
+                index: root,
+                reason: "no such node",
+            })?;
+            if node.op().is_none() {
+                return Err(PlanExecError::BadLoss {
+                    index: root,
+                    reason: "it is a leaf, not an op",
+                });
+            }
         }
         if measured.has_aux.len() < loss + 1 {
             return Err(PlanExecError::Invalid(format!(
@@ -125,10 +153,11 @@ impl Layout {
                 }
             }
         }
-        let has_bwd = backward_reach(graph, loss, &users);
+        let has_bwd = backward_reach(graph, &roots, &users);
         let mut layout = Layout {
             items: Vec::new(),
             loss,
+            losses: roots,
             fwd: vec![None; loss + 1],
             bwd: vec![None; loss + 1],
             users,
@@ -219,7 +248,8 @@ impl Layout {
     fn push_forward(&mut self, graph: &Graph, v: usize, workspace: u64) {
         let node = &graph.nodes[v];
         // The loss is the first op that exists only for training: the planner counts it
-        // with the backward pass, as Checkmate's graphs do.
+        // with the backward pass, as Checkmate's graphs do. With several losses only the
+        // last does, so the forward pass stays one contiguous run of items.
         let phase = if v == self.loss {
             IrPhase::Backward
         } else {
@@ -290,9 +320,41 @@ impl Layout {
         self.items.is_empty()
     }
 
-    /// The engine node of the loss.
+    /// The engine node of the loss (the last one when the step has several).
     pub fn loss(&self) -> NodeId {
         NodeId(self.loss)
+    }
+
+    /// The engine nodes of every loss root, ascending.
+    pub fn losses(&self) -> Vec<NodeId> {
+        self.losses.iter().map(|&l| NodeId(l)).collect()
+    }
+
+    /// Whether engine node `node` is a loss root.
+    pub(crate) fn is_loss(&self, node: usize) -> bool {
+        self.losses.binary_search(&node).is_ok()
+    }
+
+    /// The owner (model or fused group, see [`Graph::set_owner`]) of each item: the owner
+    /// of its engine node (a workspace: of the item it serves); `None` for shared nodes and
+    /// the end of the step. Indexed like the profiled planner graph's nodes.
+    pub fn item_owners(&self, graph: &Graph) -> Vec<Option<usize>> {
+        let of_node = |n: usize| graph.nodes.get(n).and_then(|node| node.owner);
+        let mut owners: Vec<Option<usize>> = self
+            .items
+            .iter()
+            .map(|item| match item.kind {
+                ItemKind::Forward { node } | ItemKind::Backward { node } => of_node(node),
+                ItemKind::Grad { leaf } => of_node(leaf),
+                ItemKind::Workspace { .. } | ItemKind::End => None,
+            })
+            .collect();
+        for (i, item) in self.items.iter().enumerate() {
+            if let ItemKind::Workspace { of } = item.kind {
+                owners[i] = owners.get(of).copied().flatten();
+            }
+        }
+        owners
     }
 
     /// The forward item of an engine node, if it has one.
@@ -372,14 +434,15 @@ fn push_once(list: &mut Vec<usize>, item: Option<usize>) {
 
 /// Which op nodes receive a gradient from the loss: the loss itself, and every op that
 /// requires a gradient and feeds one that does. One reverse sweep (users come later).
-fn backward_reach(graph: &Graph, loss: usize, users: &[Vec<usize>]) -> Vec<bool> {
+fn backward_reach(graph: &Graph, losses: &[usize], users: &[Vec<usize>]) -> Vec<bool> {
+    let loss = losses.iter().copied().max().unwrap_or(0);
     let mut reach = vec![false; loss + 1];
     for c in (0..=loss).rev() {
         let node = &graph.nodes[c];
         if node.op().is_none() || !node.requires_grad {
             continue;
         }
-        reach[c] = c == loss || users[c].iter().any(|&w| reach[w]);
+        reach[c] = losses.contains(&c) || users[c].iter().any(|&w| reach[w]);
     }
     reach
 }

@@ -95,20 +95,20 @@ fn measure_policy(
         remat_engine::models::gpt::hf::load_params(&gpt, path)?;
     }
     let opt_config = AdamWConfig {
-        lr: args.lr,
+        lr: args.lr.one(),
         weight_decay: 0.0,
         ..AdamWConfig::default()
     };
     let mut opt = AdamW::new(&pool, gpt.params(), opt_config)?;
     // Untimed warm-up on the first batch; its gradients are dropped, no optimizer step.
-    let warm_up = task.batch(args.seed, 0, args.batch);
-    drop(gpt.forward_backward(&ctx, &warm_up, ckpt, args.seed)?);
+    let warm_up = task.batch(args.seed.one(), 0, args.batch);
+    drop(gpt.forward_backward(&ctx, &warm_up, ckpt, args.seed.one())?);
     let (mut grads, mut losses, mut times, mut recomputed) =
         (Vec::new(), Vec::new(), Vec::new(), 0);
     for step in 0..args.compare_steps {
-        let batch = task.batch(args.seed, step, args.batch);
+        let batch = task.batch(args.seed.one(), step, args.batch);
         let start = Instant::now();
-        let out = gpt.forward_backward(&ctx, &batch, ckpt, args.seed ^ (step << 32))?;
+        let out = gpt.forward_backward(&ctx, &batch, ckpt, args.seed.one() ^ (step << 32))?;
         times.push(start.elapsed().as_secs_f64());
         recomputed += out.recomputed;
         grads.push(grad_bits(&out.grads)?);
@@ -120,10 +120,14 @@ fn measure_policy(
     // Short steps: a median of a few is mostly scheduling jitter, so the last batch's step
     // is timed again (gradients dropped, no optimizer step, the same peak) until
     // MIN_TIMED_S of steps are measured.
-    let last = task.batch(args.seed, args.compare_steps.saturating_sub(1), args.batch);
+    let last = task.batch(
+        args.seed.one(),
+        args.compare_steps.saturating_sub(1),
+        args.batch,
+    );
     while times.iter().sum::<f64>() < MIN_TIMED_S && times.len() < MAX_TIMED_STEPS {
         let start = Instant::now();
-        drop(gpt.forward_backward(&ctx, &last, ckpt, args.seed)?);
+        drop(gpt.forward_backward(&ctx, &last, ckpt, args.seed.one())?);
         times.push(start.elapsed().as_secs_f64());
     }
     let stats = pool.stats();

@@ -95,7 +95,7 @@ pub fn train(
         }
     }
     let opt_config = AdamWConfig {
-        lr: args.lr,
+        lr: args.lr.one(),
         weight_decay: 0.0,
         ..AdamWConfig::default()
     };
@@ -109,9 +109,9 @@ pub fn train(
     let mut losses = Vec::new();
     let mut step_times = Vec::new();
     for step in 0..args.steps {
-        let batch = task.batch(args.seed, step, args.batch);
+        let batch = task.batch(args.seed.one(), step, args.batch);
         let start = Instant::now();
-        let out = gpt.forward_backward(&ctx, &batch, ckpt, args.seed ^ (step << 32))?;
+        let out = gpt.forward_backward(&ctx, &batch, ckpt, args.seed.one() ^ (step << 32))?;
         if let Some(path) = args.files.dump_grads.as_ref().filter(|_| step == 0) {
             let record = hf::StepRecord {
                 batch: &batch,

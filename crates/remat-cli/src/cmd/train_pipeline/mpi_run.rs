@@ -195,7 +195,7 @@ fn absorb(totals: &mut Totals, traffic: &mut Traffic, layout: &Layout, all: &[Ra
 fn print_traffic(args: &Args, layout: &Layout, traffic: &Traffic, seq: usize) {
     let steps = args.steps.max(1);
     let rows = args.batch / (layout.replicas * args.pipeline.micro_batches);
-    let message = (rows * seq * args.d_model * 4) as u64;
+    let message = (rows * seq * args.d_model.one() * 4) as u64;
     let crossings = ((layout.stages - 1) * args.pipeline.micro_batches * layout.replicas) as u64;
     let expected = crossings * message;
     let (act, grad) = (

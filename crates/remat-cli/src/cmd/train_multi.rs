@@ -1,0 +1,459 @@
+//! `remat train --models K` (issue 22): K GPT models trained together in one step, sharing
+//! the device pool and `--memory-budget`, each with its own parameters, AdamW state, data
+//! order (its `--seed`) and hyper-parameters (`--lr`, `--seed`, `--dropout`, `--d-model`:
+//! one value for all or a comma list of K). The K steps are recorded into one engine graph
+//! with K loss roots ([`remat_engine::models::multi`]), so `--policy auto` profiles, plans
+//! and executes the whole K-model step. Model `k` sees exactly the batches, dropout masks and
+//! updates `remat train --seed S_k --lr LR_k ...` alone would: its parameters after N steps
+//! are bit-identical to that run's (same --threads).
+
+pub mod per_model;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use remat_engine::graph::Graph;
+use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
+use remat_engine::models::multi::{
+    ModelStep, MultiStep, record_multi, step_optimizers, take_grads,
+};
+use remat_engine::{AdamW, AdamWConfig, ExecContext, MemoryPool, Policy};
+
+use super::train::task::Task;
+use super::train::{Args, format_bytes, table};
+use super::train_auto::{
+    AutoSession, AutoSettings, PolicyChoice, fixed_policies, fixed_policy_sets,
+};
+
+/// The K models' settings, resolved from the per-model flags.
+#[derive(Clone, Debug)]
+pub struct Members {
+    pub configs: Vec<GptConfig>,
+    pub lrs: Vec<f64>,
+    /// Seed of model k's initialization, data order and dropout.
+    pub seeds: Vec<u64>,
+}
+
+impl Members {
+    /// `--models K` with the per-model flags; an error names the flag at fault.
+    pub fn from_args(args: &Args, vocab: usize, models: usize) -> anyhow::Result<Members> {
+        anyhow::ensure!(
+            models >= 1,
+            "--models must be at least 1 (got 0): it is the number of models trained together"
+        );
+        let lrs = args.lr.for_models(models, "--lr")?;
+        let seeds = args.seed.for_models(models, "--seed")?;
+        let dropouts = args.dropout.for_models(models, "--dropout")?;
+        let widths = args.d_model.for_models(models, "--d-model")?;
+        let mut configs = Vec::with_capacity(models);
+        for k in 0..models {
+            let d = widths[k];
+            let config = GptConfig {
+                d_model: d,
+                ffn_hidden: args.ffn.unwrap_or((8 * d).div_ceil(3).div_ceil(16) * 16),
+                dropout: dropouts[k],
+                init_seed: seeds[k],
+                ..args.model_config(vocab)
+            };
+            config
+                .validate()
+                .with_context(|| format!("model {k} (--d-model {d}, --heads {})", args.heads))?;
+            configs.push(config);
+        }
+        Ok(Members {
+            configs,
+            lrs,
+            seeds,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.configs.len()
+    }
+
+    /// Bytes every step holds whatever the plan: each model's parameters and its AdamW
+    /// moments (two per parameter).
+    pub fn resident_bytes(&self) -> anyhow::Result<u64> {
+        let mut total = 0u64;
+        for c in &self.configs {
+            total = total.saturating_add(c.param_bytes()?.saturating_mul(3));
+        }
+        Ok(total)
+    }
+
+    /// Refuses a budget below what the K models hold before any step, naming that floor.
+    pub fn check_budget(&self, budget: Option<u64>) -> anyhow::Result<()> {
+        let need = self.resident_bytes()?;
+        match budget {
+            Some(b) if need > b => anyhow::bail!(
+                "--memory-budget {} is below the floor of the {} models together: their \
+                 parameters and optimizer state alone take {} ({need} bytes), before any \
+                 activation or gradient",
+                format_bytes(b),
+                self.len(),
+                format_bytes(need)
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The K models with their optimizers, on one pool.
+pub struct Models {
+    pub gpts: Vec<Gpt>,
+    pub opts: Vec<AdamW>,
+    pub seeds: Vec<u64>,
+}
+
+impl Models {
+    pub fn new(pool: &std::sync::Arc<MemoryPool>, members: &Members) -> anyhow::Result<Models> {
+        let mut gpts = Vec::with_capacity(members.len());
+        let mut opts = Vec::with_capacity(members.len());
+        for (k, config) in members.configs.iter().enumerate() {
+            let gpt = Gpt::new(pool, config.clone()).with_context(|| format!("model {k}"))?;
+            let opt_config = AdamWConfig {
+                lr: members.lrs[k],
+                weight_decay: 0.0,
+                ..AdamWConfig::default()
+            };
+            opts.push(
+                AdamW::new(pool, gpt.params(), opt_config)
+                    .with_context(|| format!("model {k}'s optimizer"))?,
+            );
+            gpts.push(gpt);
+        }
+        Ok(Models {
+            gpts,
+            opts,
+            seeds: members.seeds.clone(),
+        })
+    }
+
+    /// Model k's batch of `step`: the one `remat train --seed S_k` draws.
+    pub fn batches(&self, task: &Task, step: u64, batch: usize) -> Vec<Batch> {
+        self.seeds
+            .iter()
+            .map(|&s| task.batch(s, step, batch))
+            .collect()
+    }
+
+    /// Records the K models' step `step` on `batches` into `g`.
+    pub fn record(
+        &self,
+        g: &mut Graph,
+        batches: &[Batch],
+        step: u64,
+        ckpt: Checkpointing,
+    ) -> anyhow::Result<MultiStep> {
+        let steps: Vec<ModelStep> = self
+            .gpts
+            .iter()
+            .zip(batches)
+            .zip(&self.seeds)
+            .map(|((model, batch), &seed)| ModelStep {
+                model,
+                batch,
+                seed: step_seed(seed, step),
+            })
+            .collect();
+        Ok(record_multi(g, &steps, ckpt)?)
+    }
+}
+
+/// The dropout seed of a step, as `remat train` alone uses it.
+pub fn step_seed(seed: u64, step: u64) -> u64 {
+    seed ^ (step << 32)
+}
+
+/// Per-model losses and step times of a run.
+pub struct MultiRun {
+    /// `losses[step][k]`.
+    pub losses: Vec<Vec<f64>>,
+    pub step_times: Vec<Duration>,
+    pub peak: u64,
+    /// Under a plan: each model's mean swap stall per step (ms), the steps after the first.
+    pub stall_ms: Option<Vec<f64>>,
+}
+
+/// Flags a K-model run does not use: refused rather than ignored.
+fn check_flags(args: &Args) -> anyhow::Result<()> {
+    let flag = if args.spec_args.block.is_some() {
+        Some("--block")
+    } else if args.spec_args.spec.is_some() {
+        Some("--spec")
+    } else if args.pipeline.stages.is_some() {
+        Some("--stages")
+    } else if args.compare {
+        Some("--compare")
+    } else if args.files.init.is_some() {
+        Some("--init")
+    } else if args.files.dump_grads.is_some() {
+        Some("--dump-grads")
+    } else if args.files.swap_dir.is_some() && matches!(args.policy, PolicyChoice::Fixed(_)) {
+        Some("--swap-dir")
+    } else {
+        None
+    };
+    match flag {
+        Some(flag) => anyhow::bail!(
+            "{flag} cannot be combined with --models: K models train the built-in GPT \
+             together in one step under a fixed --policy or --policy auto (drop {flag})"
+        ),
+        None => Ok(()),
+    }
+}
+
+pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
+    let members = Members::from_args(args, task.vocab(), models)?;
+    check_flags(args)?;
+    members.check_budget(args.memory_budget)?;
+    anyhow::ensure!(
+        args.steps > 0,
+        "--steps must be at least 1 (got 0): there is nothing to train or time"
+    );
+    println!(
+        "remat train: {} | {models} GPT models L={} widths {} | batch {} x seq {} each | policy {} | {} threads{}",
+        task.describe(),
+        args.layers(),
+        members
+            .configs
+            .iter()
+            .map(|c| c.d_model.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        args.batch,
+        task.seq(),
+        policy_name(&args.policy),
+        args.threads(),
+        args.memory_budget
+            .map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
+    );
+    let log_every = args.log_every.unwrap_or((args.steps / 15).max(1));
+    let mut log = |step: u64, losses: &[f64]| {
+        if step.is_multiple_of(log_every) || step + 1 == args.steps {
+            println!("step {step:>5}  {}", loss_line(losses));
+        }
+    };
+    let run = match &args.policy {
+        PolicyChoice::Fixed(ckpt) => train_fixed(args, task, &members, *ckpt, &mut log)?,
+        PolicyChoice::Auto(strategy) => {
+            let (run, summary) = train_auto(args, task, &members, strategy.clone(), &mut log)?;
+            println!("{summary}");
+            run
+        }
+    };
+    print!(
+        "{}",
+        summary_table(&members, &run.losses, run.stall_ms.as_deref())
+    );
+    let timed = if run.step_times.len() > 1 {
+        &run.step_times[1..]
+    } else {
+        &run.step_times[..]
+    };
+    let step = timed.iter().sum::<Duration>().as_secs_f64() / timed.len().max(1) as f64;
+    println!(
+        "step time {:.2} ms for {models} models, {:.1} samples/s over all models, pool peak {}",
+        step * 1e3,
+        (models * args.batch) as f64 / step.max(1e-12),
+        format_bytes(run.peak)
+    );
+    Ok(())
+}
+
+fn policy_name(policy: &PolicyChoice) -> String {
+    match policy {
+        PolicyChoice::Fixed(c) => c.to_string(),
+        PolicyChoice::Auto(None) => "auto".into(),
+        PolicyChoice::Auto(Some(s)) => format!("auto:{s}"),
+    }
+}
+
+fn loss_line(losses: &[f64]) -> String {
+    losses
+        .iter()
+        .enumerate()
+        .map(|(k, l)| format!("m{k} loss {l:.4}"))
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+/// Trains under a fixed policy: record the K-model step, forward, backward from the K
+/// losses, one AdamW step per model.
+pub fn train_fixed(
+    args: &Args,
+    task: &Task,
+    members: &Members,
+    ckpt: Checkpointing,
+    log: &mut dyn FnMut(u64, &[f64]),
+) -> anyhow::Result<MultiRun> {
+    let pool = match args.memory_budget {
+        Some(b) => MemoryPool::with_budget(b),
+        None => MemoryPool::unbounded(),
+    };
+    let ctx = ExecContext::new(pool.clone(), args.threads())?;
+    let mut models = Models::new(&pool, members)?;
+    let mut run = MultiRun {
+        losses: Vec::new(),
+        step_times: Vec::new(),
+        peak: 0,
+        stall_ms: None,
+    };
+    for step in 0..args.steps {
+        let batches = models.batches(task, step, args.batch);
+        let start = Instant::now();
+        let mut g = Graph::new(&ctx);
+        let recorded = models.record(&mut g, &batches, step, ckpt)?;
+        g.forward()
+            .with_context(|| format!("training step {step} (forward)"))?;
+        let losses = recorded
+            .losses
+            .iter()
+            .map(|&l| g.scalar(l))
+            .collect::<Result<Vec<_>, _>>()?;
+        g.backward_many(&recorded.losses)
+            .with_context(|| format!("training step {step} (backward)"))?;
+        let grads = take_grads(&mut g, &recorded.params)?;
+        drop(g);
+        ctx.install(|| step_optimizers(&mut models.opts, &grads))?;
+        drop(grads);
+        run.step_times.push(start.elapsed());
+        log(step, &losses);
+        run.losses.push(losses);
+    }
+    run.peak = pool.stats().peak;
+    Ok(run)
+}
+
+/// Trains by a plan: profile the K-model step (K loss roots), plan it for the budget with
+/// the planner's strategies and the engine's fixed policies, execute every step by it.
+pub fn train_auto(
+    args: &Args,
+    task: &Task,
+    members: &Members,
+    strategy: Option<String>,
+    log: &mut dyn FnMut(u64, &[f64]),
+) -> anyhow::Result<(MultiRun, String)> {
+    let budget = args.memory_budget.context(
+        "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)",
+    )?;
+    // Profiling keeps everything, which may not fit: the budget holds from the first
+    // planned step on.
+    let pool = MemoryPool::unbounded();
+    let ctx = ExecContext::new(pool.clone(), args.threads())?;
+    let mut models = Models::new(&pool, members)?;
+    // Apart from the models, which the recording closure borrows.
+    let mut opts = std::mem::take(&mut models.opts);
+    let store_all = Checkpointing::Graph(Policy::StoreAll);
+    let record = |step: u64, ckpt: Checkpointing| -> anyhow::Result<(Graph, MultiStep)> {
+        let mut g = Graph::new(&ctx);
+        let batches = models.batches(task, step, args.batch);
+        let recorded = models.record(&mut g, &batches, step, ckpt)?;
+        Ok((g, recorded))
+    };
+    let (mut g0, step0) = record(0, store_all)?;
+    let fixed = if strategy.is_none() {
+        fixed_policy_sets(&g0, &fixed_policies(args.layers()), |ckpt| {
+            Ok(record(0, ckpt)?.0)
+        })?
+    } else {
+        Vec::new()
+    };
+    let settings = AutoSettings {
+        budget,
+        strategy,
+        swap_dir: args.files.swap_dir.clone(),
+        bandwidth: None,
+        profile_runs: 3,
+        fixed,
+    };
+    let name = format!("gpt-train-k{}-l{}", members.len(), args.layers());
+    let session = AutoSession::prepare_multi(&mut g0, &step0.losses, &name, &settings)?;
+    let owners = session.profile.node_owners(&g0);
+    drop(g0);
+    pool.set_budget(Some(budget));
+    pool.reset_peak();
+    let k = members.len();
+    let mut run = MultiRun {
+        losses: Vec::new(),
+        step_times: Vec::new(),
+        peak: 0,
+        stall_ms: None,
+    };
+    let mut stalls = vec![Duration::ZERO; k + 1];
+    let mut reports = Vec::new();
+    for step in 0..args.steps {
+        let (mut g, recorded) = record(step, store_all)?;
+        let report = session
+            .step(&mut g)
+            .with_context(|| format!("training step {step}"))?;
+        let grads = take_grads(&mut g, &recorded.params)?;
+        drop(g);
+        ctx.install(|| step_optimizers(&mut opts, &grads))?;
+        let losses: Vec<f64> = report
+            .losses
+            .iter()
+            .map(|l| l.unwrap_or(f64::NAN))
+            .collect();
+        run.step_times.push(report.step_time);
+        run.peak = run.peak.max(report.peak_bytes);
+        if step > 0 || args.steps == 1 {
+            for (total, s) in stalls.iter_mut().zip(report.stall_by_owner(&owners, k)) {
+                *total += s;
+            }
+        }
+        log(step, &losses);
+        run.losses.push(losses);
+        reports.push(report);
+    }
+    let timed = if reports.len() > 1 {
+        &reports[1..]
+    } else {
+        &reports[..]
+    };
+    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / timed.len().max(1) as f64;
+    run.stall_ms = Some(stalls[..k].iter().map(|&d| per_step(d)).collect());
+    let mut summary = session.summary(timed);
+    if !stalls[k].is_zero() {
+        summary.push_str(&format!(
+            "\n  stall on tensors no model owns: {:.1} ms per step",
+            per_step(stalls[k])
+        ));
+    }
+    Ok((run, summary))
+}
+
+/// One row per model: its settings, its mean loss over the first and last steps and, under
+/// a plan, its swap stall per step.
+pub fn summary_table(members: &Members, losses: &[Vec<f64>], stall_ms: Option<&[f64]>) -> String {
+    let n = losses.len();
+    let window = (n / 10).clamp(1, 20).min(n.max(1));
+    let mean = |k: usize, rows: &[Vec<f64>]| {
+        rows.iter().map(|r| r[k]).sum::<f64>() / rows.len().max(1) as f64
+    };
+    let first = format!("loss first {window}");
+    let last = format!("loss last {window}");
+    let rows: Vec<Vec<String>> = (0..members.len())
+        .map(|k| {
+            let c = &members.configs[k];
+            let mut row = vec![
+                format!("m{k}"),
+                c.d_model.to_string(),
+                format!("{}", members.lrs[k]),
+                members.seeds[k].to_string(),
+                format!("{}", c.dropout),
+                format!("{:.4}", mean(k, &losses[..window.min(n)])),
+                format!("{:.4}", mean(k, &losses[n - window.min(n)..])),
+            ];
+            if let Some(stall) = stall_ms {
+                row.push(format!("{:.2}", stall[k]));
+            }
+            row
+        })
+        .collect();
+    let mut header = vec!["model", "d_model", "lr", "seed", "dropout", &first, &last];
+    if stall_ms.is_some() {
+        header.push("swap stall ms/step");
+    }
+    table::render(&header, &rows)
+}

@@ -1,0 +1,119 @@
+//! Flags that take one value for every model or a comma list of one value per model
+//! (`--lr 3e-3,1e-3`, `--seed 0,1`, `--dropout 0.1`, `--d-model 64,32`).
+
+use std::fmt;
+
+/// One value for all models, or one per model (never empty: the parser refuses that).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PerModel<T> {
+    values: Vec<T>,
+}
+
+impl<T: Clone + fmt::Display> PerModel<T> {
+    /// The value of a single-model run (the first; single-model runs refuse lists first,
+    /// see [`PerModel::check_single`]).
+    pub fn one(&self) -> T {
+        self.values[0].clone()
+    }
+
+    /// The values of `models` models: one value repeated, or exactly `models` values.
+    pub fn for_models(&self, models: usize, flag: &str) -> anyhow::Result<Vec<T>> {
+        match self.values.len() {
+            1 => Ok(vec![self.values[0].clone(); models]),
+            n if n == models => Ok(self.values.clone()),
+            n => anyhow::bail!(
+                "{flag} has {n} values ({}) but --models is {models}: give one value for every \
+                 model or exactly {models}, separated by commas",
+                self.joined()
+            ),
+        }
+    }
+
+    /// A single-model run takes one value: a list is an error naming the flag.
+    pub fn check_single(&self, flag: &str) -> anyhow::Result<()> {
+        if self.values.len() > 1 {
+            anyhow::bail!(
+                "{flag} has {} values ({}): a list gives one value per model and needs \
+                 --models {}",
+                self.values.len(),
+                self.joined(),
+                self.values.len()
+            );
+        }
+        Ok(())
+    }
+
+    fn joined(&self) -> String {
+        self.values
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Parses `a` or `a,b,c` with `one` for each value; the error names the bad value.
+pub fn parse_list<T>(
+    s: &str,
+    one: impl Fn(&str) -> Result<T, String>,
+) -> Result<PerModel<T>, String> {
+    let mut values = Vec::new();
+    for (i, part) in s.split(',').enumerate() {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(format!("{s:?}: value {} of the list is empty", i + 1));
+        }
+        values.push(one(part).map_err(|e| format!("{part:?}: {e}"))?);
+    }
+    Ok(PerModel { values })
+}
+
+pub fn parse_seeds(s: &str) -> Result<PerModel<u64>, String> {
+    parse_list(s, |v| v.parse::<u64>().map_err(|e| e.to_string()))
+}
+
+pub fn parse_widths(s: &str) -> Result<PerModel<usize>, String> {
+    parse_list(s, |v| v.parse::<usize>().map_err(|e| e.to_string()))
+}
+
+pub fn parse_dropouts(s: &str) -> Result<PerModel<f32>, String> {
+    parse_list(s, |v| {
+        let p: f32 = v.parse().map_err(|_| "not a number".to_string())?;
+        if (0.0..1.0).contains(&p) {
+            Ok(p)
+        } else {
+            Err(format!("dropout {p} is outside [0, 1)"))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_value_or_one_per_model() {
+        let seeds = parse_seeds("3").unwrap();
+        assert_eq!(seeds.for_models(3, "--seed").unwrap(), vec![3, 3, 3]);
+        let seeds = parse_seeds("0, 1,2").unwrap();
+        assert_eq!(seeds.for_models(3, "--seed").unwrap(), vec![0, 1, 2]);
+        let err = seeds.for_models(2, "--seed").unwrap_err().to_string();
+        assert!(
+            err.contains("--seed has 3 values") && err.contains("--models is 2"),
+            "{err}"
+        );
+        let err = seeds.check_single("--seed").unwrap_err().to_string();
+        assert!(err.contains("needs --models 3"), "{err}");
+        assert!(
+            parse_seeds("1,,2")
+                .unwrap_err()
+                .contains("value 2 of the list is empty")
+        );
+        assert!(parse_seeds("1,x").unwrap_err().contains("\"x\""));
+        assert!(
+            parse_dropouts("0.1,1.5")
+                .unwrap_err()
+                .contains("outside [0, 1)")
+        );
+    }
+}

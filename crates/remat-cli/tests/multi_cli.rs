@@ -1,0 +1,231 @@
+//! `remat train --models K` end to end (issue 22) on tiny configurations: each model's
+//! losses equal those of training it alone, `--policy auto` runs the K-model step by a plan
+//! whose executed peak equals the simulated one, and bad per-model flags are refused naming
+//! the flag.
+
+mod common;
+use common::remat_text;
+
+const TINY: &[&str] = &[
+    "--layers",
+    "2",
+    "--heads",
+    "2",
+    "--batch",
+    "8",
+    "--digits",
+    "4",
+    "--threads",
+    "1",
+    "--steps",
+    "4",
+    "--log-every",
+    "1",
+];
+
+fn run(extra: &[&str]) -> String {
+    let args: Vec<&str> = ["train"].iter().chain(TINY).chain(extra).copied().collect();
+    let (ok, text) = remat_text(&args);
+    assert!(ok, "remat {args:?} failed:\n{text}");
+    text
+}
+
+/// Model `k`'s loss on each `step` line (`m{k} loss X`), or the single model's.
+fn losses(text: &str, k: Option<usize>) -> Vec<String> {
+    let key = k.map_or("loss".to_string(), |k| format!("m{k} loss"));
+    text.lines()
+        .filter(|l| l.starts_with("step "))
+        .filter_map(|l| {
+            let rest = l.split(&key).nth(1)?;
+            rest.split_whitespace().next().map(str::to_string)
+        })
+        .collect()
+}
+
+#[test]
+fn each_model_trains_as_it_does_alone() {
+    let together = run(&[
+        "--models",
+        "2",
+        "--seed",
+        "3,4",
+        "--lr",
+        "3e-3,1e-2",
+        "--dropout",
+        "0.1,0.2",
+        "--d-model",
+        "16,8",
+    ]);
+    assert!(
+        together.contains("model  d_model"),
+        "no summary table:\n{together}"
+    );
+    for (k, alone) in [
+        [
+            "--seed",
+            "3",
+            "--lr",
+            "3e-3",
+            "--dropout",
+            "0.1",
+            "--d-model",
+            "16",
+        ],
+        [
+            "--seed",
+            "4",
+            "--lr",
+            "1e-2",
+            "--dropout",
+            "0.2",
+            "--d-model",
+            "8",
+        ],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let alone = run(alone);
+        let want = losses(&alone, None);
+        assert_eq!(want.len(), 4, "{alone}");
+        assert_eq!(losses(&together, Some(k)), want, "model {k}:\n{together}");
+    }
+}
+
+#[test]
+fn auto_plans_the_k_model_step_exactly() {
+    let text = run(&[
+        "--models",
+        "2",
+        "--seed",
+        "0,1",
+        "--d-model",
+        "16",
+        "--dropout",
+        "0.1",
+        "--policy",
+        "auto",
+        "--memory-budget",
+        "600KiB",
+    ]);
+    let peak = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("peak MiB"))
+        .unwrap_or_else(|| panic!("no peak line:\n{text}"));
+    let cols: Vec<&str> = peak.split_whitespace().collect();
+    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{text}");
+    assert_eq!(losses(&text, Some(1)).len(), 4, "{text}");
+    assert!(
+        text.contains("swap stall ms/step"),
+        "no per-model stall:\n{text}"
+    );
+}
+
+#[test]
+fn bad_per_model_flags_name_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--models", "0"], "--models must be at least 1"),
+        (&["--models", "3", "--lr", "1e-3,2e-3"], "--lr has 2 values"),
+        (&["--models", "2", "--seed", "1,2,3"], "--seed has 3 values"),
+        (
+            &["--models", "2", "--dropout", "0.1,0.2,0.3"],
+            "--dropout has 3 values",
+        ),
+        (
+            &["--models", "2", "--d-model", "16,8,8"],
+            "--d-model has 3 values",
+        ),
+        (&["--lr", "1e-3,2e-3"], "needs --models 2"),
+        (&["--models", "2", "--d-model", "16,7"], "model 1"),
+        (
+            &["--models", "2", "--compare"],
+            "--compare cannot be combined with --models",
+        ),
+        (
+            &[
+                "--models",
+                "2",
+                "--policy",
+                "auto",
+                "--memory-budget",
+                "2500KiB",
+            ],
+            "smallest feasible budget",
+        ),
+        (
+            &["--models", "4", "--memory-budget", "4MiB"],
+            "below the floor of the 4 models together",
+        ),
+        (
+            &[
+                "--models",
+                "4",
+                "--policy",
+                "auto",
+                "--memory-budget",
+                "4MiB",
+            ],
+            "below the floor of the 4 models together",
+        ),
+    ];
+    for (extra, want) in cases {
+        let args: Vec<&str> = ["train"]
+            .iter()
+            .chain(TINY)
+            .chain(*extra)
+            .copied()
+            .collect();
+        let (ok, text) = remat_text(&args);
+        assert!(!ok, "{extra:?} succeeded:\n{text}");
+        assert!(text.contains(want), "{extra:?}: want {want:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn bench_multi_prints_every_row_kind() {
+    let (ok, text) = remat_text(&[
+        "bench",
+        "multi",
+        "--ks",
+        "1,2",
+        "--steps",
+        "1",
+        "--layers",
+        "2",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--batch",
+        "16",
+        "--digits",
+        "4",
+        "--threads",
+        "1",
+        "--budget-factor",
+        "1.5",
+    ]);
+    assert!(ok, "{text}");
+    for k in ["1", "2"] {
+        for mode in [
+            "(a) one after another",
+            "(b) together",
+            "(c) together, recompute only",
+        ] {
+            let row = text
+                .lines()
+                .find(|l| l.starts_with(k) && l.contains(mode))
+                .unwrap_or_else(|| panic!("no row K={k} {mode}:\n{text}"));
+            let rate: f64 = row
+                .split_whitespace()
+                .find_map(|w| w.parse().ok().filter(|_| w.contains('.')))
+                .unwrap_or_else(|| panic!("no rate in {row}"));
+            assert!(rate > 0.0, "{row}");
+        }
+        assert!(text.contains("(d) together, multiplexed MuTWO"), "{text}");
+    }
+    // (c)'s plans never swap.
+    for row in text.lines().filter(|l| l.contains("recompute only")) {
+        assert!(row.contains("swaps 0.00 MiB"), "{row}");
+    }
+}
