@@ -7,11 +7,13 @@
 //!   planner strategy and fixed policy, swaps allowed) for the budget;
 //! - (c) `together-recompute`: the same, with plans made for a host link too slow to use,
 //!   so the chosen plan only recomputes (its swap traffic is printed: 0);
-//! - (d) `multiplexed`: the planner's multi-model MuTWO plan over the same K-model graph,
-//!   a row kind not run yet ([`RowKind::Multiplexed`] is the hook).
+//! - (d) `multiplexed`: the same K-model step planned as the planner's multiplexed graph
+//!   (the models' steps interleaved, model i's backward beside model i+1's forward) under
+//!   MuTWO's Algorithm C, so one model's prefetch can hide behind another's compute
+//!   (`--policy auto:multiplexed`).
 //!
-//! Horizontal fusion of the K models' ops (issue 22, item 2) is not built: (b) and (c) run
-//! the K models' ops one after another inside the shared step. Ratios are against (a) at
+//! Horizontal fusion of the K models' ops (issue 22, item 2) is not built: (b), (c) and (d)
+//! run the K models' ops one after another inside the shared step. Ratios are against (a) at
 //! the same K, measured in the same run.
 
 use std::time::Instant;
@@ -65,9 +67,8 @@ pub enum RowKind {
     Together,
     /// (c) the K models in one step, by a plan that only recomputes.
     TogetherRecompute,
-    /// (d) the K models in one step by the planner's multiplexed multi-model MuTWO plan.
-    /// The hook for the planner half of issue 22: not run until that scheduler is wired
-    /// in (see [`runner`]).
+    /// (d) the K models in one step by the planner's multiplexed plan (MuTWO's Algorithm C
+    /// on the interleaved order).
     Multiplexed,
 }
 
@@ -218,7 +219,7 @@ fn store_all() -> Checkpointing {
     Checkpointing::Graph(Policy::StoreAll)
 }
 
-/// Sets up a runner per row kind (`None`: not runnable yet).
+/// Sets up a runner per row kind (`None`: a kind that cannot run).
 fn runner<'a>(
     args: &Args,
     task: &'a Task,
@@ -228,15 +229,26 @@ fn runner<'a>(
 ) -> anyhow::Result<Option<Box<dyn Runner + 'a>>> {
     Ok(match kind {
         RowKind::OneAfterAnother => Some(Box::new(OneAfterAnother::new(args, task, k, budget)?)),
-        RowKind::Together => Some(Box::new(Together::new(args, task, k, budget, None)?)),
+        RowKind::Together => Some(Box::new(Together::new(args, task, k, budget, None, None)?)),
         // A link of one byte per second: every swap would cost more than any recompute.
-        RowKind::TogetherRecompute => {
-            Some(Box::new(Together::new(args, task, k, budget, Some(1.0))?))
-        }
-        // The hook for the planner's multi-model MuTWO plan: a `Together` whose session
-        // plans with that scheduler, given the planner-node owners
-        // (`session.profile.node_owners`).
-        RowKind::Multiplexed => None,
+        RowKind::TogetherRecompute => Some(Box::new(Together::new(
+            args,
+            task,
+            k,
+            budget,
+            Some(1.0),
+            None,
+        )?)),
+        // The planner's multiplexed graph (the models' steps interleaved) under MuTWO's
+        // Algorithm C: `remat train --models K --policy auto:multiplexed`.
+        RowKind::Multiplexed => Some(Box::new(Together::new(
+            args,
+            task,
+            k,
+            budget,
+            None,
+            Some("multiplexed"),
+        )?)),
     })
 }
 
@@ -256,7 +268,7 @@ fn measure_k(
         let made = runner(args, task, k, budget, kind);
         let why = match &made {
             Ok(Some(_)) => String::new(),
-            Ok(None) => "not run: needs the planner's multi-model scheduler".into(),
+            Ok(None) => "not run".into(),
             // (a) always fits (the budget is above one model's store-all peak).
             Err(e) if kind == RowKind::OneAfterAnother => {
                 return Err(anyhow::anyhow!("{}: {e:#}", kind.label()));
@@ -376,6 +388,7 @@ impl<'a> Together<'a> {
         k: usize,
         budget: u64,
         bandwidth: Option<f64>,
+        strategy: Option<&str>,
     ) -> anyhow::Result<Self> {
         let pool = MemoryPool::unbounded();
         let ctx = ExecContext::new(pool.clone(), args.threads)?;
@@ -388,15 +401,19 @@ impl<'a> Together<'a> {
             Ok((g, rec))
         };
         let (mut g0, step0) = record(store_all())?;
-        let fixed =
-            fixed_policy_sets(
-                &g0,
-                &fixed_policies(args.layers),
-                |ckpt| Ok(record(ckpt)?.0),
-            )?;
+        let fixed = match strategy {
+            Some(_) => Vec::new(),
+            None => {
+                fixed_policy_sets(
+                    &g0,
+                    &fixed_policies(args.layers),
+                    |ckpt| Ok(record(ckpt)?.0),
+                )?
+            }
+        };
         let settings = AutoSettings {
             budget,
-            strategy: None,
+            strategy: strategy.map(String::from),
             swap_dir: None,
             bandwidth,
             profile_runs: 3,

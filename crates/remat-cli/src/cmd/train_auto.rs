@@ -20,7 +20,10 @@ use remat_engine::profile::{
     median, profile_step_multi,
 };
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
+use remat_planner::multi::MultiPlanned;
 use remat_planner::{PlanError, Planned, Problem};
+
+use super::train_multi::multiplexed;
 
 /// What `--policy auto` needs besides the model.
 #[derive(Clone, Debug)]
@@ -144,6 +147,9 @@ pub struct AutoSession {
     /// Compute seconds a byte of swap traffic takes from the step (charged to predictions).
     pub copy_cost: f64,
     pub budget: u64,
+    /// Under `--policy auto:multiplexed[-search]` (K models): the multiplexed plan with
+    /// which model's compute hides which swap.
+    pub multiplexed: Option<MultiPlanned>,
 }
 
 pub fn mib(bytes: u64) -> String {
@@ -221,13 +227,27 @@ impl AutoSession {
             budget_bytes: settings.budget,
             bandwidth,
         };
-        let (planned, considered) = plan(
-            &problem,
-            &profile,
-            settings.strategy.as_deref(),
-            &settings.fixed,
-            copies.compute_seconds_per_byte,
-        )?;
+        let route = settings
+            .strategy
+            .as_deref()
+            .and_then(multiplexed::inner_strategy);
+        let (planned, considered, multiplexed) = match route {
+            Some(inner) => {
+                let (multi, planned, considered) =
+                    multiplexed::plan(graph, &profile, settings.budget, bandwidth, inner)?;
+                (planned, considered, Some(multi))
+            }
+            None => {
+                let (planned, considered) = plan(
+                    &problem,
+                    &profile,
+                    settings.strategy.as_deref(),
+                    &settings.fixed,
+                    copies.compute_seconds_per_byte,
+                )?;
+                (planned, considered, None)
+            }
+        };
         Ok(AutoSession {
             profile,
             planned,
@@ -236,6 +256,7 @@ impl AutoSession {
             bandwidth,
             copy_cost: copies.compute_seconds_per_byte,
             budget: settings.budget,
+            multiplexed,
         })
     }
 
@@ -276,6 +297,9 @@ impl AutoSession {
             format!("  {:<10} {:>12.1} {:>12.1}", "step ms", r.total_time * 1e3, time * 1e3),
             format!("  {:<10} {:>12.1} {:>12.1}", "stall ms", r.stall_time * 1e3, stall * 1e3),
         ]
+        .into_iter()
+        .chain(self.multiplexed.iter().flat_map(|m| multiplexed::hiding_lines(m, 12)))
+        .collect::<Vec<_>>()
         .join("\n")
     }
 }

@@ -7,6 +7,7 @@
 //! updates `remat train --seed S_k --lr LR_k ...` alone would: its parameters after N steps
 //! are bit-identical to that run's (same --threads).
 
+pub mod multiplexed;
 pub mod per_model;
 
 use std::time::{Duration, Instant};
