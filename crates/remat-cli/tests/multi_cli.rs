@@ -258,6 +258,7 @@ fn bench_multi_prints_every_row_kind() {
             "(b) together",
             "(c) together, recompute only",
             "(d) together, multiplexed MuTWO",
+            "(e) together, multiplexed search",
         ] {
             let row = text
                 .lines()

@@ -10,7 +10,8 @@
 //! - (d) `multiplexed`: the same K-model step planned as the planner's multiplexed graph
 //!   (the models' steps interleaved, model i's backward beside model i+1's forward) under
 //!   MuTWO's Algorithm C, so one model's prefetch can hide behind another's compute
-//!   (`--policy auto:multiplexed`).
+//!   (`--policy auto:multiplexed`);
+//! - (e) `multiplexed-search`: the same graph planned by the anytime search instead.
 //!
 //! Horizontal fusion of the K models' ops (issue 22, item 2) is not built: (b), (c) and (d)
 //! run the K models' ops one after another inside the shared step. Ratios are against (a) at
@@ -70,14 +71,17 @@ pub enum RowKind {
     /// (d) the K models in one step by the planner's multiplexed plan (MuTWO's Algorithm C
     /// on the interleaved order).
     Multiplexed,
+    /// (e) the same multiplexed graph planned by the anytime search.
+    MultiplexedSearch,
 }
 
 impl RowKind {
-    const ALL: [RowKind; 4] = [
+    const ALL: [RowKind; 5] = [
         RowKind::OneAfterAnother,
         RowKind::Together,
         RowKind::TogetherRecompute,
         RowKind::Multiplexed,
+        RowKind::MultiplexedSearch,
     ];
 
     fn label(self) -> &'static str {
@@ -86,6 +90,7 @@ impl RowKind {
             RowKind::Together => "(b) together, auto plan",
             RowKind::TogetherRecompute => "(c) together, recompute only",
             RowKind::Multiplexed => "(d) together, multiplexed MuTWO",
+            RowKind::MultiplexedSearch => "(e) together, multiplexed search",
         }
     }
 }
@@ -155,7 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.steps
     );
     println!(
-        "fusion of the K models' ops is not built: rows (b) and (c) run the K models' ops one after another in one step"
+        "fusion of the K models' ops is not built: rows (b) to (e) run the K models' ops one after another in one step"
     );
     let mut rows = Vec::new();
     for &k in &args.ks {
@@ -248,6 +253,14 @@ fn runner<'a>(
             budget,
             None,
             Some("multiplexed"),
+        )?)),
+        RowKind::MultiplexedSearch => Some(Box::new(Together::new(
+            args,
+            task,
+            k,
+            budget,
+            None,
+            Some("multiplexed-search"),
         )?)),
     })
 }
