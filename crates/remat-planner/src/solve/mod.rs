@@ -6,15 +6,18 @@
 //!    a memory-aware topological order often fits the budget with nothing recomputed
 //!    (FastSA's observation on Moccasin's random layered graphs). Candidate orders: the
 //!    given one, and list schedules with several tie-breaks.
-//! 2. **Evict on top** ([`crate::exact::evict`]). On each order (the graph renumbered in it),
-//!    the greedy eviction with Belady look-ahead plus its local search makes a full
-//!    schedule: values are freed and recomputed as often as needed. Its steps are mapped
-//!    back to the graph's node ids and the simulator judges the plan on the original graph.
-//! 3. **Improve until the deadline.** Local search on the orders (window moves lowering the
-//!    memory above the budget), each improvement re-planned, the fastest simulated plan
+//! 2. **Recompute inside the order** ([`recompute`]), then **evict on top**
+//!    ([`crate::exact::evict`]). Copies of nodes are inserted into each order where its
+//!    memory passes the budget (milliseconds; no cascades). Then, on each order (the graph
+//!    renumbered in it), the greedy eviction with Belady look-ahead plus its local search
+//!    makes a full schedule: values are freed, swapped and recomputed as often as needed.
+//!    Its steps are mapped back to the graph's node ids and the simulator judges the plan
+//!    on the original graph.
+//! 3. **Improve until the deadline.** Annealing slices on the orders (window moves lowering
+//!    the memory above the budget), each improvement re-planned, the fastest simulated plan
 //!    kept. A zero-overhead plan ends the search: nothing can beat it.
 //!
-//! Whenever some order's eviction pass fits, a plan is returned; when none does, the
+//! Whenever copies or some order's eviction pass fit, a plan is returned; when none does, the
 //! error reports the smallest peak reached. A budget under [`Graph::memory_floor`] is
 //! refused up front, naming the floor. [`bound`] gives the lower bound printed beside.
 //!
