@@ -123,7 +123,14 @@ pub fn solve(
             .saturating_duration_since(now)
             .mul_f64(COPIES_SHARE);
     for s in &search.states {
-        best.offer(plan_with_copies(problem, &s.order, copies_until));
+        // While nothing fits, the copies may take the time left: they are the plan on
+        // graphs where eviction thrashes (Moccasin's n=1000 at 0.8 without swaps).
+        let until = if best.planned.is_none() {
+            deadline
+        } else {
+            copies_until
+        };
+        best.offer(plan_with_copies(problem, &s.order, until));
         if best.overhead() == Some(0.0) {
             return best.into_result(problem);
         }

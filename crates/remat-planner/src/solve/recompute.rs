@@ -20,6 +20,7 @@
 //! first. The sequence becomes explicit `compute` / `free` steps: every copy is freed right
 //! after its last reader, so a node is never resident twice.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use crate::ir::{Graph, NodeId};
@@ -246,7 +247,7 @@ fn best_insertion(
     let peak = (0..seq.len()).max_by_key(|&k| (life.live[k], std::cmp::Reverse(k)))?;
     let index = Index::of(graph, seq);
     let mut best: Option<(f64, u64, usize, NodeId)> = None;
-    let mut seen: Vec<(usize, usize)> = Vec::new();
+    let mut seen: HashSet<(usize, usize)> = HashSet::new();
     for s in steps_to_relieve(life, budget, peak) {
         let read_at_s = &graph.node(seq[s]).inputs;
         for (j, &v) in seq.iter().enumerate().take(s) {
@@ -266,10 +267,9 @@ fn best_insertion(
             };
             let cost = graph.node(v).compute_time.max(f64::MIN_POSITIVE);
             for at in insertion_points(graph, &index, &life.last, s, u, v) {
-                if seen.contains(&(j, at)) {
+                if !seen.insert((j, at)) {
                     continue;
                 }
-                seen.push((j, at));
                 let gain = excess_removed(graph, &index, life, budget, (j, v), at);
                 if gain <= 0 {
                     continue;
