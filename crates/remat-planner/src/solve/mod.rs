@@ -6,15 +6,18 @@
 //!    a memory-aware topological order often fits the budget with nothing recomputed
 //!    (FastSA's observation on Moccasin's random layered graphs). Candidate orders: the
 //!    given one, and list schedules with several tie-breaks.
-//! 2. **Evict on top** ([`crate::exact::evict`]). On each order (the graph renumbered in it),
-//!    the greedy eviction with Belady look-ahead plus its local search makes a full
-//!    schedule: values are freed and recomputed as often as needed. Its steps are mapped
-//!    back to the graph's node ids and the simulator judges the plan on the original graph.
-//! 3. **Improve until the deadline.** Local search on the orders (window moves lowering the
-//!    memory above the budget), each improvement re-planned, the fastest simulated plan
+//! 2. **Recompute inside the order** ([`recompute`]), then **evict on top**
+//!    ([`crate::exact::evict`]). Copies of nodes are inserted into each order where its
+//!    memory passes the budget (milliseconds; no cascades). Then, on each order (the graph
+//!    renumbered in it), the greedy eviction with Belady look-ahead plus its local search
+//!    makes a full schedule: values are freed, swapped and recomputed as often as needed.
+//!    Its steps are mapped back to the graph's node ids and the simulator judges the plan
+//!    on the original graph.
+//! 3. **Improve until the deadline.** Annealing slices on the orders (window moves lowering
+//!    the memory above the budget), each improvement re-planned, the fastest simulated plan
 //!    kept. A zero-overhead plan ends the search: nothing can beat it.
 //!
-//! Whenever some order's eviction pass fits, a plan is returned; when none does, the
+//! Whenever copies or some order's eviction pass fit, a plan is returned; when none does, the
 //! error reports the smallest peak reached. A budget under [`Graph::memory_floor`] is
 //! refused up front, naming the floor. [`bound`] gives the lower bound printed beside.
 //!
@@ -23,6 +26,7 @@
 
 pub mod bound;
 pub mod order;
+pub mod recompute;
 
 use std::time::{Duration, Instant};
 
@@ -110,13 +114,33 @@ pub fn solve(
     if !graph.order_is_fixed() {
         search.anneal_all(orders_until);
     }
-    // 2. Evict on the best orders, then on the given one (evict's own plan), then on the
+    // 2. Recomputations inserted into every candidate order (milliseconds each), then
+    //    evict on the best orders, then on the given one (evict's own plan), then on the
     //    other candidates.
+    let now = Instant::now();
+    let copies_until = now
+        + deadline
+            .saturating_duration_since(now)
+            .mul_f64(COPIES_SHARE);
+    for s in &search.states {
+        // While nothing fits, the copies may take the time left: they are the plan on
+        // graphs where eviction thrashes (Moccasin's n=1000 at 0.8 without swaps).
+        let until = if best.planned.is_none() {
+            deadline
+        } else {
+            copies_until
+        };
+        best.offer(plan_with_copies(problem, &s.order, until));
+        if best.overhead() == Some(0.0) {
+            return best.into_result(problem);
+        }
+    }
     let mut planned_orders: Vec<Vec<NodeId>> = Vec::new();
     let given: Vec<NodeId> = (0..graph.len()).collect();
     let mut queue: Vec<Vec<NodeId>> = vec![search.states[0].order.clone(), given];
     queue.extend(search.states.iter().skip(1).map(|s| s.order.clone()));
     queue.dedup();
+    let mut evict_fitted = false;
     for (k, order) in queue.into_iter().enumerate() {
         if k > 0 && Instant::now() >= deadline {
             break;
@@ -126,7 +150,9 @@ pub fn solve(
             continue;
         }
         let grace = best.planned.is_none();
-        best.offer(plan_in_order(problem, &order, deadline, grace));
+        let evicted = plan_in_order(problem, &order, deadline, grace);
+        evict_fitted |= evicted.is_ok();
+        best.offer(evicted);
         planned_orders.push(order);
         if best.overhead() == Some(0.0) {
             return best.into_result(problem);
@@ -138,13 +164,17 @@ pub fn solve(
         let Some(k) = search.improve_round(deadline) else {
             break;
         };
+        let copies = plan_with_copies(problem, &search.states[k].order, deadline);
+        best.offer(copies);
         let grace = best.planned.is_none();
-        best.offer(plan_in_order(
-            problem,
-            &search.states[k].order,
-            deadline,
-            grace,
-        ));
+        let evict_until = if evict_fitted {
+            deadline
+        } else {
+            evict_deadline(&best, deadline)
+        };
+        let evicted = plan_in_order(problem, &search.states[k].order, evict_until, grace);
+        evict_fitted |= evicted.is_ok();
+        best.offer(evicted);
         if best.overhead() == Some(0.0) {
             break;
         }
@@ -159,6 +189,26 @@ pub fn solve(
     }
     best.into_result(problem)
 }
+
+/// Until when eviction may run: to `deadline` while no plan is known, else for
+/// [`EVICT_SHARE`] of the time left. On graphs where recomputations inserted into the order
+/// already fit, the eviction passes can thrash (Moccasin's random layered n=500 at 0.9:
+/// every rebuild forces more), and the time is better spent on orders.
+fn evict_deadline(best: &Best, deadline: Instant) -> Instant {
+    if best.planned.is_none() {
+        return deadline;
+    }
+    let now = Instant::now();
+    now + deadline.saturating_duration_since(now).mul_f64(EVICT_SHARE)
+}
+
+/// Share of the time left after the order phase that the copies on the candidate orders
+/// get (milliseconds each on Moccasin's graphs; on a 32-layer transformer, hundreds of
+/// copies, the greedy's refits would otherwise take the eviction's time).
+const COPIES_SHARE: f64 = 0.2;
+
+/// Share of the time left that eviction gets once a plan is known.
+const EVICT_SHARE: f64 = 0.3;
 
 /// Share of the solver's time spent on orders alone before the first eviction.
 const ORDER_SHARE: f64 = 0.3;
@@ -195,8 +245,8 @@ impl OrderSearch<'_> {
             if self.stale[k] >= STALE_ROUNDS {
                 continue;
             }
-            let slice = (4 * self.states[k].order.len()).max(256);
-            let improved = order::improve(
+            let slice = (REANNEAL_MOVES_PER_NODE * self.states[k].order.len()).max(256);
+            let improved = order::anneal(
                 &mut self.states[k],
                 &self.prec,
                 &mut self.eval,
@@ -244,6 +294,9 @@ const LAST_RESORT: Duration = Duration::from_secs(1);
 
 /// Moves of one annealing run, per node of the graph.
 const ANNEAL_MOVES_PER_NODE: usize = 200;
+
+/// Moves of one annealing slice of the improvement phase, per node.
+const REANNEAL_MOVES_PER_NODE: usize = 50;
 
 /// Local-search slices without improvement after which an order is left alone.
 const STALE_ROUNDS: usize = 3;
@@ -356,6 +409,28 @@ pub fn plan_in_order(
         },
     );
     plan_from_steps(problem, NAME, steps, decisions)
+}
+
+/// Plans the graph run in `order` with recomputations inserted into the order (see
+/// [`recompute`]): no swaps, no cascades; the simulator judges the schedule.
+pub fn plan_with_copies(
+    problem: &Problem,
+    order: &[NodeId],
+    deadline: Instant,
+) -> Result<Planned, PlanError> {
+    let graph = problem.graph;
+    match recompute::insert_recomputations(graph, order, problem.budget_bytes, deadline) {
+        recompute::Outcome::Fits(seq) => {
+            let steps = recompute::steps_of(graph, &seq);
+            let decisions = crate::exact::chain_graph::decisions_of(graph, &steps);
+            plan_from_steps(problem, NAME, steps, decisions)
+        }
+        recompute::Outcome::Stuck { peak } => Err(PlanError::OverBudget {
+            strategy: NAME.into(),
+            budget: problem.budget_bytes,
+            best_peak: peak,
+        }),
+    }
 }
 
 /// Evict's passes (every weighting, on profiled and on unit costs) and its local search on
