@@ -106,6 +106,16 @@ pub fn solve(
         round: 0,
     };
     search.stale = vec![0; search.states.len()];
+    // 0. On large graphs with no plan yet, copies on the best candidate order come first:
+    //    annealing there cannot finish its moves in its share, and the copies, which take
+    //    seconds at 5,000 nodes, would otherwise start too late to fit.
+    if best.planned.is_none() && graph.len() >= COPIES_FIRST_FROM_NODES {
+        progress("recomputing inside the best order", None);
+        best.offer(plan_with_copies(problem, &search.states[0].order, deadline));
+        if best.overhead() == Some(0.0) {
+            return best.into_result(problem);
+        }
+    }
     // 1. Orders first: memory-aware orders cost no recomputation at all, so a share of the
     //    time goes to lowering their memory above the budget before any eviction runs.
     let now = Instant::now();
@@ -206,6 +216,10 @@ fn evict_deadline(best: &Best, deadline: Instant) -> Instant {
 /// get (milliseconds each on Moccasin's graphs; on a 32-layer transformer, hundreds of
 /// copies, the greedy's refits would otherwise take the eviction's time).
 const COPIES_SHARE: f64 = 0.2;
+
+/// Graphs from this many nodes on get copies on the best candidate order before any
+/// annealing when no plan is known (see [`solve`]).
+const COPIES_FIRST_FROM_NODES: usize = 2000;
 
 /// Share of the time left that eviction gets once a plan is known.
 const EVICT_SHARE: f64 = 0.3;
