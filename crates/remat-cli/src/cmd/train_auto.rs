@@ -79,22 +79,26 @@ pub fn fixed_policy_sets(
     Ok(sets)
 }
 
+/// The first of the flags that neither `--policy auto` nor `--models` uses that is set
+/// (the spec runtime's, pipeline stages, `--compare`, `--dump-grads`), then of `more`
+/// (flag, whether set).
+pub fn first_unused_flag(args: &Args, more: &[(&'static str, bool)]) -> Option<&'static str> {
+    [
+        ("--block", args.spec_args.block.is_some()),
+        ("--spec", args.spec_args.spec.is_some()),
+        ("--stages", args.pipeline.stages.is_some()),
+        ("--compare", args.compare),
+        ("--dump-grads", args.files.dump_grads.is_some()),
+    ]
+    .iter()
+    .chain(more)
+    .find(|(_, set)| *set)
+    .map(|(flag, _)| *flag)
+}
+
 /// `remat train` flags that `--policy auto` does not use: refused rather than ignored.
 pub fn check_flags(args: &Args) -> anyhow::Result<()> {
-    let flag = if args.spec_args.block.is_some() {
-        Some("--block")
-    } else if args.spec_args.spec.is_some() {
-        Some("--spec")
-    } else if args.pipeline.stages.is_some() {
-        Some("--stages")
-    } else if args.compare {
-        Some("--compare")
-    } else if args.files.dump_grads.is_some() {
-        Some("--dump-grads")
-    } else {
-        None
-    };
-    match flag {
+    match first_unused_flag(args, &[]) {
         Some(flag) => anyhow::bail!(
             "{flag} cannot be combined with --policy auto: auto profiles and plans the \
              single-stage GPT step itself (drop {flag}, or use a fixed --policy)"

@@ -178,24 +178,14 @@ pub struct MultiRun {
 
 /// Flags a K-model run does not use: refused rather than ignored.
 fn check_flags(args: &Args) -> anyhow::Result<()> {
-    let flag = if args.spec_args.block.is_some() {
-        Some("--block")
-    } else if args.spec_args.spec.is_some() {
-        Some("--spec")
-    } else if args.pipeline.stages.is_some() {
-        Some("--stages")
-    } else if args.compare {
-        Some("--compare")
-    } else if args.files.init.is_some() {
-        Some("--init")
-    } else if args.files.dump_grads.is_some() {
-        Some("--dump-grads")
-    } else if args.files.swap_dir.is_some() && matches!(args.policy, PolicyChoice::Fixed(_)) {
-        Some("--swap-dir")
-    } else {
-        None
-    };
-    match flag {
+    let more = [
+        ("--init", args.files.init.is_some()),
+        (
+            "--swap-dir",
+            args.files.swap_dir.is_some() && matches!(args.policy, PolicyChoice::Fixed(_)),
+        ),
+    ];
+    match super::train_auto::first_unused_flag(args, &more) {
         Some(flag) => anyhow::bail!(
             "{flag} cannot be combined with --models: K models train the built-in GPT \
              together in one step under a fixed --policy or --policy auto (drop {flag})"
