@@ -12,9 +12,10 @@
 
 use std::collections::BTreeMap;
 
+use super::spec_lora::{check_lora, init_adapters, trainable_values};
 use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, Scratch, Shared};
-use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
+use crate::spec::run::lora::{LayerAdapters, LoraConfig};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check};
 use crate::spec::{ModelConfig, Value};
@@ -260,66 +261,20 @@ impl Hybrid {
 
     /// Adds LoRA adapters on every target of `cfg` that a layer's block has.
     pub fn with_lora(mut self, cfg: LoraConfig, random_b: bool) -> RunResult<Self> {
-        if cfg.rank == 0
-            || !(0.0..1.0).contains(&cfg.dropout)
-            || !(cfg.alpha.is_finite() && cfg.alpha > 0.0)
-        {
-            return Err(RunError::Model(format!(
-                "LoRA needs rank > 0, dropout in [0, 1) and a finite alpha > 0 (got rank {}, dropout {}, alpha {})",
-                cfg.rank, cfg.dropout, cfg.alpha
-            )));
-        }
-        let mut adapters = Vec::with_capacity(self.layers.len());
-        let mut stream = 1000u64;
-        for params in &self.layers {
-            let mut map = LayerAdapters::new();
-            for t in &cfg.targets {
-                let Some(w) = lora_weight(params, t) else {
-                    continue;
-                };
-                let (out, inp) = (w.shape[0], w.shape[1]);
-                stream += 2;
-                let a = uniform(cfg.seed, stream, cfg.rank * inp, 1.0 / (inp as f32).sqrt())?;
-                let b = if random_b {
-                    uniform(cfg.seed, stream + 1, out * cfg.rank, 0.5)?
-                } else {
-                    filled(out * cfg.rank, |_| 0.0)?
-                };
-                map.insert(
-                    t.clone(),
-                    Adapter {
-                        a: Act::new(a, vec![cfg.rank, inp]),
-                        b: Act::new(b, vec![out, cfg.rank]),
-                    },
-                );
-            }
-            adapters.push(map);
-        }
+        check_lora(&cfg)?;
+        let layers = &self.layers;
+        let adapters = init_adapters(&cfg, random_b, layers.len(), |l, t| {
+            lora_weight(&layers[l], t).map(|w| (w.shape[0], w.shape[1]))
+        })?;
         self.lora = Some((cfg, adapters));
         Ok(self)
     }
 
     /// Trainable values in `mode`.
     pub fn trainable(&self, mode: Mode) -> usize {
-        match (mode, &self.lora) {
-            (Mode::Lora, Some((_, a))) => a
-                .iter()
-                .flat_map(|m| m.values())
-                .map(|x| x.a.data.len() + x.b.data.len())
-                .sum(),
-            (Mode::Lora, None) => 0,
-            (Mode::Full, _) => {
-                self.embed.data.len()
-                    + self.final_norm.data.len()
-                    + self.lm_head.data.len()
-                    + self
-                        .layers
-                        .iter()
-                        .flat_map(|m| m.values())
-                        .map(|a| a.data.len())
-                        .sum::<usize>()
-            }
-        }
+        let adapters = self.lora.as_ref().map(|(_, a)| a.as_slice());
+        let whole = [&self.embed, &self.final_norm, &self.lm_head];
+        trainable_values(mode, adapters, &whole, &self.layers)
     }
 
     /// Checks `plans` (one per block type, in `blocks` order): each compiled from its

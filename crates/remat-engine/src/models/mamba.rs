@@ -14,9 +14,10 @@ mod inspect;
 
 use std::collections::BTreeMap;
 
+use super::spec_lora::{check_lora, init_adapters, trainable_values};
 use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
-use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
+use crate::spec::run::lora::{LayerAdapters, LoraConfig};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult};
 use crate::spec::{ModelConfig, Value};
@@ -360,15 +361,7 @@ impl Mamba {
     /// Adds LoRA adapters on the targets of `cfg` that a Mamba block has (`in`, `x`,
     /// `out`); `B` starts at zero unless `random_b`.
     pub fn with_lora(mut self, cfg: LoraConfig, random_b: bool) -> RunResult<Self> {
-        if cfg.rank == 0
-            || !(0.0..1.0).contains(&cfg.dropout)
-            || !(cfg.alpha.is_finite() && cfg.alpha > 0.0)
-        {
-            return Err(RunError::Model(format!(
-                "LoRA needs rank > 0, dropout in [0, 1) and a finite alpha > 0 (got rank {}, dropout {}, alpha {})",
-                cfg.rank, cfg.dropout, cfg.alpha
-            )));
-        }
+        check_lora(&cfg)?;
         if let Some(t) = cfg
             .targets
             .iter()
@@ -379,59 +372,17 @@ impl Mamba {
             )));
         }
         self.dims.param_count(Some((cfg.rank, &cfg.targets)))?;
-        let mut adapters = Vec::with_capacity(self.layers.len());
-        let mut stream = 1000u64;
-        for _ in &self.layers {
-            let mut map = LayerAdapters::new();
-            for t in &cfg.targets {
-                let Some((out, inp)) = self.dims.lora_dims(t) else {
-                    continue;
-                };
-                stream += 2;
-                let a = Act::new(
-                    uniform(cfg.seed, stream, cfg.rank * inp, 1.0 / (inp as f32).sqrt())?,
-                    vec![cfg.rank, inp],
-                );
-                let b = if random_b {
-                    uniform(cfg.seed, stream + 1, out * cfg.rank, 0.5)?
-                } else {
-                    filled(out * cfg.rank, |_| 0.0)?
-                };
-                map.insert(
-                    t.clone(),
-                    Adapter {
-                        a,
-                        b: Act::new(b, vec![out, cfg.rank]),
-                    },
-                );
-            }
-            adapters.push(map);
-        }
+        let dims = &self.dims;
+        let adapters = init_adapters(&cfg, random_b, self.layers.len(), |_, t| dims.lora_dims(t))?;
         self.lora = Some((cfg, adapters));
         Ok(self)
     }
 
     /// Trainable values in `mode`.
     pub fn trainable(&self, mode: Mode) -> usize {
-        match (mode, &self.lora) {
-            (Mode::Lora, Some((_, adapters))) => adapters
-                .iter()
-                .flat_map(|m| m.values())
-                .map(|a| a.a.data.len() + a.b.data.len())
-                .sum(),
-            (Mode::Lora, None) => 0,
-            (Mode::Full, _) => {
-                self.embed.data.len()
-                    + self.final_norm.data.len()
-                    + self.lm_head.data.len()
-                    + self
-                        .layers
-                        .iter()
-                        .flat_map(|m| m.values())
-                        .map(|a| a.data.len())
-                        .sum::<usize>()
-            }
-        }
+        let adapters = self.lora.as_ref().map(|(_, a)| a.as_slice());
+        let whole = [&self.embed, &self.final_norm, &self.lm_head];
+        trainable_values(mode, adapters, &whole, &self.layers)
     }
 
     fn weights(&self, layer: usize, lora: bool) -> LayerWeights<'_> {

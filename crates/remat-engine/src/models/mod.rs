@@ -7,4 +7,5 @@ pub mod mamba;
 pub mod mlp;
 pub mod multi;
 pub mod qwen3;
+mod spec_lora;
 mod spec_step;

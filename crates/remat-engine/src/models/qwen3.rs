@@ -14,10 +14,11 @@ mod inspect;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::spec_lora::{check_lora, init_adapters, trainable_values};
 use crate::kernels::{self, RopeTable};
 use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
-use crate::spec::run::lora::{Adapter, AdapterGrad, LayerAdapters, LoraConfig};
+use crate::spec::run::lora::{AdapterGrad, LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Hold, Meter, MeterStats, Use};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, linalg};
@@ -535,20 +536,7 @@ impl Qwen3 {
     /// Adds LoRA adapters on `cfg.targets`. `A` starts random; `B` starts at zero as in
     /// the LoRA paper unless `random_b` (tests use it so adapters change the outputs).
     pub fn with_lora(mut self, cfg: LoraConfig, random_b: bool) -> RunResult<Self> {
-        if cfg.rank == 0 || !(0.0..1.0).contains(&cfg.dropout) {
-            return Err(RunError::Model(format!(
-                "LoRA needs rank > 0 and dropout in [0, 1) (got rank {}, dropout {})",
-                cfg.rank, cfg.dropout
-            )));
-        }
-        // The adapters' output is scaled by alpha / rank: a NaN, infinite or non-positive
-        // alpha trains to a NaN loss (or not at all) without any other error.
-        if !(cfg.alpha.is_finite() && cfg.alpha > 0.0) {
-            return Err(RunError::Model(format!(
-                "LoRA alpha must be a finite number greater than 0 (got {})",
-                cfg.alpha
-            )));
-        }
+        check_lora(&cfg)?;
         for t in &cfg.targets {
             if !crate::spec::ops::LORA_TARGETS.contains(&t.as_str()) {
                 return Err(RunError::Model(format!(
@@ -557,35 +545,10 @@ impl Qwen3 {
             }
         }
         self.dims.param_count(Some((cfg.rank, &cfg.targets)))?;
-        let mut adapters = Vec::with_capacity(self.layers.len());
-        let mut stream = 1000u64;
-        for layer in &self.layers {
-            let mut map = LayerAdapters::new();
-            for t in &cfg.targets {
-                let Some(w) = self.base_weight(layer, t) else {
-                    continue;
-                };
-                let (out, inp) = (w.shape[0], w.shape[1]);
-                stream += 2;
-                let a = Act::new(
-                    uniform(cfg.seed, stream, cfg.rank * inp, 1.0 / (inp as f32).sqrt())?,
-                    vec![cfg.rank, inp],
-                );
-                let b_data = if random_b {
-                    uniform(cfg.seed, stream + 1, out * cfg.rank, 0.5)?
-                } else {
-                    filled(out * cfg.rank, |_| 0.0)?
-                };
-                map.insert(
-                    t.clone(),
-                    Adapter {
-                        a,
-                        b: Act::new(b_data, vec![out, cfg.rank]),
-                    },
-                );
-            }
-            adapters.push(map);
-        }
+        let adapters = init_adapters(&cfg, random_b, self.layers.len(), |l, t| {
+            self.base_weight(&self.layers[l], t)
+                .map(|w| (w.shape[0], w.shape[1]))
+        })?;
         self.lora = Some((cfg, adapters));
         Ok(self)
     }
@@ -602,25 +565,9 @@ impl Qwen3 {
 
     /// The number of parameters trained in `mode`.
     pub fn trainable(&self, mode: Mode) -> usize {
-        match (mode, &self.lora) {
-            (Mode::Lora, Some((_, adapters))) => adapters
-                .iter()
-                .flat_map(|m| m.values())
-                .map(|a| a.a.data.len() + a.b.data.len())
-                .sum(),
-            (Mode::Lora, None) => 0,
-            (Mode::Full, _) => {
-                self.embed.data.len()
-                    + self.final_norm.data.len()
-                    + self.lm_head.data.len()
-                    + self
-                        .layers
-                        .iter()
-                        .flat_map(|m| m.values())
-                        .map(|a| a.data.len())
-                        .sum::<usize>()
-            }
-        }
+        let adapters = self.lora.as_ref().map(|(_, a)| a.as_slice());
+        let whole = [&self.embed, &self.final_norm, &self.lm_head];
+        trainable_values(mode, adapters, &whole, &self.layers)
     }
 
     /// One forward and backward under `plan` (compiled from this block's spec for this
