@@ -24,7 +24,7 @@ use super::mamba::{self, Mamba};
 use super::qwen3::{
     BlockKind, LayerGrads, LmHead, Qwen3, Qwen3Grads, StepEnv, StepStats, filled, uniform,
 };
-use super::spec_step::{BlockRunner, StepModel, check_layer_plan, run_step};
+use super::spec_step::{BlockRunner, StepModel, check_layer_plan, mode_lora, run_step};
 use crate::kernels::RopeTable;
 
 /// The block types a hybrid layer may name.
@@ -364,16 +364,7 @@ impl Hybrid {
             )));
         }
         let mode = plans.first().map_or(Mode::Full, |p| p.mode);
-        let lora_cfg = match mode {
-            Mode::Lora => Some(
-                &self
-                    .lora
-                    .as_ref()
-                    .ok_or_else(|| RunError::Model("LoRA mode needs adapters (with_lora)".into()))?
-                    .0,
-            ),
-            Mode::Full => None,
-        };
+        let lora_cfg = mode_lora(mode, self.lora.as_ref())?;
         let ropes = self
             .blocks
             .iter()

@@ -16,14 +16,16 @@ use std::collections::BTreeMap;
 
 use super::spec_lora::{check_lora, init_adapters, trainable_values};
 use crate::spec::compile::{Mode, Plan};
-use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
+use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch};
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult};
 use crate::spec::{ModelConfig, Value};
 
 use super::qwen3::{LayerGrads, LmHead, Qwen3Grads, StepEnv, StepStats, filled, uniform};
-use super::spec_step::{BlockRunner, StackDims, StepModel, check_stacked_plan, run_step};
+use super::spec_step::{
+    BlockRunner, StackDims, UniformModel, check_stacked_plan, run_uniform_step,
+};
 
 /// The spec name of the block.
 pub const BLOCK: &str = "mamba";
@@ -441,27 +443,7 @@ impl Mamba {
                 targets.len()
             )));
         }
-        let lora_cfg = match plan.mode {
-            Mode::Lora => Some(
-                &self
-                    .lora
-                    .as_ref()
-                    .ok_or_else(|| RunError::Model("LoRA mode needs adapters (with_lora)".into()))?
-                    .0,
-            ),
-            Mode::Full => None,
-        };
-        let meter = env.meter;
-        let shared = Shared {
-            plan,
-            config: &plan.config,
-            rope: None,
-            lora: lora_cfg,
-            meter,
-            host: env.host,
-            step: env.step,
-        };
-        let model = StepModel {
+        let model = UniformModel {
             embed: &self.embed,
             head: LmHead {
                 final_norm: &self.final_norm,
@@ -471,11 +453,10 @@ impl Mamba {
             batch: d.batch,
             seq: d.seq,
             layers: &self.layers,
-            adapters: self.lora.as_ref().map(|(_, a)| a.as_slice()),
-            layer_block: &vec![0; d.layers],
+            lora: self.lora.as_ref(),
+            rope: None,
         };
-        let shared = [shared];
-        run_step(model, &shared, self, plan.mode, tokens, targets, env)
+        run_uniform_step(model, plan, self, tokens, targets, env)
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::spec_lora::{check_lora, init_adapters, trainable_values};
 use crate::kernels::{self, RopeTable};
 use crate::spec::compile::{Mode, Plan};
-use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch, Shared};
+use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch};
 use crate::spec::run::lora::{AdapterGrad, LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Hold, Meter, MeterStats, Use};
 use crate::spec::run::ops::Act;
@@ -25,7 +25,9 @@ use crate::spec::run::{RunError, RunResult, linalg};
 use crate::spec::{ModelConfig, Value};
 use crate::swap::HostStore;
 
-use super::spec_step::{BlockRunner, StackDims, StepModel, check_stacked_plan, run_step};
+use super::spec_step::{
+    BlockRunner, StackDims, UniformModel, check_stacked_plan, run_uniform_step,
+};
 pub(crate) use backward::LayerGrads;
 pub use inspect::{RecomputeCheck, record_block};
 
@@ -586,27 +588,7 @@ impl Qwen3 {
         self.check_batch(tokens, targets)?;
         let rope = RopeTable::<f32>::new(d.seq, d.head_dim, d.theta)
             .map_err(|e| RunError::Model(e.to_string()))?;
-        let lora_cfg = match plan.mode {
-            Mode::Lora => Some(
-                &self
-                    .lora
-                    .as_ref()
-                    .ok_or_else(|| RunError::Model("LoRA mode needs adapters (with_lora)".into()))?
-                    .0,
-            ),
-            Mode::Full => None,
-        };
-        let meter = env.meter;
-        let shared = Shared {
-            plan,
-            config: &plan.config,
-            rope: Some(&rope),
-            lora: lora_cfg,
-            meter,
-            host: env.host,
-            step: env.step,
-        };
-        let model = StepModel {
+        let model = UniformModel {
             embed: &self.embed,
             head: LmHead {
                 final_norm: &self.final_norm,
@@ -616,11 +598,10 @@ impl Qwen3 {
             batch: d.batch,
             seq: d.seq,
             layers: &self.layers,
-            adapters: self.lora.as_ref().map(|(_, a)| a.as_slice()),
-            layer_block: &vec![0; d.layers],
+            lora: self.lora.as_ref(),
+            rope: Some(&rope),
         };
-        let shared = [shared];
-        run_step(model, &shared, self, plan.mode, tokens, targets, env)
+        run_uniform_step(model, plan, self, tokens, targets, env)
     }
 
     /// Checks that `plan` was compiled from a spec of this model's block, for its layer

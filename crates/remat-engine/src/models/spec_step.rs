@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kernels;
+use crate::kernels::RopeTable;
 use crate::spec::compile::{Disposition, LayerPlan, Mode, Plan};
 use crate::spec::run::RunError;
 use crate::spec::run::RunResult;
@@ -14,7 +15,7 @@ use crate::spec::run::check;
 use crate::spec::run::exec::{
     Backward, Forward, LayerState, LayerWeights, Scratch, Shared, SharedBuffers,
 };
-use crate::spec::run::lora::LayerAdapters;
+use crate::spec::run::lora::{LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Phase, Use};
 use crate::spec::run::ops::Act;
 
@@ -59,6 +60,63 @@ impl StepModel<'_> {
             },
         }
     }
+}
+
+/// A model whose every layer runs the same block (Qwen3, Mamba), borrowed for one step.
+pub(crate) struct UniformModel<'a> {
+    pub embed: &'a Act,
+    pub head: LmHead<'a>,
+    pub batch: usize,
+    pub seq: usize,
+    pub layers: &'a [BTreeMap<String, Act>],
+    pub lora: Option<&'a (LoraConfig, Vec<LayerAdapters>)>,
+    /// Models without attention (Mamba) have none.
+    pub rope: Option<&'a RopeTable<f32>>,
+}
+
+/// The LoRA configuration a step in `mode` runs with: none in full mode; in LoRA mode the
+/// model's, which must have been added ([`LoraConfig`] through `with_lora`).
+pub(crate) fn mode_lora(
+    mode: Mode,
+    lora: Option<&(LoraConfig, Vec<LayerAdapters>)>,
+) -> RunResult<Option<&LoraConfig>> {
+    match mode {
+        Mode::Lora => lora
+            .map(|(cfg, _)| Some(cfg))
+            .ok_or_else(|| RunError::Model("LoRA mode needs adapters (with_lora)".into())),
+        Mode::Full => Ok(None),
+    }
+}
+
+/// [`run_step`] for a [`UniformModel`] under `plan` (already checked against the model).
+pub(crate) fn run_uniform_step(
+    model: UniformModel,
+    plan: &Plan,
+    runner: &dyn BlockRunner,
+    tokens: &[u32],
+    targets: &[u32],
+    env: StepEnv,
+) -> RunResult<(Qwen3Grads, StepStats)> {
+    let shared = [Shared {
+        plan,
+        config: &plan.config,
+        rope: model.rope,
+        lora: mode_lora(plan.mode, model.lora)?,
+        meter: env.meter,
+        host: env.host,
+        step: env.step,
+    }];
+    let layer_block = vec![0; model.layers.len()];
+    let step_model = StepModel {
+        embed: model.embed,
+        head: model.head,
+        batch: model.batch,
+        seq: model.seq,
+        layers: model.layers,
+        adapters: model.lora.map(|(_, a)| a.as_slice()),
+        layer_block: &layer_block,
+    };
+    run_step(step_model, &shared, runner, plan.mode, tokens, targets, env)
 }
 
 /// One forward and backward, layer `l` run by `runner` under `shared[layer_block[l]]`.
