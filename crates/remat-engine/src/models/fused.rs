@@ -23,16 +23,36 @@ use crate::models::multi::{ModelStep, MultiStepOutput, record_model, take_grads}
 use crate::ops::attention::Attention;
 use crate::policy::Policy;
 
-/// Whether two models can share a fused unit: every size and constant of the computation
-/// equal (dropout probabilities and init seeds may differ), and equal batch shapes.
+/// What models must share to be fused: every size and constant of the computation (the
+/// config without its dropout probability and init seed) and the batch shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeKey {
+    config: GptConfig,
+    batch: usize,
+    seq: usize,
+}
+
+impl ShapeKey {
+    pub fn new(config: &GptConfig, batch: usize, seq: usize) -> Self {
+        ShapeKey {
+            config: GptConfig {
+                dropout: 0.0,
+                init_seed: 0,
+                ..config.clone()
+            },
+            batch,
+            seq,
+        }
+    }
+
+    fn of(step: &ModelStep<'_>) -> Self {
+        Self::new(&step.model.config, step.batch.batch, step.batch.seq)
+    }
+}
+
+/// Whether two models can share a fused unit (equal [`ShapeKey`]s).
 pub fn same_shape(a: &ModelStep<'_>, b: &ModelStep<'_>) -> bool {
-    let shape = |c: &GptConfig| GptConfig {
-        dropout: 0.0,
-        init_seed: 0,
-        ..c.clone()
-    };
-    shape(&a.model.config) == shape(&b.model.config)
-        && (a.batch.batch, a.batch.seq) == (b.batch.batch, b.batch.seq)
+    ShapeKey::of(a) == ShapeKey::of(b)
 }
 
 /// How the models of a step are grouped: `units[u]` lists unit `u`'s models, ascending.
@@ -45,12 +65,15 @@ impl ModelSet {
     /// With `fuse`, models of one shape form one unit (in order of their first model);
     /// without, each model is a unit of its own (the `--no-fuse` path).
     pub fn group(steps: &[ModelStep<'_>], fuse: bool) -> ModelSet {
+        let keys: Vec<ShapeKey> = steps.iter().map(ShapeKey::of).collect();
+        Self::group_keys(&keys, fuse)
+    }
+
+    /// [`ModelSet::group`] from the models' shapes alone (before any model is built).
+    pub fn group_keys(keys: &[ShapeKey], fuse: bool) -> ModelSet {
         let mut units: Vec<Vec<usize>> = Vec::new();
-        for k in 0..steps.len() {
-            let unit = units
-                .iter_mut()
-                .find(|u| fuse && same_shape(&steps[u[0]], &steps[k]));
-            match unit {
+        for k in 0..keys.len() {
+            match units.iter_mut().find(|u| fuse && keys[u[0]] == keys[k]) {
                 Some(u) => u.push(k),
                 None => units.push(vec![k]),
             }
