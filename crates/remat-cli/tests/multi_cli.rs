@@ -1,7 +1,7 @@
 //! `remat train --models K` end to end (issue 22) on tiny configurations: each model's
-//! losses equal those of training it alone, `--policy auto` runs the K-model step by a plan
-//! whose executed peak equals the simulated one, and bad per-model flags are refused naming
-//! the flag.
+//! losses equal those of training it alone, fused (the default) or not (`--no-fuse`),
+//! `--policy auto` runs the K-model step by a plan whose executed peak equals the simulated
+//! one, with fused units too, and bad per-model flags are refused naming the flag.
 
 mod common;
 use common::remat_text;
@@ -124,7 +124,7 @@ fn auto_plans_the_k_model_step_exactly() {
 /// The multiplexed plans (MuTWO's Algorithm C, and the search, on the interleaved order of
 /// the two models' steps) run with the executed peak equal to the simulated one and every
 /// model's losses equal to the store-all run's (dropout on), and say which model's compute
-/// hid which swap.
+/// hid which swap. Unfused (`--no-fuse`), so the plan interleaves two models.
 #[test]
 fn multiplexed_plans_run_exactly() {
     let common = [
@@ -136,6 +136,7 @@ fn multiplexed_plans_run_exactly() {
         "16",
         "--dropout",
         "0.1",
+        "--no-fuse",
     ];
     let store_all = run(&common);
     for strategy in ["auto:multiplexed", "auto:multiplexed-search"] {
@@ -182,6 +183,7 @@ fn bad_per_model_flags_name_the_flag() {
             "--d-model has 3 values",
         ),
         (&["--lr", "1e-3,2e-3"], "needs --models 2"),
+        (&["--no-fuse"], "--no-fuse needs --models K"),
         (&["--models", "2", "--d-model", "16,7"], "model 1"),
         (
             &["--models", "2", "--compare"],
@@ -274,5 +276,100 @@ fn bench_multi_prints_every_row_kind() {
     // (c)'s plans never swap.
     for row in text.lines().filter(|l| l.contains("recompute only")) {
         assert!(row.contains("swaps 0.00 MiB"), "{row}");
+    }
+}
+
+/// Same-shape models are fused by default and the header says which; `--no-fuse` runs
+/// them one after another; both print the same per-model losses, equal to each model's
+/// losses alone (dropout on, one model at p = 0, a third model of another width unfused).
+#[test]
+fn fused_and_unfused_runs_print_the_same_losses() {
+    let common = [
+        "--models",
+        "3",
+        "--seed",
+        "3,4,5",
+        "--lr",
+        "3e-3,1e-2,1e-3",
+        "--dropout",
+        "0.1,0,0.2",
+        "--d-model",
+        "16,8,16",
+    ];
+    let fused = run(&common);
+    assert!(
+        fused.contains("fusion: models m0+2 fused") && fused.contains("m1 unfused"),
+        "{fused}"
+    );
+    let mut args = common.to_vec();
+    args.push("--no-fuse");
+    let unfused = run(&args);
+    assert!(unfused.contains("fusion: off (--no-fuse)"), "{unfused}");
+    let alone = run(&[
+        "--seed",
+        "5",
+        "--lr",
+        "1e-3",
+        "--dropout",
+        "0.2",
+        "--d-model",
+        "16",
+    ]);
+    for k in 0..3 {
+        let want = losses(&unfused, Some(k));
+        assert_eq!(want.len(), 4, "{unfused}");
+        assert_eq!(
+            losses(&fused, Some(k)),
+            want,
+            "model {k}:\n{fused}\n{unfused}"
+        );
+    }
+    assert_eq!(
+        losses(&fused, Some(2)),
+        losses(&alone, None),
+        "{fused}\n{alone}"
+    );
+}
+
+/// `--policy auto:multiplexed` plans fused units as the multiplexed graph's models: two
+/// fused models and one of another width at a budget below store-all's peak, executed
+/// peak equal to the simulated one, losses equal to the store-all run's.
+#[test]
+fn multiplexed_plans_run_fused_units_exactly() {
+    let common = [
+        "--models",
+        "3",
+        "--seed",
+        "0,1,2",
+        "--d-model",
+        "16,16,8",
+        "--dropout",
+        "0.1,0,0.2",
+    ];
+    let store_all = run(&common);
+    let mut args = common.to_vec();
+    // The fused step's store-all peak is 0.58 MiB.
+    args.extend(["--policy", "auto:multiplexed", "--memory-budget", "500KiB"]);
+    let text = run(&args);
+    assert!(
+        text.contains("the plan's models are the units: 0 = m0+1, 1 = m2"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("swapped 0.00 MiB, recomputed 0.00 MiB"),
+        "nothing evicted:\n{text}"
+    );
+    let peak = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("peak MiB"))
+        .unwrap_or_else(|| panic!("no peak line:\n{text}"));
+    let cols: Vec<&str> = peak.split_whitespace().collect();
+    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{text}");
+    for k in 0..3 {
+        assert_eq!(
+            losses(&text, Some(k)),
+            losses(&store_all, Some(k)),
+            "model {k}:\n{text}"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::dtype::DType;
 use crate::error::{EngineError, Result};
 use crate::pool::{Category, MemoryPool};
-use crate::rng::{CounterRng, RngState};
+use crate::rng::{RngState, RngStreams};
 use crate::tensor::Tensor;
 
 /// A differentiable operation with one output.
@@ -112,7 +112,11 @@ pub enum Phase {
 #[derive(Debug)]
 pub(crate) enum RngSource<'a> {
     Record {
-        generator: &'a mut CounterRng,
+        /// Every stream of the graph: a fused op of several models draws one state from
+        /// each model's stream ([`OpCtx::rng_in_stream`]).
+        streams: &'a mut RngStreams,
+        /// The node's own stream ([`OpCtx::rng`]).
+        stream: usize,
         drawn: &'a mut Vec<RngState>,
     },
     Replay {
@@ -235,9 +239,22 @@ impl<'a> OpCtx<'a> {
     /// A random state addressing `count` counters. In forward it is drawn from the graph's
     /// generator and recorded with the node; a recompute or backward gets the recorded one.
     pub fn rng(&mut self, count: u64) -> Result<RngState> {
+        let stream = match &self.rng {
+            RngSource::Record { stream, .. } => *stream,
+            _ => 0,
+        };
+        self.rng_in_stream(stream, count)
+    }
+
+    /// [`Self::rng`] drawing from stream `stream` instead of the node's own: a node that
+    /// fuses the same op of several models draws each model's state from that model's
+    /// stream, in a fixed order, so each model sees the numbers it draws alone. Recompute
+    /// replays the states in the order they were drawn; backward reads them all through
+    /// [`Self::rng_states`].
+    pub fn rng_in_stream(&mut self, stream: usize, count: u64) -> Result<RngState> {
         match &mut self.rng {
-            RngSource::Record { generator, drawn } => {
-                let s = generator.draw(count);
+            RngSource::Record { streams, drawn, .. } => {
+                let s = streams.stream(stream).draw(count);
                 drawn.push(s);
                 Ok(s)
             }

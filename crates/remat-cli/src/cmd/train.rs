@@ -80,6 +80,10 @@ pub struct Args {
     /// `train_multi`).
     #[arg(long)]
     pub models: Option<usize>,
+    /// With --models: run the K models' ops one after another instead of fusing the ops
+    /// of same-shape models into one call each (horizontal fusion, the default).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// Worker threads (gradients are bit-exact for a given thread count).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -240,6 +244,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(models) = args.models {
         return super::train_multi::run(&args, &task, models);
     }
+    anyhow::ensure!(
+        !args.no_fuse,
+        "--no-fuse needs --models K: it runs the ops of K models trained together one \
+         after another instead of fused (drop --no-fuse, or give --models)"
+    );
     args.lr.check_single("--lr")?;
     args.seed.check_single("--seed")?;
     args.dropout.check_single("--dropout")?;

@@ -6,6 +6,12 @@
 //! and executes the whole K-model step. Model `k` sees exactly the batches, dropout masks and
 //! updates `remat train --seed S_k --lr LR_k ...` alone would: its parameters after N steps
 //! are bit-identical to that run's (same --threads).
+//!
+//! Models of one shape are fused by default ([`remat_engine::models::fused`]): each op of
+//! theirs runs as one call over all of them (one grouped gemm over their weight matrices,
+//! one attention, one norm), bit-identical to running them one after another, which
+//! `--no-fuse` does. Models of different widths train together, unfused where the shapes
+//! differ. Under a plan the units are the multiplexed graph's "models".
 
 pub mod multiplexed;
 pub mod per_model;
@@ -14,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use remat_engine::graph::Graph;
+use remat_engine::models::fused::{ModelSet, SetStep, ShapeKey, record_set};
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use remat_engine::models::multi::{
     ModelStep, MultiStep, record_multi, step_optimizers, take_grads,
@@ -70,6 +77,17 @@ impl Members {
 
     pub fn len(&self) -> usize {
         self.configs.len()
+    }
+
+    /// How the models group into units for batches of `batch x seq`: same-shape models
+    /// fused when `fuse`, every model a unit of its own otherwise.
+    pub fn set(&self, batch: usize, seq: usize, fuse: bool) -> ModelSet {
+        let keys: Vec<ShapeKey> = self
+            .configs
+            .iter()
+            .map(|c| ShapeKey::new(c, batch, seq))
+            .collect();
+        ModelSet::group_keys(&keys, fuse)
     }
 
     /// Bytes every step holds whatever the plan: each model's parameters and its AdamW
@@ -138,16 +156,9 @@ impl Models {
             .collect()
     }
 
-    /// Records the K models' step `step` on `batches` into `g`.
-    pub fn record(
-        &self,
-        g: &mut Graph,
-        batches: &[Batch],
-        step: u64,
-        ckpt: Checkpointing,
-    ) -> anyhow::Result<MultiStep> {
-        let steps: Vec<ModelStep> = self
-            .gpts
+    /// The K models' shares of step `step` on `batches`.
+    fn steps<'a>(&'a self, batches: &'a [Batch], step: u64) -> Vec<ModelStep<'a>> {
+        self.gpts
             .iter()
             .zip(batches)
             .zip(&self.seeds)
@@ -156,9 +167,67 @@ impl Models {
                 batch,
                 seed: step_seed(seed, step),
             })
-            .collect();
-        Ok(record_multi(g, &steps, ckpt)?)
+            .collect()
     }
+
+    /// Records the K models' step `step` on `batches` into `g`, each model's ops on their
+    /// own (the unfused path; see [`Models::record_set`]).
+    pub fn record(
+        &self,
+        g: &mut Graph,
+        batches: &[Batch],
+        step: u64,
+        ckpt: Checkpointing,
+    ) -> anyhow::Result<MultiStep> {
+        Ok(record_multi(g, &self.steps(batches, step), ckpt)?)
+    }
+
+    /// Records the K models' step `step` on `batches` into `g` as the units of `set`: one
+    /// loss root per unit ([`SetStep::roots`], for `backward_many`, the profiler and the
+    /// plan executor), each model's loss read with [`SetStep::losses`] (after forward) or
+    /// [`SetStep::losses_from`] (a plan's `StepReport::loss_values`), each model's
+    /// gradients with `take_grads(g, &step.params)`.
+    pub fn record_set(
+        &self,
+        g: &mut Graph,
+        batches: &[Batch],
+        step: u64,
+        ckpt: Checkpointing,
+        set: &ModelSet,
+    ) -> anyhow::Result<SetStep> {
+        Ok(record_set(g, &self.steps(batches, step), set, ckpt)?)
+    }
+}
+
+/// What fusion did, for the run's header: the fused units, and the models left alone.
+pub fn fusion_line(set: &ModelSet, fuse: bool) -> String {
+    if !fuse {
+        return "fusion: off (--no-fuse), each model's ops run one after another".into();
+    }
+    let fused: Vec<String> = (0..set.units.len())
+        .filter(|&u| set.units[u].len() > 1)
+        .map(|u| set.label(u))
+        .collect();
+    let alone: Vec<String> = set
+        .units
+        .iter()
+        .filter(|u| u.len() == 1)
+        .map(|u| format!("m{}", u[0]))
+        .collect();
+    let mut line = match fused.len() {
+        0 => "fusion: no two models share a shape, nothing fused".to_string(),
+        _ => format!(
+            "fusion: models {} fused (one call per op for each group)",
+            fused.join(", ")
+        ),
+    };
+    if !fused.is_empty() && !alone.is_empty() {
+        line.push_str(&format!(
+            "; {} unfused (a shape of its own)",
+            alone.join(", ")
+        ));
+    }
+    line
 }
 
 /// The dropout seed of a step, as `remat train` alone uses it.
@@ -172,7 +241,8 @@ pub struct MultiRun {
     pub losses: Vec<Vec<f64>>,
     pub step_times: Vec<Duration>,
     pub peak: u64,
-    /// Under a plan: each model's mean swap stall per step (ms), the steps after the first.
+    /// Under a plan: each model's mean swap stall per step (ms), the steps after the first
+    /// (a fused unit's stall, shared by its models, is given for each of them).
     pub stall_ms: Option<Vec<f64>>,
 }
 
@@ -219,6 +289,9 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
         args.memory_budget
             .map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
     );
+    let fuse = !args.no_fuse;
+    let set = members.set(args.batch, task.seq(), fuse);
+    println!("{}", fusion_line(&set, fuse));
     let log_every = args.log_every.unwrap_or((args.steps / 15).max(1));
     let mut log = |step: u64, losses: &[f64]| {
         if step.is_multiple_of(log_every) || step + 1 == args.steps {
@@ -226,16 +299,17 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
         }
     };
     let run = match &args.policy {
-        PolicyChoice::Fixed(ckpt) => train_fixed(args, task, &members, *ckpt, &mut log)?,
+        PolicyChoice::Fixed(ckpt) => train_fixed(args, task, &members, *ckpt, &set, &mut log)?,
         PolicyChoice::Auto(strategy) => {
-            let (run, summary) = train_auto(args, task, &members, strategy.clone(), &mut log)?;
+            let (run, summary) =
+                train_auto(args, task, &members, strategy.clone(), &set, &mut log)?;
             println!("{summary}");
             run
         }
     };
     print!(
         "{}",
-        summary_table(&members, &run.losses, run.stall_ms.as_deref())
+        summary_table(&members, &set, &run.losses, run.stall_ms.as_deref())
     );
     let timed = if run.step_times.len() > 1 {
         &run.step_times[1..]
@@ -276,6 +350,7 @@ pub fn train_fixed(
     task: &Task,
     members: &Members,
     ckpt: Checkpointing,
+    set: &ModelSet,
     log: &mut dyn FnMut(u64, &[f64]),
 ) -> anyhow::Result<MultiRun> {
     let pool = match args.memory_budget {
@@ -294,15 +369,11 @@ pub fn train_fixed(
         let batches = models.batches(task, step, args.batch);
         let start = Instant::now();
         let mut g = Graph::new(&ctx);
-        let recorded = models.record(&mut g, &batches, step, ckpt)?;
+        let recorded = models.record_set(&mut g, &batches, step, ckpt, set)?;
         g.forward()
             .with_context(|| format!("training step {step} (forward)"))?;
-        let losses = recorded
-            .losses
-            .iter()
-            .map(|&l| g.scalar(l))
-            .collect::<Result<Vec<_>, _>>()?;
-        g.backward_many(&recorded.losses)
+        let losses = recorded.losses(&g)?;
+        g.backward_many(&recorded.roots)
             .with_context(|| format!("training step {step} (backward)"))?;
         let grads = take_grads(&mut g, &recorded.params)?;
         drop(g);
@@ -323,6 +394,7 @@ pub fn train_auto(
     task: &Task,
     members: &Members,
     strategy: Option<String>,
+    set: &ModelSet,
     log: &mut dyn FnMut(u64, &[f64]),
 ) -> anyhow::Result<(MultiRun, String)> {
     let budget = args.memory_budget.context(
@@ -336,10 +408,10 @@ pub fn train_auto(
     // Apart from the models, which the recording closure borrows.
     let mut opts = std::mem::take(&mut models.opts);
     let store_all = Checkpointing::Graph(Policy::StoreAll);
-    let record = |step: u64, ckpt: Checkpointing| -> anyhow::Result<(Graph, MultiStep)> {
+    let record = |step: u64, ckpt: Checkpointing| -> anyhow::Result<(Graph, SetStep)> {
         let mut g = Graph::new(&ctx);
         let batches = models.batches(task, step, args.batch);
-        let recorded = models.record(&mut g, &batches, step, ckpt)?;
+        let recorded = models.record_set(&mut g, &batches, step, ckpt, set)?;
         Ok((g, recorded))
     };
     let (mut g0, step0) = record(0, store_all)?;
@@ -359,19 +431,37 @@ pub fn train_auto(
         fixed,
     };
     let name = format!("gpt-train-k{}-l{}", members.len(), args.layers());
-    let session = AutoSession::prepare_multi(&mut g0, &step0.losses, &name, &settings)?;
+    let session = AutoSession::prepare_multi(&mut g0, &step0.roots, &name, &settings);
+    // A fused op holds all of its unit's models' tensors at once, so fusing raises the
+    // floor a plan can reach: say so, and how to lower it.
+    let session = match set.fused_units().next() {
+        Some(_) => session.with_context(|| {
+            format!(
+                "planning {} units ({}); fused models' ops hold all their tensors at once, \
+                 which raises the smallest feasible budget: --no-fuse plans each model's \
+                 ops on their own",
+                set.units.len(),
+                (0..set.units.len())
+                    .map(|u| set.label(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?,
+        None => session?,
+    };
     let owners = session.profile.node_owners(&g0);
     drop(g0);
     pool.set_budget(Some(budget));
     pool.reset_peak();
-    let k = members.len();
+    // Stalls are counted per unit (the plan's owners), then given to each unit's models.
+    let units = set.units.len();
     let mut run = MultiRun {
         losses: Vec::new(),
         step_times: Vec::new(),
         peak: 0,
         stall_ms: None,
     };
-    let mut stalls = vec![Duration::ZERO; k + 1];
+    let mut stalls = vec![Duration::ZERO; units + 1];
     let mut reports = Vec::new();
     for step in 0..args.steps {
         let (mut g, recorded) = record(step, store_all)?;
@@ -381,15 +471,11 @@ pub fn train_auto(
         let grads = take_grads(&mut g, &recorded.params)?;
         drop(g);
         ctx.install(|| step_optimizers(&mut opts, &grads))?;
-        let losses: Vec<f64> = report
-            .losses
-            .iter()
-            .map(|l| l.unwrap_or(f64::NAN))
-            .collect();
+        let losses = recorded.losses_from(&report.loss_values)?;
         run.step_times.push(report.step_time);
         run.peak = run.peak.max(report.peak_bytes);
         if step > 0 || args.steps == 1 {
-            for (total, s) in stalls.iter_mut().zip(report.stall_by_owner(&owners, k)) {
+            for (total, s) in stalls.iter_mut().zip(report.stall_by_owner(&owners, units)) {
                 *total += s;
             }
         }
@@ -403,12 +489,22 @@ pub fn train_auto(
         &reports[..]
     };
     let per_step = |d: Duration| d.as_secs_f64() * 1e3 / timed.len().max(1) as f64;
-    run.stall_ms = Some(stalls[..k].iter().map(|&d| per_step(d)).collect());
+    let unit_of = set.unit_of();
+    run.stall_ms = Some(unit_of.iter().map(|&u| per_step(stalls[u])).collect());
     let mut summary = session.summary(timed);
-    if !stalls[k].is_zero() {
+    if set.units.iter().any(|u| u.len() > 1) {
+        let owners: Vec<String> = (0..units)
+            .map(|u| format!("{u} = {}", set.label(u)))
+            .collect();
+        summary.push_str(&format!(
+            "\n  the plan's models are the units: {}",
+            owners.join(", ")
+        ));
+    }
+    if !stalls[units].is_zero() {
         summary.push_str(&format!(
             "\n  stall on tensors no model owns: {:.1} ms per step",
-            per_step(stalls[k])
+            per_step(stalls[units])
         ));
     }
     Ok((run, summary))
@@ -416,7 +512,16 @@ pub fn train_auto(
 
 /// One row per model: its settings, its mean loss over the first and last steps and, under
 /// a plan, its swap stall per step.
-pub fn summary_table(members: &Members, losses: &[Vec<f64>], stall_ms: Option<&[f64]>) -> String {
+/// With fused units, a `unit` column says which models ran fused (their stall is the
+/// unit's).
+pub fn summary_table(
+    members: &Members,
+    set: &ModelSet,
+    losses: &[Vec<f64>],
+    stall_ms: Option<&[f64]>,
+) -> String {
+    let fused = set.units.iter().any(|u| u.len() > 1);
+    let unit_of = set.unit_of();
     let n = losses.len();
     let window = (n / 10).clamp(1, 20).min(n.max(1));
     let mean = |k: usize, rows: &[Vec<f64>]| {
@@ -436,6 +541,9 @@ pub fn summary_table(members: &Members, losses: &[Vec<f64>], stall_ms: Option<&[
                 format!("{:.4}", mean(k, &losses[..window.min(n)])),
                 format!("{:.4}", mean(k, &losses[n - window.min(n)..])),
             ];
+            if fused {
+                row.push(set.label(unit_of[k]));
+            }
             if let Some(stall) = stall_ms {
                 row.push(format!("{:.2}", stall[k]));
             }
@@ -443,6 +551,9 @@ pub fn summary_table(members: &Members, losses: &[Vec<f64>], stall_ms: Option<&[
         })
         .collect();
     let mut header = vec!["model", "d_model", "lr", "seed", "dropout", &first, &last];
+    if fused {
+        header.push("unit");
+    }
     if stall_ms.is_some() {
         header.push("swap stall ms/step");
     }

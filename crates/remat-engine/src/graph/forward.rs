@@ -199,7 +199,8 @@ impl Graph {
         let mut drawn = Vec::new();
         let rng = match phase {
             Phase::Forward => RngSource::Record {
-                generator: self.rng.stream(node.rng_stream),
+                streams: &mut self.rng,
+                stream: node.rng_stream,
                 drawn: &mut drawn,
             },
             _ if save_rng => RngSource::Replay {

@@ -302,7 +302,7 @@ impl BlockWeights {
 }
 
 impl BlockNodes {
-    fn from_slice(ids: &[NodeId]) -> Self {
+    pub(crate) fn from_slice(ids: &[NodeId]) -> Self {
         BlockNodes {
             attn_norm: ids[0],
             q_proj: ids[1],

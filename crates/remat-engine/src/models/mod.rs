@@ -1,5 +1,6 @@
 //! Models built on the graph, and spec-driven Qwen3 and Mamba blocks built from the kernels.
 
+pub mod fused;
 pub mod gpt;
 pub mod hf_file;
 pub mod hybrid;

@@ -14,7 +14,7 @@
 use crate::context::ExecContext;
 use crate::error::{EngineError, Result};
 use crate::graph::{Graph, NodeId};
-use crate::models::gpt::{Batch, Checkpointing, Gpt};
+use crate::models::gpt::{Batch, Checkpointing, Gpt, GptStep};
 use crate::optim::AdamW;
 use crate::policy::Policy;
 use crate::tensor::Tensor;
@@ -66,19 +66,10 @@ pub fn record_multi(
         params: Vec::with_capacity(steps.len()),
     };
     for (k, step) in steps.iter().enumerate() {
-        let first = g.len();
         g.set_owner(Some(k));
-        g.set_rng_stream(k);
-        g.set_stream_seed(k, step.seed);
-        let recorded = step.model.record(g, step.batch, per_model);
+        let recorded = record_model(g, k, step, per_model);
         g.set_owner(None);
-        g.set_rng_stream(0);
         let recorded = recorded?;
-        for index in first..g.len() {
-            let id = NodeId(index);
-            let name = format!("m{k}.{}", g.name(id)?);
-            g.set_name(id, name)?;
-        }
         out.losses.push(recorded.loss);
         out.params.push(recorded.params);
     }
@@ -86,6 +77,29 @@ pub fn record_multi(
         policy.apply(g)?;
     }
     Ok(out)
+}
+
+/// Records model `k`'s step as it is recorded alone (with checkpointing `ckpt`), under
+/// whatever owner the caller set: its nodes draw from random stream `k`, seeded with the
+/// step's seed, and are named `m{k}.NAME`. The graph's stream is 0 again afterwards.
+pub(crate) fn record_model(
+    g: &mut Graph,
+    k: usize,
+    step: &ModelStep<'_>,
+    ckpt: Checkpointing,
+) -> Result<GptStep> {
+    let first = g.len();
+    g.set_rng_stream(k);
+    g.set_stream_seed(k, step.seed);
+    let recorded = step.model.record(g, step.batch, ckpt);
+    g.set_rng_stream(0);
+    let recorded = recorded?;
+    for index in first..g.len() {
+        let id = NodeId(index);
+        let name = format!("m{k}.{}", g.name(id)?);
+        g.set_name(id, name)?;
+    }
+    Ok(recorded)
 }
 
 /// Records the K models' step, runs forward and one backward from the K loss roots, and

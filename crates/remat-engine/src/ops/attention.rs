@@ -24,12 +24,21 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// Every dimension before `[seq, width]` is folded into the batch: K fused models'
+    /// `[K, B, S, ...]` attend as `K * B` sequences, each as it would alone (the kernel's
+    /// result per sequence depends neither on the batch size nor on the thread count).
     fn shape_of(&self, q: &[usize]) -> Result<AttentionShape, String> {
-        let [batch, seq, width] = *q else {
+        let [lead @ .., seq, width] = q else {
             return Err(format!(
                 "attention q must be [batch, seq, heads*head_dim], got {q:?}"
             ));
         };
+        if lead.is_empty() {
+            return Err(format!(
+                "attention q must be [batch, seq, heads*head_dim], got {q:?}"
+            ));
+        }
+        let (batch, seq, width) = (lead.iter().product::<usize>(), *seq, *width);
         if width != self.n_heads * self.head_dim {
             return Err(format!(
                 "q width {width} is not {} heads x {}",
@@ -66,8 +75,9 @@ impl Op for Attention {
             return Err("attention takes 3 inputs (q, k, v)".into());
         };
         let s = self.shape_of(q)?;
-        let kv = [s.batch, s.seq, s.n_kv_heads * s.head_dim];
-        if **k != kv || **v != kv {
+        let mut kv = q[..q.len() - 1].to_vec();
+        kv.push(s.n_kv_heads * s.head_dim);
+        if **k != *kv || **v != *kv {
             return Err(format!("k {k:?} and v {v:?} must be {kv:?} for q {q:?}"));
         }
         if self.rope_theta.is_some() && !self.head_dim.is_multiple_of(2) {

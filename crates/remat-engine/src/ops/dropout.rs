@@ -21,7 +21,7 @@ pub struct Dropout {
 
 /// `dst[i] = src[i] * keep_scale` where element `i` is kept, else 0. Element `i`'s mask bit
 /// depends only on `(state, i)`, so the chunking over threads cannot change it.
-fn apply_mask<T: Element>(dst: &mut [T], src: &[T], state: RngState, p: f32) {
+pub(crate) fn apply_mask<T: Element>(dst: &mut [T], src: &[T], state: RngState, p: f32) {
     let scale = T::from_f64(1.0 / (1.0 - p as f64));
     let run = |base: usize, dst: &mut [T], src: &[T]| {
         for (i, (d, &s)) in dst.iter_mut().zip(src).enumerate() {

@@ -18,5 +18,6 @@ pub mod activation;
 pub mod attention;
 pub mod cross_entropy;
 pub mod embedding;
+pub mod fused;
 pub mod rmsnorm;
 pub mod softmax;

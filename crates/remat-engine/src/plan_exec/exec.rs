@@ -38,6 +38,9 @@ pub struct StepReport {
     pub loss: Option<f64>,
     /// Every loss root's value, in [`super::Layout::losses`] order.
     pub losses: Vec<Option<f64>>,
+    /// Every element of every loss root, in [`super::Layout::losses`] order (a fused unit
+    /// of K models has a `[K]` loss, one element per model).
+    pub loss_values: Vec<Vec<f64>>,
     /// The pool's peak during the step, static memory included.
     pub peak_bytes: u64,
     /// Pool bytes live when the step started (parameters, inputs, optimizer state, ...).
@@ -192,6 +195,7 @@ impl<'a> Runner<'a> {
                 static_bytes,
                 items: vec![ItemMeasure::default(); if opts.measure_items { n } else { 0 }],
                 losses: vec![None; layout.losses.len()],
+                loss_values: vec![Vec::new(); layout.losses.len()],
                 ..StepReport::default()
             },
             peak: static_bytes,
@@ -460,7 +464,8 @@ impl<'a> Runner<'a> {
         let mut drawn = Vec::new();
         let rng = if first {
             RngSource::Record {
-                generator: graph.rng.stream(node.rng_stream),
+                streams: &mut graph.rng,
+                stream: node.rng_stream,
                 drawn: &mut drawn,
             }
         } else {
@@ -511,8 +516,10 @@ impl<'a> Runner<'a> {
         if first {
             self.rng[v] = drawn;
             if let Ok(k) = self.layout.losses.binary_search(&v) {
-                let value = tensors[0].to_f64_vec().first().copied();
+                let values = tensors[0].to_f64_vec();
+                let value = values.first().copied();
                 self.report.losses[k] = value;
+                self.report.loss_values[k] = values;
                 if v == self.layout.loss {
                     self.report.loss = value;
                 }
