@@ -184,6 +184,15 @@ fn bad_per_model_flags_name_the_flag() {
         ),
         (&["--lr", "1e-3,2e-3"], "needs --models 2"),
         (&["--no-fuse"], "--no-fuse needs --models K"),
+        (&["--fuse-width", "2"], "--fuse-width needs --models K"),
+        (
+            &["--models", "2", "--fuse-width", "0"],
+            "--fuse-width must be at least 1",
+        ),
+        (
+            &["--models", "2", "--fuse-width", "1", "--no-fuse"],
+            "--fuse-width 1 and --no-fuse contradict",
+        ),
         (&["--models", "2", "--d-model", "16,7"], "model 1"),
         (
             &["--models", "2", "--compare"],
@@ -257,10 +266,11 @@ fn bench_multi_prints_every_row_kind() {
     for k in ["1", "2"] {
         for mode in [
             "(a) one after another",
-            "(b) together",
-            "(c) together, recompute only",
-            "(d) together, multiplexed MuTWO",
-            "(e) together, multiplexed search",
+            "(b) together, unfused",
+            "(c) fused, recompute only",
+            "(d) fused groups, multiplexed MuTWO",
+            "(e) fused groups, multiplexed search",
+            "(f) fused, auto plan",
         ] {
             let row = text
                 .lines()
@@ -371,5 +381,53 @@ fn multiplexed_plans_run_fused_units_exactly() {
             losses(&store_all, Some(k)),
             "model {k}:\n{text}"
         );
+    }
+}
+
+/// `--fuse-width 2` fuses four same-shape models into two units of two (MuTWO's fused
+/// groups), says so, and trains each model exactly as `--no-fuse` does; under
+/// `--policy auto:multiplexed` the two groups are the multiplexed graph's models.
+#[test]
+fn fuse_width_makes_groups_that_train_exactly() {
+    let common = [
+        "--models",
+        "4",
+        "--seed",
+        "0,1,2,3",
+        "--d-model",
+        "16",
+        "--dropout",
+        "0.1",
+    ];
+    let mut unfused_args = common.to_vec();
+    unfused_args.push("--no-fuse");
+    let unfused = run(&unfused_args);
+    let mut grouped_args = common.to_vec();
+    grouped_args.extend(["--fuse-width", "2"]);
+    let grouped = run(&grouped_args);
+    assert!(grouped.contains("models m0+1, m2+3 fused"), "{grouped}");
+    // The grouped step's store-all peak is 0.95 MiB; at 600 KiB the plan swaps and
+    // recomputes.
+    grouped_args.extend(["--policy", "auto:multiplexed", "--memory-budget", "600KiB"]);
+    let planned = run(&grouped_args);
+    assert!(
+        !planned.contains("swapped 0.00 MiB, recomputed 0.00 MiB"),
+        "nothing evicted:\n{planned}"
+    );
+    let peak = planned
+        .lines()
+        .find(|l| l.trim_start().starts_with("peak MiB"))
+        .unwrap_or_else(|| panic!("no peak line:\n{planned}"));
+    let cols: Vec<&str> = peak.split_whitespace().collect();
+    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{planned}");
+    assert!(
+        planned.contains("the plan's models are the units: 0 = m0+1, 1 = m2+3"),
+        "{planned}"
+    );
+    for k in 0..4 {
+        let want = losses(&unfused, Some(k));
+        assert_eq!(want.len(), 4, "{unfused}");
+        assert_eq!(losses(&grouped, Some(k)), want, "model {k}:\n{grouped}");
+        assert_eq!(losses(&planned, Some(k)), want, "model {k}:\n{planned}");
     }
 }

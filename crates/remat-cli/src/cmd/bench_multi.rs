@@ -3,26 +3,30 @@
 //! total throughput (samples per second over all models) and pool peak of
 //!
 //! - (a) `one-after-another`: each model's step alone, one after another (each fits whole);
-//! - (b) `together`: the K models in one step (K loss roots), run by the auto plan (every
-//!   planner strategy and fixed policy, swaps allowed) for the budget;
-//! - (c) `together-recompute`: the same, with plans made for a host link too slow to use,
-//!   so the chosen plan only recomputes (its swap traffic is printed: 0);
-//! - (d) `multiplexed`: the same K-model step planned as the planner's multiplexed graph
-//!   (the models' steps interleaved, model i's backward beside model i+1's forward) under
-//!   MuTWO's Algorithm C, so one model's prefetch can hide behind another's compute
-//!   (`--policy auto:multiplexed`);
-//! - (e) `multiplexed-search`: the same graph planned by the anytime search instead.
+//! - (b) `together, unfused`: the K models in one step (K loss roots), each model's ops on
+//!   their own, run by the auto plan (every planner strategy and fixed policy, swaps
+//!   allowed) for the budget;
+//! - (c) `fused, recompute only`: the K models' ops fused (one call per op over all K,
+//!   [`remat_engine::models::fused`]), planned for a host link too slow to use, so the
+//!   chosen plan only recomputes (its swap traffic is printed: 0);
+//! - (d) `fused groups, multiplexed MuTWO`: the K models fused into two groups of K/2 (MuTWO's
+//!   fused sub-arrays), the two groups' steps interleaved as the planner's multiplexed graph
+//!   (group 0's backward beside group 1's forward) under MuTWO's Algorithm C, so one group's
+//!   prefetch can hide behind the other's compute (`--policy auto:multiplexed
+//!   --fuse-width K/2`);
+//! - (e) `fused groups, multiplexed search`: the same graph planned by the anytime search;
+//! - (f) `fused, auto plan`: all K fused in one unit, run by the auto plan.
 //!
-//! Horizontal fusion of the K models' ops (issue 22, item 2) is not built: (b), (c) and (d)
-//! run the K models' ops one after another inside the shared step. Ratios are against (a) at
-//! the same K, measured in the same run.
+//! At K = 2 the two groups of (d) and (e) are single models: unfused, multiplexed. Ratios
+//! are against (a) at the same K, measured in the same run.
 
 use std::time::Instant;
 
 use anyhow::Context;
 use remat_engine::graph::Graph;
+use remat_engine::models::fused::{ModelSet, SetStep};
 use remat_engine::models::gpt::{Checkpointing, GptConfig};
-use remat_engine::models::multi::{MultiStep, step_optimizers, take_grads};
+use remat_engine::models::multi::{step_optimizers, take_grads};
 use remat_engine::plan_exec::swap_traffic;
 use remat_engine::profile::median;
 use remat_engine::{ExecContext, MemoryPool, Policy};
@@ -30,7 +34,7 @@ use remat_engine::{ExecContext, MemoryPool, Policy};
 use super::train::table;
 use super::train::task::Task;
 use super::train_auto::{AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, mib};
-use super::train_multi::{Members, Models};
+use super::train_multi::{Members, Models, limit_fuse_width};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -64,33 +68,37 @@ pub struct Args {
 pub enum RowKind {
     /// (a) each model's step alone, one after another.
     OneAfterAnother,
-    /// (b) the K models in one step, by the auto plan (swap and recompute).
+    /// (b) the K models in one step, unfused, by the auto plan (swap and recompute).
     Together,
-    /// (c) the K models in one step, by a plan that only recomputes.
-    TogetherRecompute,
-    /// (d) the K models in one step by the planner's multiplexed plan (MuTWO's Algorithm C
-    /// on the interleaved order).
-    Multiplexed,
+    /// (c) the K models fused, by a plan that only recomputes.
+    FusedRecompute,
+    /// (d) two fused groups by the planner's multiplexed plan (MuTWO's Algorithm C on the
+    /// interleaved order).
+    FusedMultiplexed,
     /// (e) the same multiplexed graph planned by the anytime search.
-    MultiplexedSearch,
+    FusedMultiplexedSearch,
+    /// (f) the K models fused in one unit, by the auto plan.
+    FusedAuto,
 }
 
 impl RowKind {
-    const ALL: [RowKind; 5] = [
+    const ALL: [RowKind; 6] = [
         RowKind::OneAfterAnother,
         RowKind::Together,
-        RowKind::TogetherRecompute,
-        RowKind::Multiplexed,
-        RowKind::MultiplexedSearch,
+        RowKind::FusedRecompute,
+        RowKind::FusedMultiplexed,
+        RowKind::FusedMultiplexedSearch,
+        RowKind::FusedAuto,
     ];
 
     fn label(self) -> &'static str {
         match self {
             RowKind::OneAfterAnother => "(a) one after another",
-            RowKind::Together => "(b) together, auto plan",
-            RowKind::TogetherRecompute => "(c) together, recompute only",
-            RowKind::Multiplexed => "(d) together, multiplexed MuTWO",
-            RowKind::MultiplexedSearch => "(e) together, multiplexed search",
+            RowKind::Together => "(b) together, unfused, auto plan",
+            RowKind::FusedRecompute => "(c) fused, recompute only",
+            RowKind::FusedMultiplexed => "(d) fused groups, multiplexed MuTWO",
+            RowKind::FusedMultiplexedSearch => "(e) fused groups, multiplexed search",
+            RowKind::FusedAuto => "(f) fused, auto plan",
         }
     }
 }
@@ -159,9 +167,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.threads,
         args.steps
     );
-    println!(
-        "fusion of the K models' ops is not built: rows (b) to (e) run the K models' ops one after another in one step"
-    );
     let mut rows = Vec::new();
     for &k in &args.ks {
         let measured = measure_k(&args, &task, k, budget).with_context(|| format!("K = {k}"))?;
@@ -224,6 +229,20 @@ fn store_all() -> Checkpointing {
     Checkpointing::Graph(Policy::StoreAll)
 }
 
+/// How the K models form units in a row: each alone, all fused in one unit, or fused in
+/// two groups (MuTWO's sub-arrays, multiplexed under a plan).
+fn units(args: &Args, task: &Task, k: usize, kind: RowKind) -> ModelSet {
+    let members = members(args, task.vocab(), k);
+    let fused = members.set(args.batch, task.seq(), true);
+    match kind {
+        RowKind::OneAfterAnother | RowKind::Together => members.set(args.batch, task.seq(), false),
+        RowKind::FusedMultiplexed | RowKind::FusedMultiplexedSearch => {
+            limit_fuse_width(&fused, k.div_ceil(2))
+        }
+        RowKind::FusedRecompute | RowKind::FusedAuto => fused,
+    }
+}
+
 /// Sets up a runner per row kind (`None`: a kind that cannot run).
 fn runner<'a>(
     args: &Args,
@@ -232,37 +251,32 @@ fn runner<'a>(
     budget: u64,
     kind: RowKind,
 ) -> anyhow::Result<Option<Box<dyn Runner + 'a>>> {
-    Ok(match kind {
-        RowKind::OneAfterAnother => Some(Box::new(OneAfterAnother::new(args, task, k, budget)?)),
-        RowKind::Together => Some(Box::new(Together::new(args, task, k, budget, None, None)?)),
+    let set = units(args, task, k, kind);
+    let together = |bandwidth: Option<f64>,
+                    strategy: Option<&str>|
+     -> anyhow::Result<Option<Box<dyn Runner + 'a>>> {
+        Ok(Some(Box::new(Together::new(
+            args,
+            task,
+            k,
+            budget,
+            bandwidth,
+            strategy,
+            set.clone(),
+        )?)))
+    };
+    match kind {
+        RowKind::OneAfterAnother => {
+            Ok(Some(Box::new(OneAfterAnother::new(args, task, k, budget)?)))
+        }
+        RowKind::Together | RowKind::FusedAuto => together(None, None),
         // A link of one byte per second: every swap would cost more than any recompute.
-        RowKind::TogetherRecompute => Some(Box::new(Together::new(
-            args,
-            task,
-            k,
-            budget,
-            Some(1.0),
-            None,
-        )?)),
-        // The planner's multiplexed graph (the models' steps interleaved) under MuTWO's
+        RowKind::FusedRecompute => together(Some(1.0), None),
+        // The planner's multiplexed graph (the units' steps interleaved) under MuTWO's
         // Algorithm C: `remat train --models K --policy auto:multiplexed`.
-        RowKind::Multiplexed => Some(Box::new(Together::new(
-            args,
-            task,
-            k,
-            budget,
-            None,
-            Some("multiplexed"),
-        )?)),
-        RowKind::MultiplexedSearch => Some(Box::new(Together::new(
-            args,
-            task,
-            k,
-            budget,
-            None,
-            Some("multiplexed-search"),
-        )?)),
-    })
+        RowKind::FusedMultiplexed => together(None, Some("multiplexed")),
+        RowKind::FusedMultiplexedSearch => together(None, Some("multiplexed-search")),
+    }
 }
 
 /// Every row kind at K models: one warm-up step each, then `--steps` rounds in which every
@@ -382,13 +396,14 @@ impl Runner for OneAfterAnother<'_> {
     }
 }
 
-/// (b) and (c): the K-model step (K loss roots) profiled, planned for the budget, and run
-/// by the plan.
+/// (b) to (f): the K-model step (one loss root per unit) profiled, planned for the budget,
+/// and run by the plan.
 struct Together<'a> {
     task: &'a Task,
     batch: usize,
     ctx: ExecContext,
     models: Models,
+    set: ModelSet,
     opts: Vec<remat_engine::AdamW>,
     session: AutoSession,
     peak: u64,
@@ -402,15 +417,16 @@ impl<'a> Together<'a> {
         budget: u64,
         bandwidth: Option<f64>,
         strategy: Option<&str>,
+        set: ModelSet,
     ) -> anyhow::Result<Self> {
         let pool = MemoryPool::unbounded();
         let ctx = ExecContext::new(pool.clone(), args.threads)?;
         let mut models = Models::new(&pool, &members(args, task.vocab(), k))?;
         let opts = std::mem::take(&mut models.opts);
-        let record = |ckpt: Checkpointing| -> anyhow::Result<(Graph, MultiStep)> {
+        let record = |ckpt: Checkpointing| -> anyhow::Result<(Graph, SetStep)> {
             let mut g = Graph::new(&ctx);
             let batches = models.batches(task, 0, args.batch);
-            let rec = models.record(&mut g, &batches, 0, ckpt)?;
+            let rec = models.record_set(&mut g, &batches, 0, ckpt, &set)?;
             Ok((g, rec))
         };
         let (mut g0, step0) = record(store_all())?;
@@ -433,7 +449,7 @@ impl<'a> Together<'a> {
             fixed,
         };
         let name = format!("bench-multi-k{k}");
-        let session = AutoSession::prepare_multi(&mut g0, &step0.losses, &name, &settings)?;
+        let session = AutoSession::prepare_multi(&mut g0, &step0.roots, &name, &settings)?;
         drop(g0);
         pool.set_budget(Some(budget));
         Ok(Together {
@@ -441,6 +457,7 @@ impl<'a> Together<'a> {
             batch: args.batch,
             ctx,
             models,
+            set,
             opts,
             session,
             peak: 0,
@@ -453,7 +470,9 @@ impl Runner for Together<'_> {
         let start = Instant::now();
         let mut g = Graph::new(&self.ctx);
         let batches = self.models.batches(self.task, step, self.batch);
-        let rec = self.models.record(&mut g, &batches, step, store_all())?;
+        let rec = self
+            .models
+            .record_set(&mut g, &batches, step, store_all(), &self.set)?;
         let report = self.session.step(&mut g)?;
         let grads = take_grads(&mut g, &rec.params)?;
         drop(g);
@@ -469,8 +488,12 @@ impl Runner for Together<'_> {
 
     fn note(&self) -> String {
         let s = &self.session;
+        let units: Vec<String> = (0..self.set.units.len())
+            .map(|u| self.set.label(u))
+            .collect();
         format!(
-            "{} (swaps {} MiB, simulated peak {} MiB)",
+            "units {}: {} (swaps {} MiB, simulated peak {} MiB)",
+            units.join(" "),
             s.planned.plan.strategy,
             mib(swap_traffic(&s.profile.graph, &s.planned.plan)),
             mib(s.planned.report.peak_bytes)

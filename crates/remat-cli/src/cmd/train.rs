@@ -84,6 +84,11 @@ pub struct Args {
     /// of same-shape models into one call each (horizontal fusion, the default).
     #[arg(long)]
     pub no_fuse: bool,
+    /// With --models: at most N models per fused unit (MuTWO's fused groups: under
+    /// `--policy auto:multiplexed` the groups' steps are interleaved, so one group's swaps
+    /// hide behind another group's compute).
+    #[arg(long, value_name = "N")]
+    pub fuse_width: Option<usize>,
     /// Worker threads (gradients are bit-exact for a given thread count).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -244,6 +249,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(models) = args.models {
         return super::train_multi::run(&args, &task, models);
     }
+    anyhow::ensure!(
+        args.fuse_width.is_none(),
+        "--fuse-width needs --models K: it caps how many of K models trained together are \
+         fused into one unit (drop --fuse-width, or give --models)"
+    );
     anyhow::ensure!(
         !args.no_fuse,
         "--no-fuse needs --models K: it runs the ops of K models trained together one \

@@ -199,6 +199,26 @@ impl Models {
     }
 }
 
+/// `set` with every unit of more than `width` models split, in model order, into units of
+/// at most `width` (as even as possible: 5 models at width 2 give 2 + 2 + 1). MuTWO fuses
+/// the models into a few groups and multiplexes the groups, so that one group's swaps hide
+/// behind another's compute; one unit of all K leaves nothing to hide behind.
+pub fn limit_fuse_width(set: &ModelSet, width: usize) -> ModelSet {
+    let width = width.max(1);
+    let mut units = Vec::with_capacity(set.units.len());
+    for unit in &set.units {
+        let parts = unit.len().div_ceil(width).max(1);
+        let (base, extra) = (unit.len() / parts, unit.len() % parts);
+        let mut start = 0;
+        for p in 0..parts {
+            let len = base + usize::from(p < extra);
+            units.push(unit[start..start + len].to_vec());
+            start += len;
+        }
+    }
+    ModelSet { units }
+}
+
 /// What fusion did, for the run's header: the fused units, and the models left alone.
 pub fn fusion_line(set: &ModelSet, fuse: bool) -> String {
     if !fuse {
@@ -290,7 +310,18 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
             .map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
     );
     let fuse = !args.no_fuse;
-    let set = members.set(args.batch, task.seq(), fuse);
+    let mut set = members.set(args.batch, task.seq(), fuse);
+    if let Some(width) = args.fuse_width {
+        anyhow::ensure!(
+            width >= 1,
+            "--fuse-width must be at least 1 (got 0): it is the most models fused into one unit"
+        );
+        anyhow::ensure!(
+            fuse,
+            "--fuse-width {width} and --no-fuse contradict each other: --no-fuse fuses nothing"
+        );
+        set = limit_fuse_width(&set, width);
+    }
     println!("{}", fusion_line(&set, fuse));
     let log_every = args.log_every.unwrap_or((args.steps / 15).max(1));
     let mut log = |step: u64, losses: &[f64]| {
@@ -558,4 +589,27 @@ pub fn summary_table(
         header.push("swap stall ms/step");
     }
     table::render(&header, &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuse_width_splits_units_evenly_in_model_order() {
+        // Models 0, 1, 3, 4, 5 share a shape; model 2 has its own.
+        let set = ModelSet {
+            units: vec![vec![0, 1, 3, 4, 5], vec![2]],
+        };
+        let split = limit_fuse_width(&set, 2);
+        assert_eq!(split.units, vec![vec![0, 1], vec![3, 4], vec![5], vec![2]]);
+        assert_eq!(
+            limit_fuse_width(&set, 3).units,
+            vec![vec![0, 1, 3], vec![4, 5], vec![2]]
+        );
+        assert_eq!(limit_fuse_width(&set, 5).units, set.units);
+        assert_eq!(limit_fuse_width(&set, 1).units.len(), 6);
+        // Width 0 is treated as 1 (the CLI refuses it before).
+        assert_eq!(limit_fuse_width(&set, 0).units.len(), 6);
+    }
 }
