@@ -54,6 +54,8 @@
 //!   tensor whose version moved between forward and backward (e.g. an optimizer step).
 //! - Random ops draw `(seed, offset)` states from the graph's counter-based generator
 //!   ([`rng`]) through [`OpCtx::rng`]; the node records them, so a recompute replays them.
+//!   A node fusing the same op of several models ([`ops::fused`]) draws one state from each
+//!   model's stream with [`OpCtx::rng_in_stream`].
 //! - Bit exactness: kernels split work by output element only (never a reduction across
 //!   threads), and a recompute runs the same op with the same [`ExecContext`] thread count,
 //!   so gradients under any retention equal store-all's bit for bit.

@@ -197,6 +197,30 @@ impl Models {
     ) -> anyhow::Result<SetStep> {
         Ok(record_set(g, &self.steps(batches, step), set, ckpt)?)
     }
+
+    /// One training step of the K models under a fixed policy, fused as `set` says:
+    /// record, forward, backward from every unit's loss root, one AdamW step per model.
+    /// Returns each model's loss.
+    pub fn train_step(
+        &mut self,
+        ctx: &ExecContext,
+        batches: &[Batch],
+        step: u64,
+        ckpt: Checkpointing,
+        set: &ModelSet,
+    ) -> anyhow::Result<Vec<f64>> {
+        let mut g = Graph::new(ctx);
+        let recorded = self.record_set(&mut g, batches, step, ckpt, set)?;
+        g.forward()
+            .with_context(|| format!("training step {step} (forward)"))?;
+        let losses = recorded.losses(&g)?;
+        g.backward_many(&recorded.roots)
+            .with_context(|| format!("training step {step} (backward)"))?;
+        let grads = take_grads(&mut g, &recorded.params)?;
+        drop(g);
+        ctx.install(|| step_optimizers(&mut self.opts, &grads))?;
+        Ok(losses)
+    }
 }
 
 /// `set` with every unit of more than `width` models split, in model order, into units of
@@ -399,17 +423,7 @@ pub fn train_fixed(
     for step in 0..args.steps {
         let batches = models.batches(task, step, args.batch);
         let start = Instant::now();
-        let mut g = Graph::new(&ctx);
-        let recorded = models.record_set(&mut g, &batches, step, ckpt, set)?;
-        g.forward()
-            .with_context(|| format!("training step {step} (forward)"))?;
-        let losses = recorded.losses(&g)?;
-        g.backward_many(&recorded.roots)
-            .with_context(|| format!("training step {step} (backward)"))?;
-        let grads = take_grads(&mut g, &recorded.params)?;
-        drop(g);
-        ctx.install(|| step_optimizers(&mut models.opts, &grads))?;
-        drop(grads);
+        let losses = models.train_step(&ctx, &batches, step, ckpt, set)?;
         run.step_times.push(start.elapsed());
         log(step, &losses);
         run.losses.push(losses);

@@ -10,6 +10,9 @@
 //! plan executor ([`crate::plan_exec::Layout::build_multi`]) all take the K roots. Because
 //! the models share no node, each one's gradients are accumulated exactly as when it is
 //! recorded alone: parameters after N steps equal training that model by itself, bit for bit.
+//!
+//! This is the unfused path (`--no-fuse`): each model's ops run on their own.
+//! [`crate::models::fused`] fuses the ops of same-shape models into one call each.
 
 use crate::context::ExecContext;
 use crate::error::{EngineError, Result};

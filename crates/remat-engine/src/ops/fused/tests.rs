@@ -331,6 +331,17 @@ fn fused_ops_pass_gradient_checks() {
         tol,
     )
     .unwrap();
+    // Attention over [G, B, S, ...]: the leading dims fold into the batch.
+    let op = Attention {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 4,
+        rope_theta: Some(10000.0),
+    };
+    let q = CheckInput::random("q", &[2, 1, 3, 8], 11);
+    let k = CheckInput::random("k", &[2, 1, 3, 4], 12);
+    let v = CheckInput::random("v", &[2, 1, 3, 4], 13);
+    check_op(|g, i| g.attention(i[0], i[1], i[2], op), &[q, k, v], tol).unwrap();
 }
 
 #[test]
