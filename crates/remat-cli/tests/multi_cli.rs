@@ -431,3 +431,49 @@ fn fuse_width_makes_groups_that_train_exactly() {
         assert_eq!(losses(&planned, Some(k)), want, "model {k}:\n{planned}");
     }
 }
+
+/// With fusion left to remat, `--policy auto` narrows the fused groups until a plan fits:
+/// four fused models need 0.66 MiB at least, two groups of two fit 600 KiB. The run says
+/// so, executes the plan at its simulated peak, and each model's losses equal the
+/// unfused store-all run's.
+#[test]
+fn auto_narrows_fusion_until_the_plan_fits() {
+    let common = [
+        "--models",
+        "4",
+        "--seed",
+        "0,1,2,3",
+        "--d-model",
+        "16",
+        "--dropout",
+        "0.1",
+    ];
+    let mut store_all_args = common.to_vec();
+    store_all_args.push("--no-fuse");
+    let store_all = run(&store_all_args);
+    let mut args = common.to_vec();
+    args.extend(["--policy", "auto", "--memory-budget", "600KiB"]);
+    let text = run(&args);
+    assert!(
+        text.contains("fusion: units m0+1+2+3 do not fit the budget")
+            && text.contains("trying m0+1, m2+3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the plan's models are the units: 0 = m0+1, 1 = m2+3"),
+        "{text}"
+    );
+    let peak = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("peak MiB"))
+        .unwrap_or_else(|| panic!("no peak line:\n{text}"));
+    let cols: Vec<&str> = peak.split_whitespace().collect();
+    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{text}");
+    for k in 0..4 {
+        assert_eq!(
+            losses(&text, Some(k)),
+            losses(&store_all, Some(k)),
+            "model {k}:\n{text}"
+        );
+    }
+}

@@ -243,6 +243,36 @@ pub fn limit_fuse_width(set: &ModelSet, width: usize) -> ModelSet {
     ModelSet { units }
 }
 
+/// `set`, then narrower groupings of it: the widest unit halved (rounding up) each time,
+/// down to every model alone. What `--policy auto` tries, in order, when fusion is left to
+/// it and the fused units need more than the budget.
+pub fn narrower_fusions(set: &ModelSet) -> Vec<ModelSet> {
+    let mut out = vec![set.clone()];
+    let mut width = set.units.iter().map(Vec::len).max().unwrap_or(1);
+    while width > 1 {
+        width = width.div_ceil(2).min(width - 1);
+        out.push(limit_fuse_width(set, width));
+    }
+    out
+}
+
+/// `m0+1, m2+3`: the units of `set`.
+fn unit_labels(set: &ModelSet) -> String {
+    (0..set.units.len())
+        .map(|u| set.label(u))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The first line of an error chain's outermost message and its cause, for a one-line note.
+fn first_line(e: &anyhow::Error) -> String {
+    format!("{e:#}")
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// What fusion did, for the run's header: the fused units, and the models left alone.
 pub fn fusion_line(set: &ModelSet, fuse: bool) -> String {
     if !fuse {
@@ -356,9 +386,19 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
     let run = match &args.policy {
         PolicyChoice::Fixed(ckpt) => train_fixed(args, task, &members, *ckpt, &set, &mut log)?,
         PolicyChoice::Auto(strategy) => {
-            let (run, summary) =
-                train_auto(args, task, &members, strategy.clone(), &set, &mut log)?;
+            // Fusion on and no --fuse-width: the plan may narrow the groups to fit.
+            let choose_width = fuse && args.fuse_width.is_none();
+            let (run, summary, planned) = train_auto(
+                args,
+                task,
+                &members,
+                strategy.clone(),
+                &set,
+                choose_width,
+                &mut log,
+            )?;
             println!("{summary}");
+            set = planned;
             run
         }
     };
@@ -440,8 +480,9 @@ pub fn train_auto(
     members: &Members,
     strategy: Option<String>,
     set: &ModelSet,
+    choose_width: bool,
     log: &mut dyn FnMut(u64, &[f64]),
-) -> anyhow::Result<(MultiRun, String)> {
+) -> anyhow::Result<(MultiRun, String, ModelSet)> {
     let budget = args.memory_budget.context(
         "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)",
     )?;
@@ -453,47 +494,69 @@ pub fn train_auto(
     // Apart from the models, which the recording closure borrows.
     let mut opts = std::mem::take(&mut models.opts);
     let store_all = Checkpointing::Graph(Policy::StoreAll);
-    let record = |step: u64, ckpt: Checkpointing| -> anyhow::Result<(Graph, SetStep)> {
-        let mut g = Graph::new(&ctx);
-        let batches = models.batches(task, step, args.batch);
-        let recorded = models.record_set(&mut g, &batches, step, ckpt, set)?;
-        Ok((g, recorded))
-    };
-    let (mut g0, step0) = record(0, store_all)?;
-    let fixed = if strategy.is_none() {
-        fixed_policy_sets(&g0, &fixed_policies(args.layers()), |ckpt| {
-            Ok(record(0, ckpt)?.0)
-        })?
-    } else {
-        Vec::new()
-    };
-    let settings = AutoSettings {
-        budget,
-        strategy,
-        swap_dir: args.files.swap_dir.clone(),
-        bandwidth: None,
-        profile_runs: 3,
-        fixed,
-    };
+    let record =
+        |step: u64, ckpt: Checkpointing, set: &ModelSet| -> anyhow::Result<(Graph, SetStep)> {
+            let mut g = Graph::new(&ctx);
+            let batches = models.batches(task, step, args.batch);
+            let recorded = models.record_set(&mut g, &batches, step, ckpt, set)?;
+            Ok((g, recorded))
+        };
     let name = format!("gpt-train-k{}-l{}", members.len(), args.layers());
-    let session = AutoSession::prepare_multi(&mut g0, &step0.roots, &name, &settings);
+    let prepare = |set: &ModelSet| -> anyhow::Result<(Graph, AutoSession)> {
+        let (mut g0, step0) = record(0, store_all, set)?;
+        let fixed = if strategy.is_none() {
+            fixed_policy_sets(&g0, &fixed_policies(args.layers()), |ckpt| {
+                Ok(record(0, ckpt, set)?.0)
+            })?
+        } else {
+            Vec::new()
+        };
+        let settings = AutoSettings {
+            budget,
+            strategy: strategy.clone(),
+            swap_dir: args.files.swap_dir.clone(),
+            bandwidth: None,
+            profile_runs: 3,
+            fixed,
+        };
+        let session = AutoSession::prepare_multi(&mut g0, &step0.roots, &name, &settings)?;
+        Ok((g0, session))
+    };
     // A fused op holds all of its unit's models' tensors at once, so fusing raises the
-    // floor a plan can reach: say so, and how to lower it.
-    let session = match set.fused_units().next() {
-        Some(_) => session.with_context(|| {
+    // floor a plan can reach. With fusion left to remat, narrower groups are tried in turn
+    // (down to no fusion) until one plans within the budget.
+    let candidates = if choose_width {
+        narrower_fusions(set)
+    } else {
+        vec![set.clone()]
+    };
+    let mut outcome = Err(anyhow::anyhow!("no grouping of the models to plan"));
+    for (i, candidate) in candidates.iter().enumerate() {
+        outcome = prepare(candidate).map(|prepared| (candidate.clone(), prepared));
+        match (&outcome, candidates.get(i + 1)) {
+            (Ok(_), _) => break,
+            (Err(e), Some(next)) => println!(
+                "fusion: units {} do not fit the budget ({}); trying {}",
+                unit_labels(candidate),
+                first_line(e),
+                unit_labels(next)
+            ),
+            (Err(_), None) => {}
+        }
+    }
+    let (set, (g0, session)) = match set.fused_units().next() {
+        Some(_) if !choose_width => outcome.with_context(|| {
             format!(
                 "planning {} units ({}); fused models' ops hold all their tensors at once, \
-                 which raises the smallest feasible budget: --no-fuse plans each model's \
-                 ops on their own",
+                 which raises the smallest feasible budget: a smaller --fuse-width, or \
+                 --no-fuse, lowers it",
                 set.units.len(),
-                (0..set.units.len())
-                    .map(|u| set.label(u))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                unit_labels(set)
             )
         })?,
-        None => session?,
+        _ => outcome?,
     };
+    let set = &set;
     let owners = session.profile.node_owners(&g0);
     drop(g0);
     pool.set_budget(Some(budget));
@@ -509,7 +572,7 @@ pub fn train_auto(
     let mut stalls = vec![Duration::ZERO; units + 1];
     let mut reports = Vec::new();
     for step in 0..args.steps {
-        let (mut g, recorded) = record(step, store_all)?;
+        let (mut g, recorded) = record(step, store_all, set)?;
         let report = session
             .step(&mut g)
             .with_context(|| format!("training step {step}"))?;
@@ -552,7 +615,7 @@ pub fn train_auto(
             per_step(stalls[units])
         ));
     }
-    Ok((run, summary))
+    Ok((run, summary, set.clone()))
 }
 
 /// One row per model: its settings, its mean loss over the first and last steps and, under
@@ -623,6 +686,19 @@ mod tests {
         );
         assert_eq!(limit_fuse_width(&set, 5).units, set.units);
         assert_eq!(limit_fuse_width(&set, 1).units.len(), 6);
+        let tries: Vec<Vec<Vec<usize>>> = narrower_fusions(&set)
+            .into_iter()
+            .map(|s| s.units)
+            .collect();
+        assert_eq!(
+            tries,
+            vec![
+                set.units.clone(),
+                vec![vec![0, 1, 3], vec![4, 5], vec![2]],
+                vec![vec![0, 1], vec![3, 4], vec![5], vec![2]],
+                vec![vec![0], vec![1], vec![3], vec![4], vec![5], vec![2]],
+            ]
+        );
         // Width 0 is treated as 1 (the CLI refuses it before).
         assert_eq!(limit_fuse_width(&set, 0).units.len(), 6);
     }
