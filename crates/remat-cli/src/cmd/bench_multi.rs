@@ -245,6 +245,7 @@ fn units(args: &Args, task: &Task, k: usize, kind: RowKind) -> ModelSet {
 
 /// Sets up a runner per row kind (`None`: a kind that cannot run).
 fn runner<'a>(
+    threads: &ExecContext,
     args: &Args,
     task: &'a Task,
     k: usize,
@@ -256,6 +257,7 @@ fn runner<'a>(
                     strategy: Option<&str>|
      -> anyhow::Result<Option<Box<dyn Runner + 'a>>> {
         Ok(Some(Box::new(Together::new(
+            threads,
             args,
             task,
             k,
@@ -266,9 +268,9 @@ fn runner<'a>(
         )?)))
     };
     match kind {
-        RowKind::OneAfterAnother => {
-            Ok(Some(Box::new(OneAfterAnother::new(args, task, k, budget)?)))
-        }
+        RowKind::OneAfterAnother => Ok(Some(Box::new(OneAfterAnother::new(
+            threads, args, task, k, budget,
+        )?))),
         RowKind::Together | RowKind::FusedAuto => together(None, None),
         // A link of one byte per second: every swap would cost more than any recompute.
         RowKind::FusedRecompute => together(Some(1.0), None),
@@ -289,10 +291,13 @@ fn measure_k(
     k: usize,
     budget: u64,
 ) -> anyhow::Result<Vec<Result<Row, String>>> {
+    // One set of worker threads for every row (each row keeps its own memory pool): with a
+    // thread pool per row, one row's idle workers would spin beside the next row's work.
+    let threads = ExecContext::new(MemoryPool::unbounded(), args.threads)?;
     let mut runners = Vec::new();
     let mut skipped = Vec::new();
     for kind in RowKind::ALL {
-        let made = runner(args, task, k, budget, kind);
+        let made = runner(&threads, args, task, k, budget, kind);
         let why = match &made {
             Ok(Some(_)) => String::new(),
             Ok(None) => "not run".into(),
@@ -346,18 +351,24 @@ struct OneAfterAnother<'a> {
 }
 
 impl<'a> OneAfterAnother<'a> {
-    fn new(args: &Args, task: &'a Task, k: usize, budget: u64) -> anyhow::Result<Self> {
+    fn new(
+        threads: &ExecContext,
+        args: &Args,
+        task: &'a Task,
+        k: usize,
+        budget: u64,
+    ) -> anyhow::Result<Self> {
         let all = members(args, task.vocab(), k);
         let mut alone = Vec::with_capacity(k);
         for i in 0..k {
-            let pool = MemoryPool::with_budget(budget);
-            let ctx = ExecContext::new(pool.clone(), args.threads)?;
+            let ctx = threads.with_pool(MemoryPool::with_budget(budget));
             let one = Members {
                 configs: vec![all.configs[i].clone()],
                 lrs: vec![all.lrs[i]],
                 seeds: vec![all.seeds[i]],
             };
-            alone.push((ctx, Models::new(&pool, &one)?));
+            let models = Models::new(ctx.pool(), &one)?;
+            alone.push((ctx, models));
         }
         Ok(OneAfterAnother {
             task,
@@ -410,7 +421,9 @@ struct Together<'a> {
 }
 
 impl<'a> Together<'a> {
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        threads: &ExecContext,
         args: &Args,
         task: &'a Task,
         k: usize,
@@ -420,7 +433,7 @@ impl<'a> Together<'a> {
         set: ModelSet,
     ) -> anyhow::Result<Self> {
         let pool = MemoryPool::unbounded();
-        let ctx = ExecContext::new(pool.clone(), args.threads)?;
+        let ctx = threads.with_pool(pool.clone());
         let mut models = Models::new(&pool, &members(args, task.vocab(), k))?;
         let opts = std::mem::take(&mut models.opts);
         let record = |ckpt: Checkpointing| -> anyhow::Result<(Graph, SetStep)> {
