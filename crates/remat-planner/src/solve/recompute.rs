@@ -17,7 +17,15 @@
 //! (or earlier, where its inputs are still resident), and the candidate removing the most
 //! excess (bytes above the budget summed over steps) per unit of compute time is taken.
 //! Repeat until the sequence fits; then drop the copies that turn out unneeded, costliest
-//! first. The sequence becomes explicit `compute` / `free` steps: every copy is freed right
+//! first.
+//!
+//! Where the profile is above the budget over most of the sequence (random layered n=5,000
+//! at 0.8 of its peak: every tensor read by readers thousands of steps apart), single
+//! copies stick 12% over the budget: a copy's inputs were freed long before, so keeping
+//! them costs more than the copy saves, and the copy's own step is above the budget too.
+//! There, and wherever single copies stick, the greedy takes [`Group`]s (a copy with the
+//! copies of the inputs it misses, two levels back) and counts first appearances' steps
+//! only until those fit, then every step (see [`Counted`]). The sequence becomes explicit `compute` / `free` steps: every copy is freed right
 //! after its last reader, so a node is never resident twice.
 
 use std::collections::HashSet;
@@ -42,14 +50,44 @@ struct Lifetimes {
     live: Vec<u64>,
     /// Live bytes once the operation at each position has run and its frees are done.
     after: Vec<u64>,
+    /// Whether the appearance at each position is a copy (a later appearance of its node).
+    copy: Vec<bool>,
+    /// What `profile.excess` counts.
+    counted: Counted,
     profile: Profile,
+}
+
+/// What the greedy's excess counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Counted {
+    /// Every step: the sequence fits when this excess is zero.
+    AllSteps,
+    /// The steps of first appearances only. A copy's own step holds what is resident
+    /// before its reader, so where the profile is above the budget over long stretches
+    /// (random layered n=5,000 at 0.8) every copy's step is over it too, and counting it
+    /// makes every single copy raise the excess: the greedy stops with the peak 12% over.
+    /// Counting first appearances only, copies are taken for what they relieve; the steps
+    /// they add are then fitted under [`Counted::AllSteps`].
+    Originals,
+}
+
+impl Counted {
+    fn counts(self, copy: bool) -> bool {
+        self == Counted::AllSteps || !copy
+    }
 }
 
 /// Scratch arrays, so evaluating a candidate sequence allocates nothing.
 struct Scratch<'g> {
     graph: &'g Graph,
     budget: u64,
+    greedy: Greedy,
+    counted: Counted,
     latest: Vec<usize>,
+    /// Per node, the stamp of the last run that saw it (first appearances without clearing).
+    seen: Vec<u32>,
+    stamp: u32,
+    copy: Vec<bool>,
     last: Vec<usize>,
     freed_at: Vec<u64>,
 }
@@ -59,7 +97,12 @@ impl<'g> Scratch<'g> {
         Scratch {
             graph,
             budget,
+            greedy: Greedy::Singles,
+            counted: Counted::AllSteps,
             latest: vec![0; graph.len()],
+            seen: vec![0; graph.len()],
+            stamp: 0,
+            copy: Vec::new(),
             last: Vec::new(),
             freed_at: Vec::new(),
         }
@@ -87,8 +130,16 @@ impl<'g> Scratch<'g> {
         self.last.resize(len, 0);
         self.freed_at.clear();
         self.freed_at.resize(len, 0);
+        self.copy.clear();
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.seen.fill(0);
+            self.stamp = 1;
+        }
         for k in 0..len {
             let v = at(k);
+            self.copy.push(self.seen[v] == self.stamp);
+            self.seen[v] = self.stamp;
             self.last[k] = k;
             for &i in &g.node(v).inputs {
                 self.last[self.latest[i]] = k;
@@ -107,7 +158,9 @@ impl<'g> Scratch<'g> {
         for k in 0..len {
             live += g.node(at(k)).output_bytes;
             peak = peak.max(live);
-            excess = excess.saturating_add(live.saturating_sub(self.budget));
+            if self.counted.counts(self.copy[k]) {
+                excess = excess.saturating_add(live.saturating_sub(self.budget));
+            }
             let during = live;
             live -= self.freed_at[k];
             if let Some((during_out, after_out)) = live_out.as_mut() {
@@ -126,6 +179,8 @@ impl<'g> Scratch<'g> {
             last: self.last.clone(),
             live,
             after,
+            copy: self.copy.clone(),
+            counted: self.counted,
             profile,
         }
     }
@@ -148,11 +203,25 @@ pub fn insert_recomputations(
     deadline: Instant,
 ) -> Outcome {
     let mut scratch = Scratch::new(graph, budget);
-    let mut copies = Copies {
+    let start = Copies {
         seq: order.to_vec(),
         inserted: vec![false; order.len()],
     };
-    if let Err(peak) = fit(graph, &mut copies, None, &mut scratch, deadline) {
+    // Below BATCH_FROM_NODES the single copies come first: their choices are the ones
+    // measured against FastSA's figures there. Groups are the fallback when they stick,
+    // and the only search above (see [`Greedy`]).
+    let mut copies = start.clone();
+    let mut fitted = Err(0);
+    if graph.len() < BATCH_FROM_NODES {
+        scratch.greedy = Greedy::Singles;
+        fitted = fit_greedy(graph, &mut copies, None, &mut scratch, deadline);
+    }
+    if fitted.is_err() {
+        scratch.greedy = Greedy::Groups;
+        copies = start;
+        fitted = fit_greedy(graph, &mut copies, None, &mut scratch, deadline);
+    }
+    if let Err(peak) = fitted {
         return Outcome::Stuck { peak };
     }
     drop_unneeded(graph, &mut copies, &mut scratch, deadline);
@@ -178,6 +247,34 @@ impl Copies {
     }
 }
 
+/// Which greedy [`fit_greedy`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Greedy {
+    /// Single copies, every step counted: the sequence's excess is the guide.
+    Singles,
+    /// Copies with the inputs they miss ([`Group`]), first counting the first appearances'
+    /// steps only, then every step (see [`Counted`]): what fits where the profile is above
+    /// the budget over most of the sequence (random layered n=5,000 at 0.8).
+    Groups,
+}
+
+/// [`fit`] as `scratch.greedy` says. With groups, the second phase starts from wherever
+/// the first stopped, fitted or not.
+fn fit_greedy(
+    graph: &Graph,
+    copies: &mut Copies,
+    banned: Option<NodeId>,
+    scratch: &mut Scratch,
+    deadline: Instant,
+) -> Result<(), u64> {
+    if scratch.greedy == Greedy::Groups {
+        scratch.counted = Counted::Originals;
+        let _ = fit(graph, copies, banned, scratch, deadline);
+    }
+    scratch.counted = Counted::AllSteps;
+    fit(graph, copies, banned, scratch, deadline)
+}
+
 /// Greedy insertions until the sequence fits (`Ok`) or nothing helps (`Err(peak)`);
 /// `banned` is a node not to copy. On graphs of [`BATCH_FROM_NODES`] nodes or more, each
 /// round takes a batch of copies that change disjoint stretches of the profile (see
@@ -200,24 +297,55 @@ fn fit(
         }
         let batched = graph.len() >= BATCH_FROM_NODES;
         let floor = if batched { BATCH_SCORE_FLOOR } else { 1.0 };
-        let ranked = ranked_insertions(graph, &copies.seq, &life, banned, scratch.budget, floor);
-        let Some(&top) = ranked.first() else {
+        let depth = match scratch.greedy {
+            Greedy::Singles => 0,
+            Greedy::Groups => GROUP_DEPTH,
+        };
+        let search = Search {
+            banned,
+            budget: scratch.budget,
+            floor,
+            depth,
+        };
+        let ranked = ranked_insertions(graph, &copies.seq, &life, &search);
+        let Some(top) = ranked.first().cloned() else {
             return Err(life.profile.peak);
         };
         if !batched {
             apply(copies, &[top]);
             continue;
         }
-        let before = copies.clone();
-        apply(copies, &independent(&ranked));
-        // The batch's gains add up when the stretches they change are disjoint; the full
-        // profile checks it, and a batch doing worse than its best copy alone is undone.
-        let excess = scratch.run(&copies.seq, None, None).excess;
-        if excess > life.profile.excess - top.gain {
-            *copies = before;
-            apply(copies, &[top]);
+        // The batch's gains add up when the stretches they change are disjoint, and nearly
+        // so where they overlap on steps far above the budget (the excess is linear there);
+        // the full profile judges each batch, and the best copy alone stays the fallback.
+        let mut best = (life.profile.excess - top.gain, vec![top.clone()]);
+        for batch in [independent(&ranked), overlapping(&ranked)] {
+            if batch.len() <= 1 {
+                continue;
+            }
+            let mut trial = copies.clone();
+            apply(&mut trial, &batch);
+            let excess = scratch.run(&trial.seq, None, None).excess;
+            if excess < best.0 {
+                best = (excess, batch);
+            }
+        }
+        apply(copies, &best.1);
+    }
+}
+
+/// The best candidates, in rank order, of distinct nodes, whatever stretches they change.
+fn overlapping(ranked: &[Insertion]) -> Vec<Insertion> {
+    let mut batch: Vec<Insertion> = Vec::new();
+    for c in ranked {
+        if batch.len() >= MAX_BATCH {
+            break;
+        }
+        if batch.iter().all(|b| b.v != c.v) {
+            batch.push(c.clone());
         }
     }
+    batch
 }
 
 /// Graphs from this many nodes on take copies in batches (see [`fit`]); below, one copy a
@@ -226,18 +354,21 @@ const BATCH_FROM_NODES: usize = 2000;
 
 /// A batch takes copies scoring at least this share of the best one's score: the
 /// sequential greedy would not take a much worse copy while a better one remains.
-const BATCH_SCORE_FLOOR: f64 = 0.5;
+const BATCH_SCORE_FLOOR: f64 = 0.3;
 
 /// Copies a batch takes at most.
-const MAX_BATCH: usize = 32;
+const MAX_BATCH: usize = 64;
 
 /// Inserts the copies, the latest position first so earlier positions stay valid.
 fn apply(copies: &mut Copies, batch: &[Insertion]) {
     let mut batch = batch.to_vec();
     batch.sort_by_key(|c| std::cmp::Reverse(c.at));
     for c in batch {
-        copies.seq.insert(c.at, c.v);
-        copies.inserted.insert(c.at, true);
+        // Inserted last first, so the group runs in its order: inputs before readers.
+        for &v in c.group.iter().rev() {
+            copies.seq.insert(c.at, v);
+            copies.inserted.insert(c.at, true);
+        }
     }
 }
 
@@ -246,7 +377,7 @@ fn apply(copies: &mut Copies, batch: &[Insertion]) {
 /// the others leave untouched.
 fn independent(ranked: &[Insertion]) -> Vec<Insertion> {
     let mut batch: Vec<Insertion> = Vec::new();
-    for &c in ranked {
+    for c in ranked {
         if batch.len() >= MAX_BATCH {
             break;
         }
@@ -254,7 +385,7 @@ fn independent(ranked: &[Insertion]) -> Vec<Insertion> {
             .iter()
             .all(|b| b.v != c.v && (c.at <= b.from || b.at <= c.from));
         if apart {
-            batch.push(c);
+            batch.push(c.clone());
         }
     }
     batch
@@ -280,7 +411,7 @@ fn swap_costliest(graph: &Graph, copies: &mut Copies, scratch: &mut Scratch, dea
         let mut trial = copies.clone();
         trial.seq.remove(k);
         trial.inserted.remove(k);
-        if fit(graph, &mut trial, Some(v), scratch, deadline).is_err() {
+        if fit_greedy(graph, &mut trial, Some(v), scratch, deadline).is_err() {
             continue;
         }
         drop_unneeded(graph, &mut trial, scratch, deadline);
@@ -290,13 +421,15 @@ fn swap_costliest(graph: &Graph, copies: &mut Copies, scratch: &mut Scratch, dea
     }
 }
 
-/// A candidate copy: of the appearance at `j` (node `v`), inserted before position `at`;
-/// it changes the profile over steps `from + 1 ..= at` only, removing `gain` bytes of
-/// excess, `score` per unit of compute time.
-#[derive(Clone, Copy, Debug)]
+/// A candidate copy: of the appearance at `j` (node `v`), inserted before position `at`
+/// with the copies of its inputs in `group` (see [`Group`]; `v` last); it changes the
+/// profile over steps `from + 1 ..= at` only, removing `gain` bytes of excess, `score`
+/// per unit of the group's compute time.
+#[derive(Clone, Debug)]
 struct Insertion {
     at: usize,
     v: NodeId,
+    group: Vec<NodeId>,
     from: usize,
     gain: u64,
     score: f64,
@@ -312,9 +445,24 @@ fn best_insertion(
     banned: Option<NodeId>,
     budget: u64,
 ) -> Option<(usize, NodeId)> {
-    ranked_insertions(graph, seq, life, banned, budget, 1.0)
+    let search = Search {
+        banned,
+        budget,
+        floor: 1.0,
+        depth: 0,
+    };
+    ranked_insertions(graph, seq, life, &search)
         .first()
         .map(|c| (c.at, c.v))
+}
+
+/// What [`ranked_insertions`] looks for: copies of nodes other than `banned`, scoring at
+/// least `floor` times the best, single or in groups `depth` levels deep (0: single only).
+struct Search {
+    banned: Option<NodeId>,
+    budget: u64,
+    floor: f64,
+    depth: usize,
 }
 
 /// The insertions lowering the excess, most excess removed per unit of compute time first
@@ -327,17 +475,23 @@ fn ranked_insertions(
     graph: &Graph,
     seq: &[NodeId],
     life: &Lifetimes,
-    banned: Option<NodeId>,
-    budget: u64,
-    floor: f64,
+    search: &Search,
 ) -> Vec<Insertion> {
+    let &Search {
+        banned,
+        budget,
+        floor,
+        depth: group_depth,
+    } = search;
     let Some(peak) = (0..seq.len()).max_by_key(|&k| (life.live[k], std::cmp::Reverse(k))) else {
         return Vec::new();
     };
     let index = Index::of(graph, seq);
     let over = Over::of(life, budget);
-    let mut best_score = 0.0f64;
-    let mut found: Vec<Insertion> = Vec::new();
+    // Every candidate's bound first (cheap), then the evaluations (a pass over the steps
+    // the copy changes), best bound first: once a bound is below what the best found
+    // already scores, so is every later one.
+    let mut bounded: Vec<(f64, usize, NodeId, usize)> = Vec::new();
     let mut seen: HashSet<(usize, usize)> = HashSet::new();
     for s in steps_to_relieve(life, budget, peak) {
         let read_at_s = &graph.node(seq[s]).inputs;
@@ -356,31 +510,58 @@ fn ranked_insertions(
             let Some(&u) = index.readers[j].iter().find(|&&r| r > s) else {
                 continue;
             };
-            let cost = graph.node(v).compute_time.max(f64::MIN_POSITIVE);
+            let own_cost = graph.node(v).compute_time.max(f64::MIN_POSITIVE);
             for at in insertion_points(graph, &index, &life.last, s, u, v) {
                 if !seen.insert((j, at)) {
                     continue;
                 }
                 let freed_from = last_reader_before(&index, j, at);
+                // A group costs at least v's own time, so this bounds every group's score.
                 let bound = over.gain_bound(freed_from, at, graph.node(v).output_bytes);
-                if (bound as f64 / cost) < best_score * floor {
-                    continue;
+                if bound > 0 {
+                    bounded.push((bound as f64 / own_cost, j, v, at));
                 }
-                let (gain, from) = excess_change(graph, &index, life, budget, (j, v), at);
-                if gain <= 0 {
-                    continue;
-                }
-                let gain = gain as u64;
-                let score = gain as f64 / cost;
-                best_score = best_score.max(score);
-                found.push(Insertion {
-                    at,
-                    v,
-                    from,
-                    gain,
-                    score,
-                });
             }
+        }
+    }
+    // Stable: among equal bounds the order found stays.
+    bounded.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut best_score = 0.0f64;
+    let mut found: Vec<Insertion> = Vec::new();
+    for (bound_score, j, v, at) in bounded {
+        if bound_score < best_score * floor {
+            break;
+        }
+        let depths: &[usize] = if group_depth == 0 {
+            &[0]
+        } else {
+            &[0, group_depth]
+        };
+        for &depth in depths {
+            let group = Group::of(graph, &index, life, v, at, depth);
+            if depth > 0 && group.nodes.len() == 1 {
+                continue;
+            }
+            let cost = group.cost(graph);
+            let own_cost = graph.node(v).compute_time.max(f64::MIN_POSITIVE);
+            if bound_score * own_cost / cost < best_score * floor {
+                continue;
+            }
+            let (gain, from) = group.change(graph, &index, life, budget, j, at);
+            if gain <= 0 {
+                continue;
+            }
+            let gain = gain as u64;
+            let score = gain as f64 / cost;
+            best_score = best_score.max(score);
+            found.push(Insertion {
+                at,
+                v,
+                group: group.nodes,
+                from,
+                gain,
+                score,
+            });
         }
     }
     // Stable: among exact ties the first found stays first.
@@ -404,8 +585,13 @@ impl Over {
         let (mut c, mut e) = (0u64, 0u128);
         count.push(c);
         excess.push(e);
-        for &live in &life.live {
-            let above = live.saturating_sub(budget);
+        for (&live, &copy) in life.live.iter().zip(&life.copy) {
+            let counted = life.counted.counts(copy);
+            let above = if counted {
+                live.saturating_sub(budget)
+            } else {
+                0
+            };
             c += u64::from(above > 0);
             e += u128::from(above);
             count.push(c);
@@ -489,12 +675,8 @@ impl Index {
     }
 }
 
-/// The excess a copy of the appearance at `j` (of node `v`), inserted before position `at`, removes
-/// (negative when it adds), computed over the steps it changes only: the original is freed
-/// after its last reader before `at` instead of staying resident to `at`; each input whose
-/// appearance is no longer resident at `at` is kept until then; the copy's own step adds
-/// what is resident after step `at - 1` plus those inputs. From `at` on, the copy takes the
-/// original's place byte for byte.
+/// The excess a copy of the appearance at `j` (of node `v`) alone, inserted before position
+/// `at`, removes (negative when it adds); see [`Group::change`].
 #[cfg(test)]
 fn excess_removed(
     graph: &Graph,
@@ -504,51 +686,165 @@ fn excess_removed(
     (j, v): (usize, NodeId),
     at: usize,
 ) -> i128 {
-    excess_change(graph, index, life, budget, (j, v), at).0
+    Group::of(graph, index, life, v, at, 0)
+        .change(graph, index, life, budget, j, at)
+        .0
 }
 
-/// [`excess_removed`], with the step after which the profile changes (the copy changes
-/// steps `from + 1 ..= at` only).
-fn excess_change(
-    graph: &Graph,
-    index: &Index,
-    life: &Lifetimes,
-    budget: u64,
-    (j, v): (usize, NodeId),
-    at: usize,
-) -> (i128, usize) {
-    let v_bytes = graph.node(v).output_bytes as i128;
-    let freed_from = last_reader_before(index, j, at);
-    // (resident until, bytes) for each input kept longer.
-    let extended: Vec<(usize, i128)> = graph
-        .node(v)
-        .inputs
-        .iter()
-        .filter_map(|&i| {
-            let p = index.latest_before(i, at)?;
-            (life.last[p] < at).then(|| (life.last[p], graph.node(i).output_bytes as i128))
-        })
-        .collect();
-    let lo = extended
-        .iter()
-        .map(|&(l, _)| l)
-        .chain(std::iter::once(freed_from))
-        .min()
-        .unwrap_or(freed_from);
-    let over = |live: i128| (live - budget as i128).max(0);
-    let mut removed = 0i128;
-    for k in lo + 1..at {
-        let mut delta = if k > freed_from { -v_bytes } else { 0 };
-        delta += extended
-            .iter()
-            .filter(|&&(l, _)| k > l)
-            .map(|&(_, b)| b)
-            .sum::<i128>();
-        let live = life.live[k] as i128;
-        removed += over(live) - over(live + delta);
+/// Levels of inputs a group copies back from its node (see [`Group`]).
+const GROUP_DEPTH: usize = 2;
+
+/// Nodes a group copies at most: past it, inputs are kept resident instead.
+const MAX_GROUP: usize = 12;
+
+/// What a copy of `v` before position `at` recomputes and keeps. A copy reads the latest
+/// appearances of its inputs; one freed before `at` must be kept resident until then,
+/// which on a graph of long skip connections (every tensor read far apart) costs more than
+/// the copy saves. A group copies such inputs too, up to `depth` levels back, just before
+/// `v`, so only the inputs past that are kept longer.
+struct Group {
+    /// The copies, ascending ids (inputs before readers); `v` last.
+    nodes: Vec<NodeId>,
+    /// The appearances kept resident longer: (node, its last reader now, bytes).
+    extended: Vec<(NodeId, usize, i128)>,
+}
+
+impl Group {
+    fn of(
+        graph: &Graph,
+        index: &Index,
+        life: &Lifetimes,
+        v: NodeId,
+        at: usize,
+        depth: usize,
+    ) -> Group {
+        let mut nodes = vec![v];
+        let mut extended: Vec<(NodeId, usize, i128)> = Vec::new();
+        // Breadth first, so a node is met first at its smallest depth.
+        let mut frontier = vec![(v, 0usize)];
+        let mut next = 0;
+        while let Some(&(x, d)) = frontier.get(next) {
+            next += 1;
+            for &i in &graph.node(x).inputs {
+                if nodes.contains(&i) || extended.iter().any(|e| e.0 == i) {
+                    continue;
+                }
+                let Some(p) = index.latest_before(i, at) else {
+                    continue;
+                };
+                if life.last[p] >= at {
+                    continue;
+                }
+                if d < depth && nodes.len() < MAX_GROUP && !graph.is_pinned(i) {
+                    nodes.push(i);
+                    frontier.push((i, d + 1));
+                } else {
+                    extended.push((i, life.last[p], graph.node(i).output_bytes as i128));
+                }
+            }
+        }
+        nodes.sort_unstable();
+        Group { nodes, extended }
     }
-    let kept_inputs: i128 = extended.iter().map(|&(_, b)| b).sum();
-    (removed - over(life.after[at - 1] as i128 + kept_inputs), lo)
+
+    fn cost(&self, graph: &Graph) -> f64 {
+        let total: f64 = self.nodes.iter().map(|&c| graph.node(c).compute_time).sum();
+        total.max(f64::MIN_POSITIVE)
+    }
+
+    /// The excess the group, inserted before `at` to serve the later readers of the
+    /// appearance at `j`, removes (negative when it adds), computed over the steps it
+    /// changes only, with the step after which the profile changes (steps `from + 1 ..=
+    /// at`). The original is freed after its last reader before `at` instead of staying
+    /// resident to `at`; each extended input is kept until `at`; the group's own steps
+    /// (counted as [`Lifetimes::counted`] says) hold what is resident after step `at - 1`
+    /// plus the extended inputs and the copies made so far that a later copy still reads.
+    /// From `at` on, `v`'s copy takes the original's place byte for byte.
+    fn change(
+        &self,
+        graph: &Graph,
+        index: &Index,
+        life: &Lifetimes,
+        budget: u64,
+        j: usize,
+        at: usize,
+    ) -> (i128, usize) {
+        let v = *self.nodes.last().expect("a group holds its node");
+        let v_bytes = graph.node(v).output_bytes as i128;
+        let freed_from = last_reader_before(index, j, at);
+        let lo = self
+            .extended
+            .iter()
+            .map(|&(_, l, _)| l)
+            .chain(std::iter::once(freed_from))
+            .min()
+            .unwrap_or(freed_from);
+        let over = |live: i128| (live - budget as i128).max(0);
+        // The change in live bytes steps at each extended input's last reader and at
+        // `freed_from`; walk the steps with the changes sorted by where they start.
+        let mut starts: Vec<(usize, i128)> = self
+            .extended
+            .iter()
+            .map(|&(_, l, b)| (l, b))
+            .chain(std::iter::once((freed_from, -v_bytes)))
+            .collect();
+        starts.sort_unstable_by_key(|&(l, _)| l);
+        let mut removed = 0i128;
+        let mut delta = 0i128;
+        let mut next = 0;
+        for k in lo + 1..at {
+            while next < starts.len() && starts[next].0 < k {
+                delta += starts[next].1;
+                next += 1;
+            }
+            if !life.counted.counts(life.copy[k]) {
+                continue;
+            }
+            let live = life.live[k] as i128;
+            removed += over(live) - over(live + delta);
+        }
+        if !life.counted.counts(true) {
+            return (removed, lo);
+        }
+        (
+            removed - self.own_steps_excess(graph, life, budget, v_bytes, at),
+            lo,
+        )
+    }
+
+    /// The excess of the group's own steps, simulated: each copy adds its output, then
+    /// the copies and extended inputs it was the last in the group to read are freed.
+    fn own_steps_excess(
+        &self,
+        graph: &Graph,
+        life: &Lifetimes,
+        budget: u64,
+        v_bytes: i128,
+        at: usize,
+    ) -> i128 {
+        let kept: i128 = self.extended.iter().map(|&(_, _, b)| b).sum();
+        let mut live = life.after[at - 1] as i128 - v_bytes + kept;
+        let mut excess = 0i128;
+        for (k, &c) in self.nodes.iter().enumerate() {
+            let bytes = graph.node(c).output_bytes as i128;
+            live += bytes;
+            excess += (live - budget as i128).max(0);
+            for &i in &graph.node(c).inputs {
+                let read_later = self.nodes[k + 1..]
+                    .iter()
+                    .any(|&r| graph.node(r).inputs.contains(&i));
+                if read_later {
+                    continue;
+                }
+                if self.nodes[..k].contains(&i) {
+                    live -= graph.node(i).output_bytes as i128;
+                } else if let Some(&(_, _, b)) = self.extended.iter().find(|e| e.0 == i) {
+                    live -= b;
+                }
+            }
+        }
+        excess
+    }
 }
 
 /// Where a copy of `v`, dropped over step `s` and next read at `u`, may go: just before
@@ -704,15 +1000,20 @@ mod tests {
     }
 
     /// The excess a candidate removes, computed over the steps it changes, is the difference
-    /// of the full profiles, for every candidate of every greedy step on random graphs.
+    /// of the full profiles, for every candidate (single copies and groups) of every greedy
+    /// step on random graphs, whether copies' steps are counted or not.
     #[test]
     fn local_excess_change_equals_the_full_evaluation() {
         use crate::synth::layered::{LayeredParams, random_layered};
         let mut checked = 0;
-        for seed in 0..3 {
+        let mut groups = 0;
+        for seed in 0..4 {
             let g = random_layered(&LayeredParams::moccasin(80), seed).expect("valid");
             let budget = g.store_all_peak() * 8 / 10;
             let mut scratch = Scratch::new(&g, budget);
+            if seed % 2 == 1 {
+                scratch.counted = Counted::Originals;
+            }
             let mut seq: Vec<NodeId> = (0..g.len()).collect();
             for _ in 0..6 {
                 let life = scratch.lifetimes(&seq);
@@ -736,6 +1037,18 @@ mod tests {
                             let bound = over.gain_bound(freed_from, at, g.node(v).output_bytes);
                             assert!(bound as i128 >= local, "bound {bound} < gain {local}");
                             checked += 1;
+                            let group = Group::of(&g, &index, &life, v, at, GROUP_DEPTH);
+                            if group.nodes.len() > 1 {
+                                let (gain, _) = group.change(&g, &index, &life, budget, j, at);
+                                let mut trial = seq.clone();
+                                for &c in group.nodes.iter().rev() {
+                                    trial.insert(at, c);
+                                }
+                                let full = scratch.run(&trial, None, None).excess;
+                                assert_eq!(gain, life.profile.excess as i128 - full as i128);
+                                assert!(bound as i128 >= gain, "bound {bound} < gain {gain}");
+                                groups += 1;
+                            }
                         }
                     }
                 }
@@ -746,6 +1059,7 @@ mod tests {
             }
         }
         assert!(checked > 1000, "{checked} candidates checked");
+        assert!(groups > 100, "{groups} groups checked");
     }
 
     /// From BATCH_FROM_NODES nodes on, copies are taken in batches; the sequence still
