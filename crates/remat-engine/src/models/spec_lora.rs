@@ -20,14 +20,21 @@ const FIRST_STREAM: u64 = 1000;
 /// `alpha / rank`: a zero rank divides by zero, and a NaN, infinite or non-positive alpha
 /// trains to a NaN loss (or not at all) without any other error.
 pub(crate) fn check_lora(cfg: &LoraConfig) -> RunResult<()> {
-    if cfg.rank == 0
-        || !(0.0..1.0).contains(&cfg.dropout)
-        || !(cfg.alpha.is_finite() && cfg.alpha > 0.0)
-    {
-        return Err(RunError::Model(format!(
-            "LoRA needs rank > 0, dropout in [0, 1) and a finite alpha > 0 (got rank {}, dropout {}, alpha {})",
-            cfg.rank, cfg.dropout, cfg.alpha
-        )));
+    let bad = |what: String| Err(RunError::Model(what));
+    if cfg.rank == 0 {
+        return bad("LoRA rank must be greater than 0 (got 0)".into());
+    }
+    if !(0.0..1.0).contains(&cfg.dropout) {
+        return bad(format!(
+            "LoRA dropout must be in [0, 1) (got {})",
+            cfg.dropout
+        ));
+    }
+    if !(cfg.alpha.is_finite() && cfg.alpha > 0.0) {
+        return bad(format!(
+            "LoRA alpha must be a finite number greater than 0 (got {})",
+            cfg.alpha
+        ));
     }
     Ok(())
 }
@@ -112,14 +119,15 @@ mod tests {
 
     #[test]
     fn bad_hyper_parameters_are_refused_by_name() {
-        for bad in [
-            cfg(0, 8.0, 0.0),
-            cfg(4, f32::NAN, 0.0),
-            cfg(4, -1.0, 0.0),
-            cfg(4, 8.0, 1.0),
-        ] {
+        let cases = [
+            (cfg(0, 8.0, 0.0), "LoRA rank"),
+            (cfg(4, f32::NAN, 0.0), "LoRA alpha"),
+            (cfg(4, -1.0, 0.0), "LoRA alpha"),
+            (cfg(4, 8.0, 1.0), "LoRA dropout"),
+        ];
+        for (bad, field) in cases {
             let e = check_lora(&bad).unwrap_err().to_string();
-            assert!(e.contains("rank") && e.contains("alpha"), "{e}");
+            assert!(e.contains(field), "{e}");
         }
         check_lora(&cfg(4, 8.0, 0.1)).unwrap();
     }
