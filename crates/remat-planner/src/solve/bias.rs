@@ -195,10 +195,10 @@ fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) 
 
 /// Passes over which the temperature falls from its start to zero when only a deadline
 /// bounds the search (it then starts again: a reheat).
-const NOMINAL_PASSES: usize = 5_000;
+const NOMINAL_PASSES: usize = 20_000;
 
 /// Temperature cycles without a better schedule after which a deadline-bound search stops.
-const STALE_CYCLES: usize = 2;
+const STALE_CYCLES: usize = 1;
 
 /// Start temperature, as a fraction of the schedule's time that a worse move may add and
 /// still be taken with probability 1/e.
