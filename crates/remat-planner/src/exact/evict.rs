@@ -78,14 +78,18 @@ pub enum Pass {
     /// The schedule and its total compute time.
     Fits { steps: Vec<Step>, time: f64 },
     /// Some operation could not get its memory even with everything else evicted; the
-    /// peak the pass would have needed there.
-    Stuck { needed: u64 },
+    /// peak the pass would have needed there, and the node of the order it was at (how
+    /// far it got, which the search in [`crate::solve::bias`] uses to compare stuck passes).
+    Stuck { needed: u64, at: NodeId },
 }
 
 struct Evictor<'g> {
     graph: &'g Graph,
     weights: Weights,
     protected: &'g [bool],
+    /// Per-tensor multipliers of the eviction score (empty: all 1), set by the search over
+    /// them in [`crate::solve::bias`]: a large one keeps a tensor, a small one drops it first.
+    bias: &'g [f64],
     cap: u64,
     live: u64,
     resident: Vec<bool>,
@@ -133,9 +137,24 @@ pub fn evict_pass_until(
     protected: &[bool],
     deadline: Option<std::time::Instant>,
 ) -> Pass {
+    evict_pass_biased(graph, budget_bytes, weights, protected, &[], deadline)
+}
+
+/// [`evict_pass_until`] with each tensor's eviction score multiplied by `bias[t]` (an empty
+/// slice: no bias). The greedy choice is myopic; a search over these multipliers steers it
+/// to schedules its scores alone would not pick.
+pub fn evict_pass_biased(
+    graph: &Graph,
+    budget_bytes: u64,
+    weights: Weights,
+    protected: &[bool],
+    bias: &[f64],
+    deadline: Option<std::time::Instant>,
+) -> Pass {
     let Some(cap) = budget_bytes.checked_sub(graph.static_bytes()) else {
         return Pass::Stuck {
             needed: graph.memory_floor(),
+            at: 0,
         };
     };
     let mut prefix = Vec::with_capacity(graph.len() + 1);
@@ -147,6 +166,7 @@ pub fn evict_pass_until(
         graph,
         weights,
         protected,
+        bias,
         cap,
         live: 0,
         resident: vec![false; graph.len()],
@@ -167,11 +187,13 @@ pub fn evict_pass_until(
         if ev.out_of_time {
             return Pass::Stuck {
                 needed: graph.store_all_peak(),
+                at: v,
             };
         }
         if let Err(needed) = built {
             return Pass::Stuck {
                 needed: needed + graph.static_bytes(),
+                at: v,
             };
         }
         ev.free_dead();
@@ -198,12 +220,27 @@ impl Evictor<'_> {
                 if let Some(last) = stack.last_mut() {
                     last.1 = true;
                 }
+                let first = stack.len();
+                let lazy = !self.bias.is_empty();
                 for &i in &self.graph.node(x).inputs {
-                    if self.resident[i] {
+                    if self.resident[i] && !lazy {
                         self.pins[i] += 1;
                     } else {
                         stack.push((i, false));
                     }
+                }
+                if lazy {
+                    // With biases, inputs are taken highest bias first (the stack pops the
+                    // last pushed), resident ones first among equals, and a resident input
+                    // is pinned only when its turn comes (see the top of the loop). With
+                    // equal biases this is the plain pass; other biases let the search set
+                    // the rebuild order (Sethi-Ullman: what a rebuild holds at once) and let
+                    // a resident input go during another's rebuild, to be rebuilt after.
+                    let key = |&(i, _): &(NodeId, bool)| (self.bias[i], self.resident[i]);
+                    stack[first..].sort_by(|a, b| {
+                        let (ka, kb) = (key(a), key(b));
+                        ka.0.total_cmp(&kb.0).then(ka.1.cmp(&kb.1))
+                    });
                 }
                 continue;
             }
@@ -300,7 +337,8 @@ impl Evictor<'_> {
             .sum();
         let rebuild = node.compute_time + missing_inputs;
         let distance = (self.prefix[next] - self.prefix[self.now + 1]).max(0.0) + 1e-9;
-        let cost = rebuild.powf(self.weights.cost_exp) / distance.powf(self.weights.distance_exp);
+        let cost = rebuild.powf(self.weights.cost_exp) / distance.powf(self.weights.distance_exp)
+            * self.bias.get(t).copied().unwrap_or(1.0);
         (cost / node.output_bytes.max(1) as f64, cost)
     }
 
@@ -435,7 +473,7 @@ fn best_pass(graph: &Graph, budget: u64) -> (Option<(Weights, Vec<Step>, f64)>, 
                         best = Some((weights, steps, time));
                     }
                 }
-                Pass::Stuck { needed } => smallest_need = smallest_need.min(needed),
+                Pass::Stuck { needed, .. } => smallest_need = smallest_need.min(needed),
             }
         }
     }
@@ -640,7 +678,7 @@ mod tests {
         // store-all peak, and refinement keeps the schedule it was given.
         assert!(matches!(
             evict_pass_until(&g, budget, weights, &none, Some(past)),
-            Pass::Stuck { needed } if needed == g.store_all_peak()
+            Pass::Stuck { needed, .. } if needed == g.store_all_peak()
         ));
         let kept = refine(&g, budget, weights, (steps.clone(), time), Some(past));
         assert_eq!(kept, steps);
