@@ -33,6 +33,8 @@
 //! `chain-dp`'s, so it is never slower than recompute-only, and with no bandwidth no
 //! offload pays off and the two coincide.
 
+use std::time::Instant;
+
 use super::chain::{ChainSolution, ChainTable, fill_chain};
 use super::chain_graph::{GraphChain, chain_of, decisions_of};
 use super::chain_strategy::{ChainDp, resolution};
@@ -52,28 +54,49 @@ impl Strategy for ChainOffload {
     fn summary(&self) -> &'static str {
         "chain DP with offloaded checkpoints: recompute and swap combined (chain-shaped graphs)"
     }
+    fn search_cost(&self) -> crate::strategy::SearchCost {
+        crate::strategy::SearchCost::TABLE
+    }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let recompute_only = ChainDp.plan(problem).map(|p| rename(p, NAME));
-        let offloaded = offload_plan(problem);
-        match (offloaded, recompute_only) {
-            (Some(a), Ok(b)) if a.report.total_time < b.report.total_time => Ok(a),
-            (_, Ok(b)) => Ok(b),
-            (Some(a), Err(_)) => Ok(a),
-            (None, Err(e)) => Err(match e {
-                PlanError::OverBudget {
-                    budget, best_peak, ..
-                } => PlanError::OverBudget {
-                    strategy: NAME.into(),
-                    budget,
-                    best_peak,
-                },
-                PlanError::NotApplicable { why, .. } => PlanError::NotApplicable {
-                    strategy: NAME.into(),
-                    why,
-                },
-                other => other,
-            }),
-        }
+        combine(ChainDp.plan(problem), offload_plan(problem))
+    }
+    /// chain-dp's plan under the deadline, then the offloading table only when time is
+    /// left (it fills one more table of the same size).
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        let recompute_only = ChainDp.plan_until(problem, deadline);
+        let offloaded = if Instant::now() < deadline {
+            offload_plan(problem)
+        } else {
+            None
+        };
+        combine(recompute_only, offloaded)
+    }
+}
+
+/// The faster of the recompute-only and the offloading plan, named `chain-offload`.
+fn combine(
+    recompute_only: Result<Planned, PlanError>,
+    offloaded: Option<Planned>,
+) -> Result<Planned, PlanError> {
+    let recompute_only = recompute_only.map(|p| rename(p, NAME));
+    match (offloaded, recompute_only) {
+        (Some(a), Ok(b)) if a.report.total_time < b.report.total_time => Ok(a),
+        (_, Ok(b)) => Ok(b),
+        (Some(a), Err(_)) => Ok(a),
+        (None, Err(e)) => Err(match e {
+            PlanError::OverBudget {
+                budget, best_peak, ..
+            } => PlanError::OverBudget {
+                strategy: NAME.into(),
+                budget,
+                best_peak,
+            },
+            PlanError::NotApplicable { why, .. } => PlanError::NotApplicable {
+                strategy: NAME.into(),
+                why,
+            },
+            other => other,
+        }),
     }
 }
 

@@ -10,6 +10,8 @@
 //! Real profiled graphs have gcds of a few KiB against budgets of GiB, so in practice the
 //! DP is exact only on small or unit-size chains and within one unit elsewhere.
 
+use std::time::Instant;
+
 use super::chain::{ByteChain, MAX_CELLS, fill_work, solve_chain, solve_chain_least};
 use super::chain_graph::{GraphChain, chain_of, decisions_of};
 use crate::error::PlanError;
@@ -50,21 +52,34 @@ impl Strategy for ChainDp {
             .checked_sub(problem.graph.static_bytes());
         avail.is_some_and(|a| resolution(&mapped.chain, a).is_ok_and(|r| r.lossless))
     }
+    fn search_cost(&self) -> crate::strategy::SearchCost {
+        crate::strategy::SearchCost::TABLE
+    }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let graph = problem.graph;
-        let not_applicable = |why| PlanError::NotApplicable {
-            strategy: NAME.into(),
-            why,
-        };
-        let mut mapped = chain_of(graph).map_err(not_applicable)?;
-        let Some(avail) = problem.budget_bytes.checked_sub(graph.static_bytes()) else {
-            return Err(over_budget(problem, smallest_peak(&mapped, problem)));
-        };
-        let res = resolution(&mapped.chain, avail).map_err(not_applicable)?;
-        match best_fit(&mut mapped, problem, avail, res) {
-            Some(planned) => Ok(planned),
-            None => Err(over_budget(problem, smallest_peak(&mapped, problem))),
-        }
+        plan_by(problem, None)
+    }
+    /// Each table fill takes up to about a quarter of a second ([`MAX_WORK`]); after the
+    /// first, the re-solves with the slack rounding left stop at the deadline.
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        plan_by(problem, Some(deadline))
+    }
+}
+
+/// The chain DP's plan, re-solving with the slack rounding left until `deadline` if any.
+fn plan_by(problem: &Problem, deadline: Option<Instant>) -> Result<Planned, PlanError> {
+    let graph = problem.graph;
+    let not_applicable = |why| PlanError::NotApplicable {
+        strategy: NAME.into(),
+        why,
+    };
+    let mut mapped = chain_of(graph).map_err(not_applicable)?;
+    let Some(avail) = problem.budget_bytes.checked_sub(graph.static_bytes()) else {
+        return Err(over_budget(problem, smallest_peak(&mapped, problem)));
+    };
+    let res = resolution(&mapped.chain, avail).map_err(not_applicable)?;
+    match best_fit(&mut mapped, problem, avail, res, deadline) {
+        Some(planned) => Ok(planned),
+        None => Err(over_budget(problem, smallest_peak(&mapped, problem))),
     }
 }
 
@@ -116,6 +131,7 @@ fn best_fit(
     problem: &Problem,
     avail: u64,
     res: Resolution,
+    deadline: Option<Instant>,
 ) -> Option<Planned> {
     let graph = problem.graph;
     if res.lossless {
@@ -129,6 +145,10 @@ fn best_fit(
     let mut nominal = avail;
     let mut best: Option<Planned> = None;
     for _ in 0..MAX_SOLVES {
+        // The first fill always runs (a plan is better than none); later ones only refine.
+        if best.is_some() && deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
         mapped.chain.unit_bytes = nominal.div_ceil(units).max(1);
         let unit = mapped.chain.unit_bytes;
         let Ok(solution) = solve_chain(&mapped.chain, mapped.chain.budget_units(nominal)) else {

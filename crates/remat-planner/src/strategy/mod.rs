@@ -97,6 +97,14 @@ impl SearchCost {
         exponent: 1,
         why: "it stops at the time limit with its best plan so far",
     };
+    /// A strategy whose one solve cannot stop midway (a dynamic-programming table of up to
+    /// a quarter of a second) but whose refinements stop at its deadline: a search runs it
+    /// after the others, so that it cannot take their share.
+    pub const TABLE: SearchCost = SearchCost {
+        passes: 1.0,
+        exponent: 1,
+        why: "one dynamic-programming table, then refinements until the deadline",
+    };
 }
 
 /// Seconds `strategy` is expected to take on a graph of `nodes` nodes, given the seconds
@@ -425,7 +433,16 @@ fn search_queue<'s>(
         }
         queue.push(strategy.as_ref());
     }
-    queue.sort_by_key(|s| (is_until_deadline(*s), !s.name().starts_with("mutwo")));
+    // One pass first, then those that stop at their deadline (MuTWO's first), then those
+    // whose first solve cannot stop.
+    queue.sort_by_key(|s| {
+        let class = match s.search_cost() {
+            c if c == SearchCost::TABLE => 2,
+            c if c == SearchCost::UNTIL_DEADLINE => 1,
+            _ => 0,
+        };
+        (class, !s.name().starts_with("mutwo"))
+    });
     queue
 }
 
@@ -665,5 +682,37 @@ mod tests {
         assert_eq!(default_time_limit(10), Duration::from_secs(1));
         assert_eq!(default_time_limit(1000), Duration::from_secs(1));
         assert_eq!(default_time_limit(5000), Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    use super::*;
+
+    /// The search runs one-pass strategies first, then those that stop at their deadline
+    /// (MuTWO's first), and last the chain DPs, whose first table fill cannot stop: run
+    /// earlier, one fill on a long chain took the whole share of the others.
+    #[test]
+    fn table_strategies_run_after_those_that_stop_at_their_deadline() {
+        let strategies = registry();
+        let mut found = Found::default();
+        let queue = search_queue(&strategies, true, &mut found);
+        let class = |s: &dyn Strategy| match s.search_cost() {
+            c if c == SearchCost::TABLE => 2,
+            c if c == SearchCost::UNTIL_DEADLINE => 1,
+            _ => 0,
+        };
+        let classes: Vec<i32> = queue.iter().map(|s| class(*s)).collect();
+        assert!(classes.is_sorted(), "{classes:?}");
+        let names: Vec<String> = queue.iter().map(|s| s.name()).collect();
+        let position = |n: &str| names.iter().position(|x| x == n);
+        for table in [
+            crate::exact::chain_strategy::NAME,
+            crate::exact::chain_offload::NAME,
+        ] {
+            let at = position(table).unwrap_or_else(|| panic!("{table} not in {names:?}"));
+            let mutwo = position("mutwo").unwrap_or_else(|| panic!("no mutwo in {names:?}"));
+            assert!(mutwo < at, "{names:?}");
+        }
     }
 }
