@@ -576,13 +576,28 @@ impl Strategy for CheckmateMilp {
     /// HiGHS's best schedule within the time limit, proved optimal or not (use
     /// [`CheckmateMilp::solve`] to know which, and for the bound). With no schedule found
     /// in time it declines, stating the bound.
+    /// In a search under a time limit, HiGHS gets the time up to the deadline (or its own
+    /// limit, if shorter) and returns its best schedule by then.
+    fn search_cost(&self) -> crate::strategy::SearchCost {
+        crate::strategy::SearchCost::UNTIL_DEADLINE
+    }
+    fn plan_until(&self, problem: &Problem, deadline: Instant) -> Result<Planned, PlanError> {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64();
+        let mut hurried = CheckmateMilp {
+            options: self.options,
+        };
+        hurried.options.time_limit_s = self.options.time_limit_s.min(left);
+        hurried.plan(problem)
+    }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
         let outcome = self.solve(problem)?;
         let bound = outcome.lower_bound_overhead(problem.graph);
         outcome.planned.ok_or_else(|| PlanError::NotApplicable {
             strategy: NAME.into(),
             why: format!(
-                "HiGHS found no schedule within its {} s time limit; it proved the optimum's overhead is at least {:.2}%",
+                "HiGHS found no schedule within its {:.2} s time limit; it proved the optimum's overhead is at least {:.2}%",
                 self.options.time_limit_s,
                 100.0 * bound
             ),
