@@ -24,6 +24,7 @@
 //! A graph marked [`Graph::with_fixed_order`] (the engine's profiled steps) is planned in
 //! its own order only: layer 2 alone, still under the deadline.
 
+pub mod anneal_copies;
 pub mod bound;
 pub mod order;
 pub mod recompute;
@@ -116,6 +117,8 @@ pub fn solve(
             return best.into_result(problem);
         }
     }
+    // The phases to 3 share the time up to the annealing of copies (phase 4).
+    let (outer_deadline, deadline) = (deadline, anneal_copies::others_until(graph.len(), deadline));
     // 1. Orders first: memory-aware orders cost no recomputation at all, so a share of the
     //    time goes to lowering their memory above the budget before any eviction runs.
     let now = Instant::now();
@@ -168,7 +171,7 @@ pub fn solve(
             return best.into_result(problem);
         }
     }
-    // 3. Until the deadline: improve the orders, re-plan each improvement.
+    // 3. Until the annealing of copies starts: improve the orders, re-plan each.
     while Instant::now() < deadline && !graph.order_is_fixed() {
         progress("improving the order", best.overhead());
         let Some(k) = search.improve_round(deadline) else {
@@ -189,6 +192,16 @@ pub fn solve(
             break;
         }
     }
+    // 4. Until the deadline: anneal the copies of the best sequence (anneal_copies).
+    let deadline = outer_deadline;
+    progress("annealing recomputations", best.overhead());
+    let annealed = anneal_copies::phase(
+        problem,
+        best.planned.as_ref(),
+        &search.states[0].order,
+        deadline,
+    );
+    best.offer(annealed);
     if best.planned.is_none() {
         // No eviction pass fitted at the budget on any order. Passes are not monotone in
         // the budget: one run at a lower budget may fit (evict's own search for the least
