@@ -430,11 +430,10 @@ impl Scale {
     }
 
     /// `(weight per excess byte-step, temperature)` at fraction `f` of the run: the
-    /// weight rises geometrically from a thousandth of a typical node's time per typical
+    /// weight rises geometrically from 0.003 of a typical node's time per typical
     /// tensor-step to a thousand of them (starting low lets the search cross sequences
-    /// over the budget: on Moccasin's n=500 at 0.9 a start at a tenth kept the greedy's
-    /// copies), the temperature falls from a third of a node's
-    /// time to a thousandth.
+    /// over the budget: on Moccasin's n=500 at 0.9 a start at 0.1 kept the greedy's
+    /// copies), the temperature falls from a tenth of a node's time to a thousandth.
     fn at(&self, f: f64) -> (f64, f64) {
         let f = f.clamp(0.0, 1.0);
         let geo = |a: f64, b: f64| a * (b / a).powf(f);
@@ -444,9 +443,9 @@ impl Scale {
     }
 }
 
-const W_START: f64 = 0.001;
+const W_START: f64 = 0.003;
 const W_END: f64 = 1000.0;
-const T_START: f64 = 0.3;
+const T_START: f64 = 0.1;
 const T_END: f64 = 0.001;
 
 /// A random move; first appearances move only with `reorder`.
@@ -588,9 +587,9 @@ fn apply(state: &mut State, mv: &Move) {
 /// Share of the time left to the deadline that this phase gets, from the start of the
 /// order search (the phases before it share the rest). Each accepted move rebuilds the
 /// state, a pass over the sequence: on graphs up to [`SMALL`] nodes that allows some
-/// 100,000 moves a second; above, ten times fewer per node, too few to pay the time taken
+/// 100,000 moves a second (n=500, 2 loaded cores); above, ten times fewer per node, too few to pay the time taken
 /// from the other phases, so the share is smaller there.
-const SHARE: f64 = 0.7;
+const SHARE: f64 = 0.5;
 const SHARE_LARGE: f64 = 0.3;
 const SMALL: usize = 2000;
 
@@ -611,6 +610,10 @@ pub fn phase(
     deadline: Instant,
 ) -> Result<Planned, PlanError> {
     let graph = problem.graph;
+    // A run's length, however far the deadline (a caller with no clock to race): the
+    // schedule spans the run, so it ends cooled and the phase returns.
+    let cap = Instant::now() + MAX_RUN_PER_NODE * graph.len().max(1) as u32;
+    let deadline = deadline.min(cap);
     let start = best
         .and_then(|b| compute_sequence(&b.plan.steps))
         .unwrap_or_else(|| order.to_vec());
@@ -634,6 +637,9 @@ pub fn phase(
 }
 
 const SEED: u64 = 0xA11EA1;
+
+/// The longest run, per node of the graph (1 s at 500 nodes).
+const MAX_RUN_PER_NODE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// The computes of a schedule in order, when it swaps nothing (a swap has no place in a
 /// sequence of computations).
