@@ -24,6 +24,7 @@
 //! A graph marked [`Graph::with_fixed_order`] (the engine's profiled steps) is planned in
 //! its own order only: layer 2 alone, still under the deadline.
 
+pub mod anneal_copies;
 pub mod bias;
 pub mod bound;
 pub mod order;
@@ -117,6 +118,8 @@ pub fn solve(
             return best.into_result(problem);
         }
     }
+    // The phases to 3 share the time up to the annealing of copies (phase 4).
+    let (outer_deadline, deadline) = (deadline, anneal_copies::others_until(graph.len(), deadline));
     // 1. Orders first: memory-aware orders cost no recomputation at all, so a share of the
     //    time goes to lowering their memory above the budget before any eviction runs.
     let now = Instant::now();
@@ -187,7 +190,7 @@ pub fn solve(
         );
     }
     // --- end branch `small` ---
-    // 3. Until the deadline: improve the orders, re-plan each improvement.
+    // 3. Until the annealing of copies starts: improve the orders, re-plan each.
     while Instant::now() < deadline && !graph.order_is_fixed() {
         progress("improving the order", best.overhead());
         let Some(k) = search.improve_round(deadline) else {
@@ -209,10 +212,27 @@ pub fn solve(
         }
     }
     // --- branch `small`: the search over eviction biases (see [`bias`]) ---
-    // 4. Until the deadline: anneal the eviction's choices (see [`search_biases`]).
-    let until = deadline.min(Instant::now() + BIAS_MAX_TIME);
+    // 4. Anneal the eviction's choices (see [`search_biases`]): on graphs of a few hundred
+    //    nodes, where a greedy pass costs tens of microseconds, until the outer deadline
+    //    (it stops once stale); above, in what phase 3 left before the annealing of copies.
+    let until = if graph.len() <= BIAS_WHOLE_TIME_NODES {
+        outer_deadline
+    } else {
+        deadline
+    };
+    let until = until.min(Instant::now() + BIAS_MAX_TIME);
     search_biases(problem, &search.states, &mut best, until, &mut progress);
     // --- end branch `small` ---
+    // 5. Until the deadline: anneal the copies of the best sequence (anneal_copies).
+    let deadline = outer_deadline;
+    progress("annealing recomputations", best.overhead());
+    let annealed = anneal_copies::phase(
+        problem,
+        best.planned.as_ref(),
+        &search.states[0].order,
+        deadline,
+    );
+    best.offer(annealed);
     if best.planned.is_none() {
         // No eviction pass fitted at the budget on any order. Passes are not monotone in
         // the budget: one run at a lower budget may fit (evict's own search for the least
@@ -306,6 +326,10 @@ const NO_PLAN_BIAS_SHARE: f64 = 0.5;
 /// small steps for minutes; the gains after the first seconds are marginal.
 const BIAS_MAX_PASSES: usize = 100_000;
 const BIAS_MAX_TIME: Duration = Duration::from_secs(2);
+/// Graphs up to this many nodes give the search over eviction biases the time up to the
+/// outer deadline (before the annealing of copies); larger ones give it only what the
+/// order search left.
+const BIAS_WHOLE_TIME_NODES: usize = 300;
 // --- end branch `small` ---
 
 /// Share of the time left that eviction gets once a plan is known.
