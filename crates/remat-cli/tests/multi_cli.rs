@@ -30,6 +30,20 @@ fn run(extra: &[&str]) -> String {
     text
 }
 
+/// The executed peak of a planned run equals the plan's prediction (the `peak MiB` row of
+/// the auto plan's table: predicted, then measured); `what` names the run in the message.
+fn assert_peak_as_predicted(text: &str, what: &str) {
+    let peak = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("peak MiB"))
+        .unwrap_or_else(|| panic!("{what}: no peak line:\n{text}"));
+    let cols: Vec<&str> = peak.split_whitespace().collect();
+    assert_eq!(
+        cols[2], cols[3],
+        "{what}: predicted vs measured peak:\n{text}"
+    );
+}
+
 /// Model `k`'s loss on each `step` line (`m{k} loss X`), or the single model's.
 fn losses(text: &str, k: Option<usize>) -> Vec<String> {
     let key = k.map_or("loss".to_string(), |k| format!("m{k} loss"));
@@ -108,12 +122,7 @@ fn auto_plans_the_k_model_step_exactly() {
         "--memory-budget",
         "600KiB",
     ]);
-    let peak = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("peak MiB"))
-        .unwrap_or_else(|| panic!("no peak line:\n{text}"));
-    let cols: Vec<&str> = peak.split_whitespace().collect();
-    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{text}");
+    assert_peak_as_predicted(&text, "auto");
     assert_eq!(losses(&text, Some(1)).len(), 4, "{text}");
     assert!(
         text.contains("swap stall ms/step"),
@@ -148,15 +157,7 @@ fn multiplexed_plans_run_exactly() {
             !text.contains("swapped 0.00 MiB, recomputed 0.00 MiB"),
             "{strategy}: nothing evicted:\n{text}"
         );
-        let peak = text
-            .lines()
-            .find(|l| l.trim_start().starts_with("peak MiB"))
-            .unwrap_or_else(|| panic!("no peak line:\n{text}"));
-        let cols: Vec<&str> = peak.split_whitespace().collect();
-        assert_eq!(
-            cols[2], cols[3],
-            "{strategy}: predicted vs measured peak:\n{text}"
-        );
+        assert_peak_as_predicted(&text, strategy);
         assert!(text.contains("multiplexed plan:"), "{strategy}:\n{text}");
         for k in 0..2 {
             assert_eq!(
@@ -369,12 +370,7 @@ fn multiplexed_plans_run_fused_units_exactly() {
         !text.contains("swapped 0.00 MiB, recomputed 0.00 MiB"),
         "nothing evicted:\n{text}"
     );
-    let peak = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("peak MiB"))
-        .unwrap_or_else(|| panic!("no peak line:\n{text}"));
-    let cols: Vec<&str> = peak.split_whitespace().collect();
-    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{text}");
+    assert_peak_as_predicted(&text, "fused units, auto:multiplexed");
     for k in 0..3 {
         assert_eq!(
             losses(&text, Some(k)),
@@ -414,12 +410,7 @@ fn fuse_width_makes_groups_that_train_exactly() {
         !planned.contains("swapped 0.00 MiB, recomputed 0.00 MiB"),
         "nothing evicted:\n{planned}"
     );
-    let peak = planned
-        .lines()
-        .find(|l| l.trim_start().starts_with("peak MiB"))
-        .unwrap_or_else(|| panic!("no peak line:\n{planned}"));
-    let cols: Vec<&str> = peak.split_whitespace().collect();
-    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{planned}");
+    assert_peak_as_predicted(&planned, "--fuse-width 2, auto:multiplexed");
     assert!(
         planned.contains("the plan's models are the units: 0 = m0+1, 1 = m2+3"),
         "{planned}"
@@ -463,12 +454,7 @@ fn auto_narrows_fusion_until_the_plan_fits() {
         text.contains("the plan's models are the units: 0 = m0+1, 1 = m2+3"),
         "{text}"
     );
-    let peak = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("peak MiB"))
-        .unwrap_or_else(|| panic!("no peak line:\n{text}"));
-    let cols: Vec<&str> = peak.split_whitespace().collect();
-    assert_eq!(cols[2], cols[3], "predicted vs measured peak:\n{text}");
+    assert_peak_as_predicted(&text, "auto, narrowed fusion");
     for k in 0..4 {
         assert_eq!(
             losses(&text, Some(k)),
