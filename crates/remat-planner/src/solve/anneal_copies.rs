@@ -14,7 +14,7 @@
 //! appearance of each input and is freed right after its last reader. Adding or deleting a
 //! copy changes lifetimes on one stretch only (the copied node's earlier appearance and
 //! the copy's inputs, between their last readers and the copy), so those moves are
-//! evaluated over that stretch ([`State::insert_delta`], [`State::delete_delta`]); a moved
+//! evaluated over that stretch (`State::insert_delta`, `State::delete_delta`); a moved
 //! copy is judged by a full replay. An accepted move rebuilds the state in one pass.
 
 use std::time::Instant;

@@ -31,8 +31,8 @@ use super::{NAME, map_step};
 
 /// How much search: at most `passes` greedy passes, none begun after `deadline`. Without
 /// a deadline the temperature falls once over the passes (tests fix the work this way);
-/// with one, it falls over every [`NOMINAL_PASSES`] and the search stops early once
-/// [`STALE_CYCLES`] of them bring nothing better.
+/// with one, it falls over every `NOMINAL_PASSES` and the search stops early once
+/// `STALE_CYCLES` of them bring nothing better.
 #[derive(Clone, Copy, Debug)]
 pub struct Work {
     pub passes: usize,

@@ -23,9 +23,9 @@
 //! at 0.8 of its peak: every tensor read by readers thousands of steps apart), single
 //! copies stick 12% over the budget: a copy's inputs were freed long before, so keeping
 //! them costs more than the copy saves, and the copy's own step is above the budget too.
-//! There, and wherever single copies stick, the greedy takes [`Group`]s (a copy with the
+//! There, and wherever single copies stick, the greedy takes `Group`s (a copy with the
 //! copies of the inputs it misses, two levels back) and counts first appearances' steps
-//! only until those fit, then every step (see [`Counted`]). The sequence becomes explicit `compute` / `free` steps: every copy is freed right
+//! only until those fit, then every step (see `Counted`). The sequence becomes explicit `compute` / `free` steps: every copy is freed right
 //! after its last reader, so a node is never resident twice.
 
 use std::collections::HashSet;
@@ -252,8 +252,8 @@ impl Copies {
 enum Greedy {
     /// Single copies, every step counted: the sequence's excess is the guide.
     Singles,
-    /// Copies with the inputs they miss ([`Group`]), first counting the first appearances'
-    /// steps only, then every step (see [`Counted`]): what fits where the profile is above
+    /// Copies with the inputs they miss (`Group`), first counting the first appearances'
+    /// steps only, then every step (see `Counted`): what fits where the profile is above
     /// the budget over most of the sequence (random layered n=5,000 at 0.8).
     Groups,
 }
@@ -422,7 +422,7 @@ fn swap_costliest(graph: &Graph, copies: &mut Copies, scratch: &mut Scratch, dea
 }
 
 /// A candidate copy: of the appearance at `j` (node `v`), inserted before position `at`
-/// with the copies of its inputs in `group` (see [`Group`]; `v` last); it changes the
+/// with the copies of its inputs in `group` (see `Group`; `v` last); it changes the
 /// profile over steps `from + 1 ..= at` only, removing `gain` bytes of excess, `score`
 /// per unit of the group's compute time.
 #[derive(Clone, Debug)]
@@ -691,7 +691,7 @@ fn excess_removed(
         .0
 }
 
-/// Levels of inputs a group copies back from its node (see [`Group`]).
+/// Levels of inputs a group copies back from its node (see `Group`).
 const GROUP_DEPTH: usize = 2;
 
 /// Nodes a group copies at most: past it, inputs are kept resident instead.
