@@ -26,8 +26,7 @@ use crate::ir::{Graph, NodeId};
 use crate::plan::Step;
 use crate::strategy::{Planned, Problem, plan_from_steps};
 
-use super::order::reordered;
-use super::{NAME, map_step};
+use super::{NAME, in_order, map_step};
 
 /// How much search: at most `passes` greedy passes, none begun after `deadline`. Without
 /// a deadline the temperature falls once over the passes (tests fix the work this way);
@@ -79,17 +78,8 @@ pub fn plan_in_order(
     order: &[NodeId],
     work: Work,
 ) -> Result<Planned, PlanError> {
-    let identity = order.iter().enumerate().all(|(k, &v)| k == v);
-    let renumbered;
-    let graph = if identity {
-        problem.graph
-    } else {
-        renumbered = reordered(problem.graph, order).map_err(|e| PlanError::NotApplicable {
-            strategy: NAME.into(),
-            why: format!("the order cannot be renumbered: {e}"),
-        })?;
-        &renumbered
-    };
+    let graph = in_order(problem.graph, order)?;
+    let graph = graph.as_ref();
     let budget = problem.budget_bytes;
     let (steps, score) = search(graph, budget, work);
     let Some(steps) = steps else {
@@ -301,6 +291,7 @@ impl SplitMix {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::solve::order::reordered;
     use crate::strategy::baselines::tests::training_chain;
     use crate::synth::layered::{LayeredParams, random_layered};
 

@@ -493,6 +493,23 @@ impl Best {
     }
 }
 
+/// `graph` renumbered so that `order` is its own order (itself when it already is), or
+/// an error when the order is not one of its topological orders.
+pub(crate) fn in_order<'g>(
+    graph: &'g Graph,
+    order: &[NodeId],
+) -> Result<std::borrow::Cow<'g, Graph>, PlanError> {
+    if order.iter().enumerate().all(|(k, &v)| k == v) {
+        return Ok(std::borrow::Cow::Borrowed(graph));
+    }
+    reordered(graph, order)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|e| PlanError::NotApplicable {
+            strategy: NAME.into(),
+            why: format!("the order cannot be renumbered: {e}"),
+        })
+}
+
 /// Plans the graph run in `order`: store-all when the order's peak fits (no overhead),
 /// else eviction (`evict_until`); the steps are mapped back and simulated on the
 /// original graph. With `grace` (no plan known yet), the first eviction pass may run past
@@ -503,17 +520,8 @@ pub fn plan_in_order(
     deadline: Instant,
     grace: bool,
 ) -> Result<Planned, PlanError> {
-    let identity = order.iter().enumerate().all(|(k, &v)| k == v);
-    let renumbered;
-    let graph = if identity {
-        problem.graph
-    } else {
-        renumbered = reordered(problem.graph, order).map_err(|e| PlanError::NotApplicable {
-            strategy: NAME.into(),
-            why: format!("the order cannot be renumbered: {e}"),
-        })?;
-        &renumbered
-    };
+    let graph = in_order(problem.graph, order)?;
+    let graph = graph.as_ref();
     let local = Problem { graph, ..*problem };
     let planned = if graph.store_all_peak() <= problem.budget_bytes {
         StoreAll.plan(&local)?
