@@ -17,6 +17,11 @@
 //!    the memory above the budget), each improvement re-planned, the fastest simulated plan
 //!    kept. A zero-overhead plan ends the search: nothing can beat it.
 //!
+//! Beside them, **swaps alone** ([`offload`]): on the best candidate order, tensors go to
+//! the host over the gaps between their uses until every step fits (milliseconds, no
+//! cascades). Over a fast link this is often free; it is also the plan where recomputation
+//! sticks above the budget (random layered n=5,000 at 0.8 of its peak).
+//!
 //! Whenever copies or some order's eviction pass fit, a plan is returned; when none does, the
 //! error reports the smallest peak reached. A budget under [`Graph::memory_floor`] is
 //! refused up front, naming the floor. [`bound`] gives the lower bound printed beside.
@@ -27,6 +32,7 @@
 pub mod anneal_copies;
 pub mod bias;
 pub mod bound;
+pub mod offload;
 pub mod order;
 pub mod recompute;
 
@@ -108,6 +114,15 @@ pub fn solve(
         round: 0,
     };
     search.stale = vec![0; search.states.len()];
+    // Swaps alone on the best candidate order (milliseconds, see [`offload`]): over a fast
+    // host link often free, and then the search ends here. (Graphs in a fixed order, the
+    // engine's, get them at the end: kept only when faster than the rest.)
+    if !graph.order_is_fixed() {
+        best.offer(offload::plan_swaps(problem, &search.states[0].order, NAME));
+        if best.overhead() == Some(0.0) {
+            return best.into_result(problem);
+        }
+    }
     // 0. On large graphs with no plan yet, copies on the best candidate order come first:
     //    annealing there cannot finish its moves in its share, and the copies, which take
     //    seconds at 5,000 nodes, would otherwise start too late to fit.
@@ -233,6 +248,10 @@ pub fn solve(
         deadline,
     );
     best.offer(annealed);
+    // Swaps alone on the best order (milliseconds): kept when faster, which they can be
+    // over a fast host link, and the plan where recomputation sticks over the budget.
+    progress("swapping", best.overhead());
+    best.offer(offload::plan_swaps(problem, &search.states[0].order, NAME));
     if best.planned.is_none() {
         // No eviction pass fitted at the budget on any order. Passes are not monotone in
         // the budget: one run at a lower budget may fit (evict's own search for the least
@@ -399,12 +418,12 @@ impl OrderSearch<'_> {
         let count = self.states.len();
         let mut stale = vec![0; count];
         while self.best_excess() > 0 && stale.iter().any(|&s| s < STALE_ROUNDS) {
-            for k in 0..count {
+            for (k, stale) in stale.iter_mut().enumerate() {
                 let now = Instant::now();
                 if self.best_excess() == 0 || now >= until {
                     break;
                 }
-                if stale[k] >= STALE_ROUNDS {
+                if *stale >= STALE_ROUNDS {
                     continue;
                 }
                 let share = until
@@ -419,7 +438,7 @@ impl OrderSearch<'_> {
                     ANNEAL_MOVES_PER_NODE * n,
                     || Instant::now() >= stop,
                 );
-                stale[k] = if improved { 0 } else { stale[k] + 1 };
+                *stale = if improved { 0 } else { *stale + 1 };
             }
             if Instant::now() >= until {
                 break;
