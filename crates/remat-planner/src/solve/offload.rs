@@ -14,8 +14,9 @@
 //!
 //! Timing of one gap between uses at positions `a` and `b` of the order: `SwapOut` right
 //! after the compute at `a`, `Free` after the compute at `a + 1` (the copy runs beside
-//! it), `SwapIn` before the compute at `b - 1` (the copy back runs beside that one). The
-//! tensor is off the device during the computes `a + 2 ..= b - 2`. The simulator's memory
+//! it), `SwapIn` before the compute at `b - 1` (the copy back runs beside that one); or,
+//! where a copy takes longer than one compute, as many computes each way as the copy
+//! takes (both are planned, the faster plan kept). The simulator's memory
 //! changes only at the steps, not with the copies' timing, so the peak computed here is the
 //! peak the simulator reports, at any bandwidth.
 
@@ -26,26 +27,117 @@ use crate::strategy::{Planned, Problem, plan_from_steps};
 
 use super::order::positions;
 
-/// One tensor off the device between its uses at positions `a` and `b` (`b >= a + 4`).
+/// One tensor off the device between its uses at positions `a` and `b`: copied out after
+/// the compute at `a`, freed after the compute at `free_after`, copied back before the
+/// compute at `back_before` (`a <= free_after < back_before - 1 < b`).
 #[derive(Clone, Copy, Debug)]
 struct Gap {
     tensor: NodeId,
     a: usize,
     b: usize,
+    free_after: usize,
+    back_before: usize,
 }
 
 impl Gap {
     /// The computes during which the tensor is off the device.
     fn off(&self) -> std::ops::RangeInclusive<usize> {
-        self.a + 2..=self.b - 2
+        self.free_after + 1..=self.back_before - 1
+    }
+}
+
+/// Where a gap's free and copy back go.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Timing {
+    /// Freed right after the copy out, copied back right before the use: the compute waits
+    /// for both copies, but a tensor read two steps apart can leave the device between
+    /// (what a budget near the floor needs).
+    Immediate,
+    /// One compute each way: the most bytes off the device, stalls where a copy takes
+    /// longer than that compute.
+    OneCompute,
+    /// As many computes each way as the copy takes at the problem's bandwidth (by the
+    /// graph's compute times), so the copies hide behind compute: fewer bytes off per gap.
+    CopyTime,
+}
+
+/// Running sums of the compute times along an order, and the copy time per byte, to place
+/// a gap's free and copy back.
+struct Clock {
+    /// `sum[k]`: compute time of positions `0..k`.
+    sum: Vec<f64>,
+    per_byte: f64,
+    timing: Timing,
+}
+
+impl Clock {
+    fn of(problem: &Problem, order: &[NodeId], timing: Timing) -> Clock {
+        let graph = problem.graph;
+        let mut sum = Vec::with_capacity(order.len() + 1);
+        let mut t = 0.0;
+        sum.push(t);
+        for &v in order {
+            t += graph.node(v).compute_time;
+            sum.push(t);
+        }
+        Clock {
+            sum,
+            per_byte: 1.0 / (problem.bandwidth * graph.time_unit_s()),
+            timing,
+        }
+    }
+
+    /// The gap of `tensor` between its uses at `a` and `b`, if any compute is left off.
+    fn gap(&self, tensor: NodeId, bytes: u64, a: usize, b: usize) -> Option<Gap> {
+        let (free_after, back_before) = match self.timing {
+            Timing::Immediate => (a, b),
+            Timing::OneCompute => (a + 1, b.checked_sub(1)?),
+            Timing::CopyTime => {
+                let copy = bytes as f64 * self.per_byte;
+                // The first compute after `a` by whose end the copy out is done...
+                let start = self.sum[a + 1];
+                let f = self.sum.partition_point(|&t| t < start + copy).max(a + 2) - 1;
+                // ...and the last compute before `b` from whose start the copy back ends.
+                let end = self.sum[b];
+                let s = self.sum.partition_point(|&t| t <= end - copy).min(b);
+                (f, s.checked_sub(1)?.min(b - 1))
+            }
+        };
+        (free_after + 2 <= back_before && back_before <= b).then_some(Gap {
+            tensor,
+            a,
+            b,
+            free_after,
+            back_before,
+        })
     }
 }
 
 /// The plan of `order` (a topological order of the graph) with swaps chosen until every
-/// step fits the budget; an error naming the smallest peak reached when some step cannot
-/// be lowered (every tensor resident there is read within two steps of it).
+/// step fits the budget, the fastest of the timings (`Timing`) that fit; an error naming the
+/// smallest peak reached when none fits (some step where every tensor resident is read
+/// right before or after it).
 pub fn plan_swaps(problem: &Problem, order: &[NodeId], name: &str) -> Result<Planned, PlanError> {
+    let mut best: Option<Result<Planned, PlanError>> = None;
+    for timing in [Timing::CopyTime, Timing::OneCompute, Timing::Immediate] {
+        let planned = plan_swaps_timed(problem, order, name, timing);
+        best = Some(match (best, planned) {
+            (Some(Ok(b)), Ok(p)) if p.report.total_time < b.report.total_time => Ok(p),
+            (Some(Ok(b)), _) => Ok(b),
+            (_, planned) => planned,
+        });
+    }
+    best.expect("timings tried")
+}
+
+fn plan_swaps_timed(
+    problem: &Problem,
+    order: &[NodeId],
+    name: &str,
+    timing: Timing,
+) -> Result<Planned, PlanError> {
     let graph = problem.graph;
+    let clock = Clock::of(problem, order, timing);
     let pos = positions(order);
     let uses = uses_in_order(graph, &pos);
     let mut live = store_all_live(graph, order, &uses);
@@ -60,7 +152,7 @@ pub fn plan_swaps(problem: &Problem, order: &[NodeId], name: &str) -> Result<Pla
             break;
         }
         let (lo, hi) = over_run(&live, s, problem.budget_bytes);
-        let Some((gap, index)) = best_gap(graph, &uses, &gap_taken, s, (lo, hi)) else {
+        let Some((gap, index)) = best_gap(graph, &clock, &uses, &gap_taken, s, (lo, hi)) else {
             return Err(PlanError::OverBudget {
                 strategy: name.into(),
                 budget: problem.budget_bytes,
@@ -130,6 +222,7 @@ fn over_run(live: &[u64], s: usize, budget: u64) -> (usize, usize) {
 /// tensor is accumulated into in place, see [`Graph::with_pinned`]).
 fn best_gap(
     graph: &Graph,
+    clock: &Clock,
     uses: &[Vec<usize>],
     gap_taken: &[Vec<bool>],
     s: usize,
@@ -137,20 +230,24 @@ fn best_gap(
 ) -> Option<(Gap, usize)> {
     let mut best: Option<(u128, Gap, usize)> = None;
     for (v, at) in uses.iter().enumerate() {
-        // Resident at s with a gap around it: made at or before s - 2, used after s + 2.
-        if at[0] + 2 > s || *at.last().expect("made somewhere") < s + 2 || graph.is_pinned(v) {
+        // Resident at s with a gap around it: made before s, used after s.
+        if at[0] >= s || *at.last().expect("made somewhere") <= s || graph.is_pinned(v) {
             continue;
         }
-        let index = at.partition_point(|&p| p < s + 2) - 1;
-        let gap = Gap {
-            tensor: v,
-            a: at[index],
-            b: at[index + 1],
+        // The uses just before and after s (s itself is not a use: then nothing is off).
+        let index = at.partition_point(|&p| p < s) - 1;
+        if at[index + 1] == s {
+            continue;
+        }
+        let bytes = graph.node(v).output_bytes;
+        let Some(gap) = clock.gap(v, bytes, at[index], at[index + 1]) else {
+            continue;
         };
-        if gap_taken[v][index] || gap.b < gap.a + 4 || !gap.off().contains(&s) {
+        if gap_taken[v][index] || !gap.off().contains(&s) {
             continue;
         }
-        let covered = (gap.b - 2).min(hi) + 1 - (gap.a + 2).max(lo);
+        let off = gap.off();
+        let covered = (*off.end()).min(hi) + 1 - (*off.start()).max(lo);
         let score = graph.node(v).output_bytes as u128 * covered as u128;
         if best.is_none_or(|b| score > b.0) {
             best = Some((score, gap, index));
@@ -169,8 +266,8 @@ fn steps_with_swaps(order: &[NodeId], uses: &[Vec<usize>], gaps: &[Gap]) -> Vec<
     );
     for g in gaps {
         swap_out_after[g.a].push(g.tensor);
-        free_after[g.a + 1].push(g.tensor);
-        swap_in_before[g.b - 1].push(g.tensor);
+        free_after[g.free_after].push(g.tensor);
+        swap_in_before[g.back_before].push(g.tensor);
     }
     for (v, at) in uses.iter().enumerate() {
         free_after[*at.last().expect("made somewhere")].push(v);
@@ -200,7 +297,7 @@ fn decisions_of(graph: &Graph, order: &[NodeId], gaps: &[Gap]) -> Vec<Decision> 
         if matches!(decisions[g.tensor], Decision::Keep) {
             decisions[g.tensor] = Decision::Swap {
                 swap_out_after: order[g.a],
-                prefetch_at: order[g.b - 1],
+                prefetch_at: order[g.back_before],
                 use_at: order[g.b],
             };
         }
@@ -242,6 +339,45 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A chain 0 -> 1 -> ... -> 13 whose last node 14 also reads node 0 (100 bytes), with
+    /// nodes 6 and 7 large, so steps 6-8 are above a budget of 150 bytes; every compute takes
+    /// one unit and a copy of node 0 two and a half. One compute each way stalls at both
+    /// copies; the copy-time placement frees node 0 after compute 4 and brings it back
+    /// before compute 11, still clear of steps 6-8, with no stall, and is the plan kept.
+    #[test]
+    fn copies_longer_than_a_compute_are_spread_over_enough_computes() {
+        use crate::ir::{Node, Phase};
+        let node = |bytes: u64, inputs: Vec<NodeId>| Node {
+            name: format!("n{}", inputs.first().map_or(0, |i| i + 1)),
+            phase: Phase::Forward,
+            compute_time: 1.0,
+            output_bytes: bytes,
+            inputs,
+        };
+        let mut nodes = vec![node(100, vec![])];
+        for k in 1..=13 {
+            nodes.push(node(if k == 6 || k == 7 { 50 } else { 10 }, vec![k - 1]));
+        }
+        nodes.push(node(1, vec![0, 13]));
+        let g = Graph::new("chain", nodes, 0, 1.0).expect("valid");
+        let p = Problem {
+            graph: &g,
+            budget_bytes: 150,
+            bandwidth: 40.0,
+        };
+        let order: Vec<NodeId> = (0..g.len()).collect();
+        let one = plan_swaps_timed(&p, &order, "t", Timing::OneCompute).expect("fits");
+        assert!(one.report.stall_time > 0.0, "{:?}", one.report);
+        let planned = plan_swaps(&p, &order, "t").expect("fits");
+        assert_eq!(planned.report.stall_time, 0.0, "{:?}", planned.report);
+        assert!(planned.report.peak_bytes <= 150);
+        let at = |step: Step| planned.plan.steps.iter().position(|&s| s == step);
+        let free = at(Step::Free { tensor: 0 }).expect("node 0 freed");
+        assert_eq!(at(Step::Compute { node: 4 }).map(|c| c + 1), Some(free));
+        let back = at(Step::SwapIn { tensor: 0 }).expect("node 0 back");
+        assert_eq!(at(Step::Compute { node: 11 }), Some(back + 1));
     }
 
     /// A budget no swap can reach (below what one step's own inputs and output need) is
