@@ -25,7 +25,7 @@ use crate::ir::{Graph, NodeId};
 use crate::plan::{Decision, Step};
 use crate::strategy::{Planned, Problem, plan_from_steps};
 
-use super::order::positions;
+use super::order::{Evaluator, Searched, positions};
 
 /// One tensor off the device between its uses at positions `a` and `b`: copied out after
 /// the compute at `a`, freed after the compute at `free_after`, copied back before the
@@ -118,9 +118,16 @@ impl Clock {
 /// smallest peak reached when none fits (some step where every tensor resident is read
 /// right before or after it).
 pub fn plan_swaps(problem: &Problem, order: &[NodeId], name: &str) -> Result<Planned, PlanError> {
+    let graph = problem.graph;
+    let uses = uses_in_order(graph, &positions(order));
+    // The store-all profile of the order, as the order search keeps it.
+    let mut eval = Evaluator::new(graph, problem.budget_bytes);
+    let store_all = Searched::new(order.to_vec(), &mut eval);
     let mut best: Option<Result<Planned, PlanError>> = None;
     for timing in [Timing::CopyTime, Timing::OneCompute, Timing::Immediate] {
-        let planned = plan_swaps_timed(problem, order, name, timing);
+        let clock = Clock::of(problem, order, timing);
+        let live = store_all.live().to_vec();
+        let planned = plan_swaps_timed(problem, order, name, &clock, &uses, live);
         best = Some(match (best, planned) {
             (Some(Ok(b)), Ok(p)) if p.report.total_time < b.report.total_time => Ok(p),
             (Some(Ok(b)), _) => Ok(b),
@@ -130,17 +137,17 @@ pub fn plan_swaps(problem: &Problem, order: &[NodeId], name: &str) -> Result<Pla
     best.expect("timings tried")
 }
 
+/// Swaps chosen with one placement of the gaps (`clock`), from the store-all `live` bytes
+/// of each step of `order` and each tensor's `uses` there.
 fn plan_swaps_timed(
     problem: &Problem,
     order: &[NodeId],
     name: &str,
-    timing: Timing,
+    clock: &Clock,
+    uses: &[Vec<usize>],
+    mut live: Vec<u64>,
 ) -> Result<Planned, PlanError> {
     let graph = problem.graph;
-    let clock = Clock::of(problem, order, timing);
-    let pos = positions(order);
-    let uses = uses_in_order(graph, &pos);
-    let mut live = store_all_live(graph, order, &uses);
     let mut taken: Vec<Gap> = Vec::new();
     let mut gap_taken: Vec<Vec<bool>> = uses.iter().map(|u| vec![false; u.len()]).collect();
     while let Some((s, &peak)) = live
@@ -152,7 +159,7 @@ fn plan_swaps_timed(
             break;
         }
         let (lo, hi) = over_run(&live, s, problem.budget_bytes);
-        let Some((gap, index)) = best_gap(graph, &clock, &uses, &gap_taken, s, (lo, hi)) else {
+        let Some((gap, index)) = best_gap(graph, clock, uses, &gap_taken, s, (lo, hi)) else {
             return Err(PlanError::OverBudget {
                 strategy: name.into(),
                 budget: problem.budget_bytes,
@@ -166,7 +173,7 @@ fn plan_swaps_timed(
         }
         taken.push(gap);
     }
-    let steps = steps_with_swaps(order, &uses, &taken);
+    let steps = steps_with_swaps(order, uses, &taken);
     let decisions = decisions_of(graph, order, &taken);
     plan_from_steps(problem, name, steps, decisions)
 }
@@ -180,26 +187,6 @@ fn uses_in_order(graph: &Graph, pos: &[usize]) -> Vec<Vec<usize>> {
             at.sort_unstable();
             at.dedup();
             at
-        })
-        .collect()
-}
-
-/// Live bytes during each compute of the store-all schedule of `order`, static included.
-fn store_all_live(graph: &Graph, order: &[NodeId], uses: &[Vec<usize>]) -> Vec<u64> {
-    let mut freed_at = vec![0u64; order.len()];
-    for (v, at) in uses.iter().enumerate() {
-        let last = *at.last().expect("a tensor is made somewhere");
-        freed_at[last] += graph.node(v).output_bytes;
-    }
-    let mut live = graph.static_bytes();
-    order
-        .iter()
-        .enumerate()
-        .map(|(k, &v)| {
-            live += graph.node(v).output_bytes;
-            let during = live;
-            live -= freed_at[k];
-            during
         })
         .collect()
 }
@@ -368,7 +355,12 @@ mod tests {
             bandwidth: 40.0,
         };
         let order: Vec<NodeId> = (0..g.len()).collect();
-        let one = plan_swaps_timed(&p, &order, "t", Timing::OneCompute).expect("fits");
+        let uses = uses_in_order(&g, &positions(&order));
+        let live = Searched::new(order.clone(), &mut Evaluator::new(&g, 150))
+            .live()
+            .to_vec();
+        let clock = Clock::of(&p, &order, Timing::OneCompute);
+        let one = plan_swaps_timed(&p, &order, "t", &clock, &uses, live).expect("fits");
         assert!(one.report.stall_time > 0.0, "{:?}", one.report);
         let planned = plan_swaps(&p, &order, "t").expect("fits");
         assert_eq!(planned.report.stall_time, 0.0, "{:?}", planned.report);

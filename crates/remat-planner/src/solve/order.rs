@@ -305,6 +305,12 @@ impl Searched {
         s
     }
 
+    /// Live bytes while each step of the order runs (its output included, static bytes
+    /// too): the store-all profile.
+    pub fn live(&self) -> &[u64] {
+        &self.live
+    }
+
     /// Replaces the order and recomputes everything from it.
     pub fn set_order(&mut self, order: Vec<NodeId>, eval: &mut Evaluator) {
         self.order = order;
