@@ -10,8 +10,9 @@ step.set_grads(grads); optimizer.step()
 ```
 """
 
+from .auto import AutoCheckpoint, auto_checkpoint, controller
 from .capture import Captured, capture
-from .errors import CaptureError, ScheduleError
+from .errors import CaptureError, ScheduleError, StepDivergedError
 from .executor import (
     Step,
     StepStats,
@@ -25,6 +26,10 @@ from .sac import SelectivePolicy, selective_checkpoint_policy
 from .store import FileStore, PinnedStore
 
 __all__ = [
+    "AutoCheckpoint",
+    "auto_checkpoint",
+    "controller",
+    "StepDivergedError",
     "Captured",
     "CaptureError",
     "FileStore",
