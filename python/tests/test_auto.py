@@ -59,32 +59,34 @@ class Net(torch.nn.Module):
 
 
 class ConvNet(torch.nn.Module):
-    """BatchNorm (running statistics updated in place) and in-place ReLU."""
+    """BatchNorm (running statistics updated in place) and in-place ReLU, in residual
+    blocks."""
 
-    def __init__(self):
+    def __init__(self, blocks=4, width=8):
         super().__init__()
-        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.b1 = torch.nn.BatchNorm2d(8)
-        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
-        self.b2 = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(8, 5)
+        self.stem = torch.nn.Conv2d(3, width, 3, padding=1)
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Conv2d(width, width, 3, padding=1) for _ in range(blocks))
+        self.norms = torch.nn.ModuleList(torch.nn.BatchNorm2d(width) for _ in range(blocks))
+        self.fc = torch.nn.Linear(width, 5)
 
     def forward(self, x, y):
-        h = F.relu(self.b1(self.c1(x)), inplace=True)
-        h = h + F.relu(self.b2(self.c2(h)))
+        h = self.stem(x)
+        for conv, norm in zip(self.convs, self.norms):
+            h = h + F.relu(norm(conv(h)), inplace=True)
         h = h.relu_()
         return F.cross_entropy(self.fc(h.mean((2, 3))), y)
 
 
-def net_batch(seed=0, seq=16):
+def net_batch(seed=0, seq=64):
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 50, (4, seq), generator=g)
+    ids = torch.randint(0, 50, (8, seq), generator=g)
     return (ids, torch.roll(ids, 1, 1)), {}
 
 
 def conv_batch(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 5, (4,), generator=g)), {}
+    return (torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 5, (8,), generator=g)), {}
 
 
 def train(model, batches, *, steps=3, seed=1, autocast=False):
@@ -140,38 +142,81 @@ def compare(make, batches, budget, *, autocast=False, steps=3):
     return rt.controller(model)
 
 
-@pytest.mark.parametrize("budget", [1.0, 0.6, 0.3, 0.05])
+@pytest.mark.parametrize("budget", [1.0, 0.8, 0.6])
 def test_dropout_tied_weights_identical_at_every_budget(budget):
     c = compare(Net, [net_batch()], budget)
     plan = c.plan
     assert plan is not None
-    assert plan.predicted_peak <= plan.budget_bytes or budget == 0.05
+    assert plan.predicted_peak <= plan.budget_bytes
     if budget < 1.0:
         assert plan.count("recompute") > 0, c.table()
+    else:
+        assert plan.keeps_everything
 
 
-def test_a_lower_budget_recomputes_more_and_predicts_less():
-    peaks, recomputed = [], []
-    for budget in (1.0, 0.5, 0.2):
-        c = compare(Net, [net_batch()], budget, steps=2)
-        peaks.append(c.plan.predicted_peak)
-        recomputed.append(c.plan.count("recompute"))
-    assert peaks[0] >= peaks[1] >= peaks[2]
-    assert peaks[2] < peaks[0]
-    assert recomputed[0] == 0 and recomputed[2] >= recomputed[1] > 0
+def measured_peak(model, batch):
+    """The step's peak as the storage tracker sees it, plus the static bytes."""
+    args, kwargs = batch
+
+    def step():
+        model(*args, **kwargs).backward()
+        model.zero_grad(set_to_none=True)
+
+    with rt.StorageTracker() as tracker:
+        step()
+    entry = rt.controller(model).entry()
+    return tracker.peak_bytes + entry.static_bytes, step
+
+
+def test_measured_peak_within_predicted_and_lower_budgets_measure_lower():
+    torch.manual_seed(0)
+    base = Net(d=64, layers=4)
+    batch = net_batch(seq=64)
+    measured = []
+    for budget in (1.0, 0.8, 0.6):
+        model = rt.auto_checkpoint(copy.deepcopy(base), budget)
+        args, _ = batch
+        for _ in range(2):
+            model(*args).backward()
+            model.zero_grad(set_to_none=True)
+        peak, step = measured_peak(model, batch)
+        plan = rt.controller(model).plan
+        # Tolerance: none on CPU; the tracker counts storages the step's ops make.
+        assert peak <= plan.predicted_peak, (budget, peak, plan.predicted_peak)
+        assert plan.predicted_peak <= plan.budget_bytes
+        measured.append(peak)
+    assert measured == sorted(measured, reverse=True), measured
+    assert measured[-1] < 0.8 * measured[0]
+
+
+def test_storage_tracker_agrees_with_torch_profiler():
+    torch.manual_seed(0)
+    model = Net(d=64)
+    (ids, labels), _ = net_batch(seq=64)
+
+    def step():
+        model(ids, labels).backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    with rt.StorageTracker() as tracker:
+        step()
+    assert tracker.peak_bytes == rt.peak_from_profiler(step)
 
 
 def test_batchnorm_and_inplace_relu_identical():
-    compare(ConvNet, [conv_batch()], 0.3)
+    c = compare(ConvNet, [conv_batch()], 0.8)
+    assert c.plan.count("recompute") > 0
 
 
 def test_autocast_bf16_identical():
-    compare(Net, [net_batch()], 0.3, autocast=True)
+    c = compare(Net, [net_batch()], 0.6, autocast=True)
+    assert c.plan.count("recompute") > 0
 
 
 def test_new_shape_is_profiled_again_and_stays_identical():
-    batches = [net_batch(0, seq=16), net_batch(1, seq=12), net_batch(2, seq=16)]
-    c = compare(Net, batches, 0.3, steps=5)
+    batches = [net_batch(0, seq=64), net_batch(1, seq=48), net_batch(2, seq=64)]
+    c = compare(Net, batches, 0.6, steps=5)
     assert len(c.entries) == 2
 
 
@@ -198,10 +243,10 @@ def test_same_parameters_and_state_dict_keys():
 class Branchy(torch.nn.Module):
     """Data-dependent control flow: which op runs depends on the input's values."""
 
-    def __init__(self):
+    def __init__(self, layers=6):
         super().__init__()
         self.a = torch.nn.Linear(16, 64)
-        self.b = torch.nn.Linear(64, 64)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(layers))
         self.c = torch.nn.Linear(64, 1)
 
     def forward(self, x):
@@ -210,16 +255,17 @@ class Branchy(torch.nn.Module):
             h = torch.tanh(h)
         else:
             h = torch.sigmoid(h)
-        h = torch.tanh(self.b(h))
+        for layer in self.layers:
+            h = torch.tanh(layer(h))
         return self.c(h).square().mean()
 
 
 def test_divergence_never_gives_other_gradients():
     torch.manual_seed(0)
     base = Branchy()
-    x_pos = torch.randn(32, 16).abs()
+    x_pos = torch.randn(512, 16).abs()
     x_neg = -x_pos
-    model = rt.auto_checkpoint(copy.deepcopy(base), 0.2)
+    model = rt.auto_checkpoint(copy.deepcopy(base), 0.8)
     ref = copy.deepcopy(base)
     for x in (x_pos, x_pos, x_neg, x_neg):
         ref.zero_grad()
@@ -253,7 +299,7 @@ def test_budget_errors_name_the_budget():
 
 def test_table_names_modules():
     torch.manual_seed(0)
-    model = rt.auto_checkpoint(Net(), 0.3)
+    model = rt.auto_checkpoint(Net(), 0.6)
     (ids, labels), _ = net_batch()
     for _ in range(2):
         model(ids, labels).backward()

@@ -23,6 +23,7 @@ from .executor import (
     simulated_peak,
 )
 from .sac import SelectivePolicy, selective_checkpoint_policy
+from .memory import StorageTracker, peak_from_profiler
 from .store import FileStore, PinnedStore
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "auto_checkpoint",
     "controller",
     "StepDivergedError",
+    "StorageTracker",
+    "peak_from_profiler",
     "Captured",
     "CaptureError",
     "FileStore",

@@ -404,36 +404,53 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
     keep_all = _evaluate(sg, {}, {}, {}, bandwidth, budget_bytes, "keep", store_all)
     if keep_all.predicted_peak <= budget_bytes:
         return keep_all
+    keep_all.decisions = {v.id: KEEP for v in profile.values
+                          if v.saved and v.first_unpack is not None}
     best: Optional[EagerPlan] = None
+    tried: list[EagerPlan] = [keep_all]
     link = bandwidth if bandwidth else 1.0
-    target = budget_bytes
     floor = graph.memory_floor
-    tried = 0
-    while tried < 6 and target >= floor:
-        tried += 1
+    # Proposals at decreasing planner budgets: the eager schedule holds more than the
+    # planner's where the planner uses what eager cannot (note 1), so ask for less by the
+    # excess; where the planner finds nothing, bisect toward the last budget it met.
+    high, target = budget_bytes, budget_bytes
+    low = floor
+    step = max(1, (budget_bytes - static_bytes) // 100)
+    for _ in range(8):
+        if target < floor:
+            break
         try:
             proposal = rust_plan(graph, int(target), strategy=strategy, bandwidth=link,
                                  time_limit=time_limit)
         except BudgetError:
-            break
+            low = target
+            target = (low + high) // 2
+            if high - low <= step:
+                break
+            continue
         candidate = _from_proposal(sg, proposal, bandwidth, budget_bytes, store_all)
+        tried.append(candidate)
         if candidate.predicted_peak <= budget_bytes:
-            if best is None or candidate.overhead < best.overhead:
-                best = candidate
+            best = candidate
             break
-        # The eager schedule holds more than the planner's: ask for less, by the excess.
-        excess = candidate.predicted_peak - budget_bytes
-        target = min(target - excess, int(target * 0.97))
-    if best is None:
-        fallback = _recompute_everything(sg, bandwidth, budget_bytes, store_all)
-        if fallback.predicted_peak <= budget_bytes:
-            best = fallback
+        high = target
+        target = max(low, min(target - (candidate.predicted_peak - budget_bytes),
+                              target - step))
+    lowest = None
     if best is None:
         lowest = _recompute_everything(sg, bandwidth, budget_bytes, store_all)
+        if lowest.predicted_peak <= budget_bytes:
+            best = lowest
+    if best is None:
+        start = min(tried + [lowest], key=lambda p: p.predicted_peak)
+        lowest = _descend(sg, start, bandwidth, budget_bytes, store_all)
+        if lowest.predicted_peak <= budget_bytes:
+            best = lowest
+    if best is None:
         raise BudgetError(
             f"memory_budget {_native.human_bytes(budget_bytes)}: the least peak an eager "
             f"plan of this step reaches is {_native.human_bytes(lowest.predicted_peak)} "
-            f"(recomputing every saved tensor that can be rebuilt; the unplanned step "
+            f"(by {lowest.strategy}; the unplanned step "
             f"peaks at {_native.human_bytes(store_all)}, its static bytes are "
             f"{_native.human_bytes(static_bytes)})",
             budget_bytes=budget_bytes, best_peak=lowest.predicted_peak,
@@ -522,21 +539,83 @@ def _recipes(profile, decisions, anchors) -> dict[int, Recipe]:
 
 
 def _recompute_everything(sg, bandwidth, budget_bytes, store_all) -> EagerPlan:
-    """Every rebuildable saved value recomputed from the statics and the saved values that
-    cannot be rebuilt: the least memory a recompute-only eager plan of this shape holds."""
+    """The least-memory recompute-only plan of a simple family: every ``k``-th saved value
+    (in forward order) held as an anchor, every other one rebuilt from the anchors before
+    it, for several ``k`` (every saved value rebuilt from the statics among them). Used where
+    the planner's proposals do not fit, and to name the least peak reachable."""
     profile = sg.profile
-    decisions = {}
-    anchors = set()
-    for value in profile.values:
-        if value.saved and value.first_unpack is not None:
-            if value.recomputable:
-                decisions[value.id] = RECOMPUTE
-            else:
+    saved = [v for v in profile.values if v.saved and v.first_unpack is not None]
+    rebuildable = [v for v in saved if v.recomputable]
+    best: Optional[EagerPlan] = None
+    strides = sorted({2, 3, 4, 6, 8, max(2, int(len(rebuildable) ** 0.5)), len(saved) + 1})
+    for k in strides:
+        decisions, anchors = {}, set()
+        for i, value in enumerate(rebuildable):
+            if i % k == k - 1:
                 decisions[value.id] = KEEP
                 anchors.add(value.id)
-    recipes = _recipes(profile, decisions, anchors)
-    return _evaluate(sg, decisions, recipes, {}, bandwidth, budget_bytes, "recompute-all",
-                     store_all, anchors)
+            else:
+                decisions[value.id] = RECOMPUTE
+        for value in saved:
+            if not value.recomputable:
+                decisions[value.id] = KEEP
+                anchors.add(value.id)
+        recipes = _recipes(profile, decisions, anchors)
+        plan = _evaluate(sg, decisions, recipes, {}, bandwidth, budget_bytes,
+                         f"eager-segments:{k}", store_all, anchors)
+        if best is None or (plan.predicted_peak, plan.overhead) < (best.predicted_peak,
+                                                                   best.overhead):
+            best = plan
+    return best
+
+
+def _descend(sg, plan: EagerPlan, bandwidth, budget_bytes, store_all,
+             rounds: int = 64) -> EagerPlan:
+    """Lowers a plan's peak one saved value at a time: at the simulated peak, the largest
+    kept value that only autograd holds there is rebuilt instead, while that lowers the
+    peak. Every candidate is judged by the simulator on the eager schedule."""
+    profile = sg.profile
+    values = profile.values
+    current = plan
+    for _ in range(rounds):
+        if current.predicted_peak <= budget_bytes:
+            break
+        at = positions_of(sg, current)[current.report["peak_step"]]
+        pool = [v for v in values
+                if current.decisions.get(v.id) == KEEP and v.recomputable and v.saved
+                and v.first_unpack is not None and v.python_death <= at < v.expiry]
+        pool.sort(key=lambda v: -v.nbytes)
+        improved = False
+        for value in pool[:12]:
+            decisions = dict(current.decisions)
+            decisions[value.id] = RECOMPUTE
+            anchors = {u for u, d in decisions.items() if d == KEEP}
+            recipes = _recipes(profile, decisions, anchors)
+            candidate = _evaluate(sg, decisions, recipes, current.prefetch_at, bandwidth,
+                                  budget_bytes, current.strategy + "+descent", store_all,
+                                  anchors)
+            if candidate.predicted_peak < current.predicted_peak:
+                current = candidate
+                improved = True
+                break
+        if not improved:
+            break
+    return current
+
+
+def positions_of(sg, plan: EagerPlan) -> list[int]:
+    """For each schedule step, the op position it belongs to (the last op computed for the
+    first time at or before it)."""
+    out = [0] * len(plan.steps)
+    seen: set[int] = set()
+    position = 0
+    for i, (op, node) in enumerate(plan.steps):
+        if op == "compute" and node not in seen:
+            seen.add(node)
+            if sg.kinds[node] == "op":
+                position = sg.node_op[node]
+        out[i] = position
+    return out
 
 
 def _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strategy, store_all,

@@ -253,8 +253,8 @@ class Profiler(TorchDispatchMode):
     # ---- the dispatch mode ------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.internal:
-            return func(*args, **kwargs)  # our own bookkeeping (a saved tensor's alias)
+        if self.internal or self.profile.complete:
+            return func(*args, **kwargs)  # our own bookkeeping, or a mode left on a thread
         self._poll()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         refs = [self._ref(x) if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -330,6 +330,11 @@ class Profiler(TorchDispatchMode):
             return TensorRef(vid, -1, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
                              t.dtype, version)
         sid = self.static_by_cdata.get(key) if key is not None else None
+        if sid is None and key is not None and self.phase == "backward":
+            # A gradient autograd made between nodes: a value from here on.
+            vid = self._new_value(t, key, len(self.profile.ops))
+            return TensorRef(vid, -1, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                             t.dtype, 1)
         if sid is None:
             sid = len(self.profile.statics)
             self.profile.statics.append(self.names.get(key, "input"))
@@ -431,6 +436,9 @@ class Profiler(TorchDispatchMode):
             self.phase = "backward"
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
         self.node_name = node.name()
+        # Autograd restores its thread-local state around every node, so the mode is pushed
+        # per node; what autograd makes between nodes (gradient sums, the loss's seed) is
+        # seen where a node's op first reads it (``_ref``).
         self.__enter__()
         self.depth += 1
 
