@@ -335,7 +335,17 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
     steps: list[tuple[str, int]] = []
     resident: set[int] = set()  # ops whose node is on the device
     for p in range(n):
+        # What is gone by position p left before anything comes back at p: a value
+        # expires at p when the node that read it last released its saved tensors, and
+        # autograd does that before the next node unpacks (which is what triggers a
+        # rebuild or waits on a prefetch). Freeing after the comebacks would charge a
+        # rebuild with the bytes of the node before it (the last saved value of a stem,
+        # rebuilt while the next one is still counted).
         for op in early_at.get(p, ()):
+            if op in resident:
+                steps.append(("free", node[op]))
+                resident.discard(op)
+        for op in frees_at.get(p, ()):
             if op in resident:
                 steps.append(("free", node[op]))
                 resident.discard(op)
@@ -345,10 +355,6 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
             else:
                 _recompute_steps(sg, op, by_op[op], recipes, steps, resident)
             resident.add(op)
-        for op in frees_at.get(p, ()):
-            if op in resident:
-                steps.append(("free", node[op]))
-                resident.discard(op)
         steps.append(("compute", node[p]))
         resident.add(p)
         if p in early and any(decisions.get(v) == OFFLOAD for v in by_op[p]):
