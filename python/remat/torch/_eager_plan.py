@@ -398,7 +398,8 @@ def _recompute_steps(sg: StepGraph, op: int, vids: list[int], recipes, steps, re
 def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optional[float],
               time_limit: Optional[float], strategy: Optional[str] = None) -> EagerPlan:
     """Plans the profiled step under ``budget`` (bytes of the step's peak, or a float
-    fraction of its activation bytes: the store-all peak above the static bytes).
+    fraction of its activation bytes: the store-all peak above the static bytes and the
+    parameters' gradients).
 
     ``bandwidth``: host copies per second for offload, None for recompute only.
     """
@@ -406,7 +407,11 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
     sg = StepGraph(profile, static_bytes)
     graph = sg.graph
     store_all = graph.store_all_peak
-    budget_bytes = _budget_bytes(budget, store_all, static_bytes)
+    # Gradients that outlive the step (the parameters' .grad) are no activations: a fraction
+    # budget leaves them whole.
+    kept_grads = sum(v.nbytes for v in profile.values
+                     if v.op >= profile.forward_ops and v.expiry == len(profile.ops))
+    budget_bytes = _budget_bytes(budget, store_all, static_bytes + kept_grads)
     keep_all = _evaluate(sg, {}, {}, {}, bandwidth, budget_bytes, "keep", store_all)
     if keep_all.predicted_peak <= budget_bytes:
         return keep_all
@@ -466,6 +471,8 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
 
 
 def _budget_bytes(budget, store_all: int, static_bytes: int) -> int:
+    """Bytes of a budget; a fraction is of the activation bytes: the unplanned peak above
+    ``static_bytes`` (static tensors and the gradients the step leaves)."""
     if isinstance(budget, bool):
         raise BudgetError(f"memory_budget {budget!r}: give bytes, a fraction or text")
     if isinstance(budget, float):
