@@ -305,3 +305,18 @@ def test_table_names_modules():
         model(ids, labels).backward()
     table = rt.controller(model).table()
     assert "blocks.0" in table and "predicted peak" in table
+
+
+def test_plot_draws_the_planned_and_unplanned_timelines(tmp_path):
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(), 0.6)
+    (ids, labels), _ = net_batch()
+    for _ in range(2):
+        model(ids, labels).backward()
+    c = rt.controller(model)
+    c.plot(tmp_path / "memory.svg")
+    svg = (tmp_path / "memory.svg").read_text()
+    assert "unplanned" in svg and "budget" in svg and "remat" in svg
+    with pytest.raises(remat.ArgumentError, match="svg or .png"):
+        c.plot(tmp_path / "memory.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.svg"]

@@ -28,5 +28,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reshard::verify, m)?)?;
     m.add_function(wrap_pyfunction!(reshard::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::plot_timelines, m)?)?;
     Ok(())
 }

@@ -62,3 +62,54 @@ pub fn simulate<'py>(
     out.set_item("timeline", timeline)?;
     Ok(out)
 }
+
+/// Draws memory timelines as the CLI's plots do (`.svg` or `.png` by the file name) and
+/// writes the file atomically: `series` are `(label, [(seconds, bytes), ...])`, drawn as step
+/// lines in the CLI's colours (the first grey, the next blue, then orange and green), with
+/// the budget as a horizontal line. Errors are `remat.ArgumentError` (file name) and
+/// `remat.OutputError` (writing).
+#[pyfunction]
+pub fn plot_timelines(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    title: String,
+    series: Vec<(String, Vec<(f64, f64)>)>,
+    budget_bytes: Option<u64>,
+) -> PyResult<()> {
+    use remat_planner::output::{check_outputs, write_all_atomic};
+    use remat_planner::plot::{Chart, Series};
+    use remat_planner::request::ImageFormat;
+    const COLORS: [[u8; 3]; 4] = [
+        [150, 150, 150],
+        [31, 119, 180],
+        [255, 127, 14],
+        [44, 160, 44],
+    ];
+    let format = ImageFormat::from_path(&path).ok_or_else(|| {
+        plain(
+            py,
+            "ArgumentError",
+            format!("{}: plot needs a .svg or .png file name", path.display()),
+        )
+    })?;
+    check_outputs(&[("path", path.as_path())]).map_err(|e| plain(py, "OutputError", e))?;
+    let chart = Chart {
+        title,
+        x_label: "time (s)".into(),
+        y_label: "device memory (bytes)".into(),
+        series: series
+            .iter()
+            .enumerate()
+            .map(|(i, (label, points))| Series::new(label, points.clone(), COLORS[i % 4]))
+            .collect(),
+        hline: budget_bytes.map(|b| ("budget".to_string(), b as f64, [214, 39, 40])),
+    };
+    let bytes = match format {
+        ImageFormat::Svg => chart.to_svg().into_bytes(),
+        ImageFormat::Png => chart
+            .to_png(1200, 600)
+            .map_err(|e| plain(py, "OutputError", e))?,
+    };
+    py.detach(|| write_all_atomic(&[(path.clone(), bytes)]))
+        .map_err(|e| plain(py, "OutputError", e))
+}

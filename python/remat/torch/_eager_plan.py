@@ -64,6 +64,7 @@ class EagerPlan:
     strategy: str
     report: dict
     steps: list
+    unplanned: Optional[dict] = None  # the simulator's report of the unplanned eager step
 
     @property
     def keeps_everything(self) -> bool:
@@ -413,6 +414,7 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
                      if v.op >= profile.forward_ops and v.expiry == len(profile.ops))
     budget_bytes = _budget_bytes(budget, store_all, static_bytes + kept_grads)
     keep_all = _evaluate(sg, {}, {}, {}, bandwidth, budget_bytes, "keep", store_all)
+    keep_all.unplanned = keep_all.report
     if keep_all.predicted_peak <= budget_bytes:
         return keep_all
     keep_all.decisions = {v.id: KEEP for v in profile.values
@@ -457,6 +459,8 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
         lowest = _descend(sg, start, bandwidth, budget_bytes, store_all)
         if lowest.predicted_peak <= budget_bytes:
             best = lowest
+    if best is not None:
+        best.unplanned = keep_all.report
     if best is None:
         raise BudgetError(
             f"memory_budget {_native.human_bytes(budget_bytes)}: the least peak an eager "

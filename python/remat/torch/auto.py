@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import time
 import types
 import warnings
@@ -191,6 +192,25 @@ class AutoCheckpoint:
         if entry is None:
             return "remat: no plan yet (the first training step profiles the model)"
         return plan_table(entry.profile, entry.plan)
+
+    def plot(self, path) -> None:
+        """Draws the planned step's memory over time against the unplanned step's and the
+        budget (``.svg`` or ``.png``), as ``remat plan --plot`` does; written atomically."""
+        entry = self.entry()
+        if entry is None:
+            raise CaptureError("no plan yet: run two training steps first")
+        plan = entry.plan
+        unit = 1e-6  # the step graph's time unit (microseconds)
+
+        def points(report):
+            return [(t * unit, float(b)) for _, t, b in report["timeline"]]
+
+        series = [("unplanned", points(plan.unplanned or plan.report))]
+        if not plan.keeps_everything:
+            series.append((f"remat ({plan.strategy})", points(plan.report)))
+        _native.plot_timelines(os.fspath(path), f"eager step: predicted peak "
+                               f"{_native.human_bytes(plan.predicted_peak)}", series,
+                               plan.budget_bytes)
 
     def graph(self) -> StepGraph:
         """The profiled step as remat's graph (``.to_json()`` is what ``remat plan``
