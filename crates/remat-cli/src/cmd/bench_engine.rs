@@ -18,9 +18,9 @@ use remat_engine::{
 
 use super::bench::paired_median;
 use super::bench_torch::TorchPeer;
-use super::train::format_bytes;
 use super::train::table;
 use remat_engine::profile::median;
+use remat_units::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -390,11 +390,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 r.variant.label.clone(),
                 format!("{:.3}", r.seconds),
                 format!("{:.2}", r.ratio),
-                r.peak_activations.map_or("-".into(), format_bytes),
+                r.peak_activations.map_or("-".into(), human_bytes),
                 activations.map_or("-".into(), |(a, b)| {
                     format!("{:.3}", a as f64 / b.max(1) as f64)
                 }),
-                r.peak_total.map_or("-".into(), format_bytes),
+                r.peak_total.map_or("-".into(), human_bytes),
                 format!("{:.1}", flops / r.seconds / 1e9),
             ]
         })

@@ -28,7 +28,9 @@ use remat_planner::import::{ImportOptions, load};
 use remat_planner::strategy::{Planned, Problem, Strategy, registry};
 use remat_planner::{Graph, PlanError, synth};
 
-use super::plan::{human_bytes, parse_bandwidth, print_table};
+use remat_units::human_bytes;
+
+use super::plan::{parse_bandwidth, print_table};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -26,7 +26,7 @@ pub struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Buffer bound handed to the executor.
-    #[arg(long, default_value = "256MiB", value_parser = super::reshard::parse_size)]
+    #[arg(long, default_value = "256MiB", value_parser = super::units::size_arg)]
     max_buffer: u64,
     /// Also verify every output against the source (streams everything once more).
     #[arg(long)]

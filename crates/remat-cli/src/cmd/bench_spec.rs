@@ -27,7 +27,9 @@ use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
 use remat_engine::swap::HostStore;
 
-use super::spec::{human_bytes, print_table};
+use remat_units::human_bytes;
+
+use super::spec::print_table;
 
 #[derive(clap::Args)]
 pub struct Args {

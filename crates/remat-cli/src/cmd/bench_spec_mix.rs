@@ -20,7 +20,9 @@ use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{LayerChoice, Mode, ModelConfig, Plan, compile};
 use remat_engine::swap::HostStore;
 
-use super::spec::{human_bytes, print_table};
+use remat_units::human_bytes;
+
+use super::spec::print_table;
 
 /// Budgets as fractions of keep-all's measured step peak.
 pub const FRACTIONS: [f64; 3] = [0.8, 0.6, 0.4];

@@ -21,3 +21,4 @@ pub mod train_auto;
 pub mod train_multi;
 pub mod train_pipeline;
 pub mod train_spec;
+pub mod units;

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use remat_planner::budget;
-pub use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, Outcome, ratio};
@@ -23,6 +22,7 @@ use remat_planner::strategy::{
     Planned, Problem, SearchProgress, Strategy, calibrate, registry, skipped_in_search,
 };
 use remat_planner::{Graph, PlanError};
+use remat_units::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -409,14 +409,14 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 }
 
 /// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`, `1e9` (bytes): see
-/// [`budget::parse_budget`].
+/// [`budget::parse_budget`] and, for the units, [`remat_units`].
 pub fn parse_budget(text: &str, graph: &Graph) -> anyhow::Result<u64> {
     Ok(budget::parse_budget(text, graph, "--budget")?)
 }
 
-/// `32GB/s`, `16GiB/s`, `1e9`: bytes per second.
+/// `32GB/s`, `16GiB/s`, `1e9`: bytes per second (see [`remat_units`]).
 pub fn parse_bandwidth(text: &str) -> anyhow::Result<f64> {
-    Ok(budget::parse_bandwidth(text, "--bandwidth")?)
+    Ok(remat_units::parse_bandwidth(text, "--bandwidth")?)
 }
 
 #[cfg(test)]

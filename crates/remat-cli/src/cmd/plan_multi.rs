@@ -21,7 +21,9 @@ use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request;
 use remat_planner::strategy::Planned;
 
-use super::plan::{human_bytes, parse_bandwidth, parse_budget, print_table};
+use remat_units::human_bytes;
+
+use super::plan::{parse_bandwidth, parse_budget, print_table};
 
 /// What `remat plan` was asked, for several graphs.
 pub struct MultiArgs<'a> {

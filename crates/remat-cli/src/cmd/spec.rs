@@ -3,10 +3,15 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use remat_engine::spec::mix::solve;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{
     BlockSpec, Disposition, LayerPlan, Mode, ModelConfig, Operand, Plan, Prefetch, compile,
 };
+use remat_units::{Amount, Budget, human_bytes};
+
+/// What a fraction `--memory-budget` is taken of: the peak of the fastest allowed mix.
+const REFERENCE: &str = "the predicted peak with no budget";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,13 +64,10 @@ pub struct InspectArgs {
     /// Profile the model (random weights, the config's batch and sequence length) and
     /// print the mix of keep, recompute and offload per layer that fits this many pool
     /// bytes (parameters and optimizer state included, as `remat train --memory-budget`)
-    /// at the least predicted step time, e.g. 40MiB.
-    #[arg(long, value_parser = parse_budget)]
-    memory_budget: Option<u64>,
-}
-
-fn parse_budget(s: &str) -> Result<u64, String> {
-    super::train::parse_bytes(s).map_err(|e| format!("{e:#}"))
+    /// at the least predicted step time: bytes (40MiB, 1.5GB) or a fraction in (0, 1] of
+    /// the predicted peak with no budget (0.5).
+    #[arg(long, value_parser = super::units::budget_arg)]
+    memory_budget: Option<Budget>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -175,15 +177,16 @@ fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         shown = next;
     }
     print_bytes(&plan);
-    if let Some(budget) = args.memory_budget {
+    if let Some(budget) = &args.memory_budget {
         inspect_mix(&plan, budget)?;
     }
     Ok(())
 }
 
 /// `--memory-budget`: builds the spec's model with random weights, profiles it and prints
-/// the chosen mix per layer.
-fn inspect_mix(plan: &Plan, budget: u64) -> anyhow::Result<()> {
+/// the chosen mix per layer. A fraction is of the predicted peak with no budget (the
+/// fastest allowed mix, parameters and optimizer state included).
+fn inspect_mix(plan: &Plan, budget: &Budget) -> anyhow::Result<()> {
     use remat_engine::models::mamba::Mamba;
     use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
     use remat_engine::spec::run::lora::LoraConfig;
@@ -249,6 +252,21 @@ profiling the model (random weights) for --memory-budget ..."
     );
     let profile = super::spec_mix::profile(&model, 3, step.as_ref())?;
     let base = 4 * params as u64 + 8 * trainable as u64;
+    let budget = match budget.amount() {
+        Amount::Bytes(bytes) => bytes,
+        Amount::Fraction { .. } => {
+            let unbudgeted = base + solve(&model, &profile, u64::MAX)?.peak;
+            let bytes = budget.of(unbudgeted, REFERENCE)?;
+            println!(
+                "--memory-budget {0}: {0} of {REFERENCE} ({1}) is {2} ({3} bytes)",
+                budget.text(),
+                human_bytes(unbudgeted),
+                human_bytes(bytes),
+                bytes
+            );
+            bytes
+        }
+    };
     let tuned = super::spec_mix::choose(
         &model,
         &profile,
@@ -389,21 +407,6 @@ fn print_bytes(plan: &Plan) {
         human_bytes(plan.shared_buffer_bytes()),
         human_bytes(plan.device_bytes())
     );
-}
-
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 /// Prints left-aligned columns separated by two spaces, with a rule under the header.

@@ -11,7 +11,9 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::{Mode, Plan};
 use remat_engine::swap::HostStore;
 
-use super::spec::{human_bytes, print_table};
+use remat_units::human_bytes;
+
+use super::spec::print_table;
 
 /// One step of a spec model under per-block-type plans.
 pub type StepFn<'a> = dyn Fn(&[Plan], StepEnv) -> anyhow::Result<(Qwen3Grads, StepStats)> + 'a;

@@ -6,7 +6,6 @@
 //! `train/session.rs`; `--compare` in `train/compare.rs`; the out-of-memory hint in
 //! `train/hint.rs`. Flags added by later features should dispatch to their own modules.
 
-mod budget;
 mod compare;
 mod hint;
 mod session;
@@ -18,7 +17,6 @@ use std::path::PathBuf;
 use remat_engine::models::gpt::{Checkpointing, GptConfig};
 
 use super::train_multi::per_model::PerModel;
-pub use budget::{format_bytes, parse_bytes};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -60,10 +58,11 @@ pub struct Args {
     #[arg(long, default_value = "store-all", value_parser = super::train_auto::parse_policy_choice)]
     pub policy: super::train_auto::PolicyChoice,
     /// Byte budget of the memory pool (parameters, gradients, optimizer state,
-    /// activations, temporaries), e.g. 256MiB, 2GiB, 1048576.
+    /// activations, temporaries), e.g. 256MiB, 2GiB, 1.5GB, 1048576 (GB = 10^9 bytes, GiB =
+    /// 2^30, units in any case; no fraction: nothing is measured before the budget holds).
     // Hyphen values reach the parser, which says "negative" rather than clap's
     // "unexpected argument '-5'".
-    #[arg(long, value_parser = parse_budget, allow_hyphen_values = true)]
+    #[arg(long, value_parser = super::units::train_budget_arg, allow_hyphen_values = true)]
     pub memory_budget: Option<u64>,
     /// Training steps.
     #[arg(long, default_value_t = 800)]
@@ -149,10 +148,6 @@ fn parse_lr(s: &str) -> Result<f64, String> {
 
 fn parse_lrs(s: &str) -> Result<PerModel<f64>, String> {
     super::train_multi::per_model::parse_list(s, parse_lr)
-}
-
-fn parse_budget(s: &str) -> Result<u64, String> {
-    parse_bytes(s).map_err(|e| e.to_string())
 }
 
 impl Args {

@@ -10,8 +10,8 @@ use remat_engine::graph::{Graph, NodeId};
 use remat_engine::models::gpt::{Checkpointing, Gpt, hf};
 use remat_engine::{AdamW, AdamWConfig, ExecContext, MemoryPool, Policy};
 
+use super::train::Args;
 use super::train::task::Task;
-use super::train::{Args, format_bytes};
 use remat_engine::plan_exec::{
     Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes,
 };
@@ -22,6 +22,7 @@ use remat_engine::profile::{
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_planner::multi::MultiPlanned;
 use remat_planner::{PlanError, Planned, Problem};
+use remat_units::{human_bandwidth, human_bytes};
 
 use super::train_multi::multiplexed;
 
@@ -156,6 +157,8 @@ pub struct AutoSession {
     pub multiplexed: Option<MultiPlanned>,
 }
 
+/// Bytes in MiB without the unit, for table columns headed in MiB (prose uses
+/// [`remat_units::human_bytes`]).
 pub fn mib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / (1024.0 * 1024.0))
 }
@@ -286,15 +289,15 @@ impl AutoSession {
         let g = &self.profile.graph;
         [
             format!(
-                "auto plan: strategy {} for a budget of {} MiB (static {} MiB, store-all peak {} MiB), bandwidth {:.1} GB/s, swaps cost {:.2} ms of compute per MiB",
+                "auto plan: strategy {} for a budget of {} (static {}, store-all peak {}), bandwidth {}, swaps cost {:.2} ms of compute per MiB",
                 self.planned.plan.strategy,
-                mib(self.budget),
-                mib(g.static_bytes()),
-                mib(g.store_all_peak()),
-                self.bandwidth / 1e9,
+                human_bytes(self.budget),
+                human_bytes(g.static_bytes()),
+                human_bytes(g.store_all_peak()),
+                human_bandwidth(self.bandwidth),
                 self.copy_cost * 1e3 * (1u64 << 20) as f64
             ),
-            format!("  forward outputs (activations) kept {} MiB, swapped {} MiB, recomputed {} MiB (each counted once)", mib(kept), mib(swapped), mib(recomputed)),
+            format!("  forward outputs (activations) kept {}, swapped {}, recomputed {} (each counted once)", human_bytes(kept), human_bytes(swapped), human_bytes(recomputed)),
             self.considered_line(),
             format!("  {:<10} {:>12} {:>12}", "", "predicted", "measured"),
             format!("  {:<10} {:>12} {:>12}", "peak MiB", mib(r.peak_bytes), mib(peak)),
@@ -367,10 +370,10 @@ pub fn plan(
     result.map_err(|e| match e {
         PlanError::Infeasible { budget, best_peak, strategy } | PlanError::OverBudget { budget, best_peak, strategy } => {
             anyhow::anyhow!(
-                "no plan fits a memory budget of {budget} bytes ({} MiB): the smallest feasible budget is {best_peak} bytes ({} MiB, reached by {strategy}); static memory alone is {} MiB",
-                mib(budget),
-                mib(best_peak),
-                mib(problem.graph.static_bytes())
+                "no plan fits a memory budget of {budget} bytes ({}): the smallest feasible budget is {best_peak} bytes ({}, reached by {strategy}); static memory alone is {}",
+                human_bytes(budget),
+                human_bytes(best_peak),
+                human_bytes(problem.graph.static_bytes())
             )
         }
         other => anyhow::Error::from(other),
@@ -396,7 +399,7 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
         strategy
             .as_deref()
             .map_or(String::new(), |s| format!(":{s}")),
-        format_bytes(budget),
+        human_bytes(budget),
         args.threads(),
     );
     // Profiling runs the step keeping everything, which may not fit: the budget is enforced

@@ -26,9 +26,10 @@ use remat_engine::models::multi::{
     ModelStep, MultiStep, record_multi, step_optimizers, take_grads,
 };
 use remat_engine::{AdamW, AdamWConfig, ExecContext, MemoryPool, Policy};
+use remat_units::human_bytes;
 
 use super::train::task::Task;
-use super::train::{Args, format_bytes, table};
+use super::train::{Args, table};
 use super::train_auto::{
     AutoSession, AutoSettings, PolicyChoice, fixed_policies, fixed_policy_sets,
 };
@@ -108,9 +109,9 @@ impl Members {
                 "--memory-budget {} is below the floor of the {} models together: their \
                  parameters and optimizer state alone take {} ({need} bytes), before any \
                  activation or gradient",
-                format_bytes(b),
+                human_bytes(b),
                 self.len(),
-                format_bytes(need)
+                human_bytes(need)
             ),
             _ => Ok(()),
         }
@@ -361,7 +362,7 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
         policy_name(&args.policy),
         args.threads(),
         args.memory_budget
-            .map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
+            .map_or(String::new(), |b| format!(" | budget {}", human_bytes(b))),
     );
     let fuse = !args.no_fuse;
     let mut set = members.set(args.batch, task.seq(), fuse);
@@ -416,7 +417,7 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
         "step time {:.2} ms for {models} models, {:.1} samples/s over all models, pool peak {}",
         step * 1e3,
         (models * args.batch) as f64 / step.max(1e-12),
-        format_bytes(run.peak)
+        human_bytes(run.peak)
     );
     Ok(())
 }

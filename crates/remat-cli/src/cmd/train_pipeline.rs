@@ -74,16 +74,9 @@ fn parse_schedule(s: &str) -> Result<Schedule, String> {
         .map_err(|e: remat_engine::pipeline::schedule::ScheduleError| e.to_string())
 }
 
-/// `memory:BYTES` reads BYTES with --memory-budget's parser (TiB, any case, decimals), so
-/// the two flags accept the same sizes; the rest is the engine's parser.
-fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    if let Some(bytes) = s.strip_prefix("memory:") {
-        let bytes =
-            super::train::parse_bytes(bytes).map_err(|e| format!("stage policy `{s}`: {e}"))?;
-        let threshold_bytes = usize::try_from(bytes)
-            .map_err(|_| format!("stage policy `{s}`: {bytes} bytes is too large"))?;
-        return Ok(Strategy::MemoryBased { threshold_bytes });
-    }
+/// The engine's stage policy parser: `memory:BYTES` reads BYTES with `remat_units`, as
+/// `--memory-budget` does, so the two flags accept the same sizes.
+pub(crate) fn parse_strategy(s: &str) -> Result<Strategy, String> {
     s.parse()
         .map_err(|e: remat_engine::pipeline::manager::StrategyParseError| e.to_string())
 }

@@ -29,7 +29,9 @@ use remat_engine::spec::shipped::{HYBRID_CONFIG_FILE, HYBRID_CONFIG_TEXT};
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Value, compile};
 use remat_engine::swap::HostStore;
 
-use super::spec::{human_bytes, load_spec_and_config, print_table};
+use remat_units::human_bytes;
+
+use super::spec::{load_spec_and_config, print_table};
 use super::train::task::Task;
 use super::train_auto::PolicyChoice;
 

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use remat_planner::multi::{MultiPlanned, MultiRequest, Multiplexed, Order, plan, plan_each_alone};
 use remat_planner::synth::{TransformerParams, transformer};
 
-use super::super::plan::{human_bytes, print_table};
+use remat_units::human_bytes;
+
+use super::super::plan::print_table;
 
 /// What one run of the multi-model bench measures.
 pub struct MultiBench {

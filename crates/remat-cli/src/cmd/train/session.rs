@@ -7,9 +7,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use remat_engine::models::gpt::{Gpt, hf};
 use remat_engine::{AdamW, AdamWConfig, Category, EngineError, ExecContext, MemoryPool, PoolStats};
 
-use super::budget::format_bytes;
 use super::task::Task;
 use super::{Args, hint};
+use remat_units::human_bytes;
 
 /// Loss per step and time per step of a finished run.
 pub struct Trained {
@@ -43,7 +43,7 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         args.batch,
         task.seq(),
         args.threads(),
-        budget.map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
+        budget.map_or(String::new(), |b| format!(" | budget {}", human_bytes(b))),
     );
     let pool = match budget {
         Some(b) => MemoryPool::with_budget(b),
@@ -194,10 +194,10 @@ fn print_summary(args: &Args, task: &Task, t: &Trained) {
     }
     let rows: Vec<Vec<String>> = Category::ALL
         .iter()
-        .map(|&c| vec![c.to_string(), format_bytes(t.pool.category(c).peak)])
+        .map(|&c| vec![c.to_string(), human_bytes(t.pool.category(c).peak)])
         .chain([vec![
             "total (peak of the sum)".into(),
-            format_bytes(t.pool.peak),
+            human_bytes(t.pool.peak),
         ]])
         .collect();
     print!("{}", super::table::render(&["memory", "peak"], &rows));

@@ -7,8 +7,8 @@ use std::time::Duration;
 use remat_engine::pipeline::driver::StepReport;
 use remat_engine::{Category, PoolStats};
 
-use super::super::train::format_bytes;
 use super::super::train::table::render;
+use remat_units::human_bytes;
 
 /// What one stage did in one step (on one replica).
 pub struct StageStep {
@@ -110,8 +110,8 @@ impl Totals {
                 vec![
                     s.to_string(),
                     format!("{}..{}", r.start, r.end),
-                    format_bytes(self.peak[s]),
-                    format_bytes(self.peak_activations[s]),
+                    human_bytes(self.peak[s]),
+                    human_bytes(self.peak_activations[s]),
                     format!("{:.3} s", self.busy[s].as_secs_f64()),
                     format!("{:.1}%", 100.0 * self.busy[s].as_secs_f64() / capacity),
                     self.recomputes[s].to_string(),
