@@ -214,7 +214,7 @@ def vit(small: bool) -> Case:
     import torchvision
 
     side, patch, layers, heads, d, mlp, batch = (
-        (32, 4, 4, 4, 64, 256, 8) if small else (224, 16, 6, 6, 384, 1536, 4))
+        (32, 4, 4, 4, 64, 256, 8) if small else (224, 16, 4, 4, 256, 1024, 2))
     model = torchvision.models.VisionTransformer(
         image_size=side, patch_size=patch, num_layers=layers, num_heads=heads, hidden_dim=d,
         mlp_dim=mlp, dropout=0.1, attention_dropout=0.1, num_classes=100).train()
