@@ -225,7 +225,8 @@ def test_full_budget_verdict_is_two_percent_of_none_within_the_noise():
 
     assert "within 2%" in bench.full_budget_verdict([full(1.01, 0.0)])[0]
     assert "NOT within" in bench.full_budget_verdict([full(1.05, 0.01)])[0]
-    assert "NOT within" not in bench.full_budget_verdict([full(1.05, 0.04)])[0]
+    noisy = bench.full_budget_verdict([full(1.05, 0.04)])[0]
+    assert "NOT within" not in noisy and "only within the noise" in noisy
     line = bench.full_budget_verdict([bench.Row("m", "remat@1.0", 0, 0.0, "failed: x")])[0]
     assert "did not run" in line and "failed: x" in line
 
