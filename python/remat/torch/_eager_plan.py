@@ -244,6 +244,11 @@ def recipe(profile: Profile, vid: int, anchors: set[int]) -> Optional[Recipe]:
     and statics, or None when some value on the way cannot be rebuilt. Explicit stack."""
     values = profile.values
     version = _saved_version(profile, vid)
+    # The rebuild runs at the value's first unpack: a static freed by then (FSDP2's
+    # resharded parameters) cannot be read, so no path through an op reading it; an anchor
+    # freed by then is rebuilt instead of read.
+    absent = values[vid].absent_statics
+    absent_anchors = values[vid].absent_values
     need: set[int] = set()
     used_anchors: set[int] = set()
     stack = [(vid, version)]
@@ -263,12 +268,15 @@ def recipe(profile: Profile, vid: int, anchors: set[int]) -> Optional[Recipe]:
             need.add(i)
             for ref in _refs(profile.ops[i].leaves):
                 if ref.value < 0:
+                    if ref.static in absent:
+                        return None
                     continue
                 u = values[ref.value]
                 if ref.value == v:
                     continue  # the value being rebuilt, at an earlier version
                 final = 1 + len(u.writers)
-                if ref.value in anchors and ref.version == final:
+                if (ref.value in anchors and ref.version == final
+                        and ref.value not in absent_anchors):
                     used_anchors.add(ref.value)
                 else:
                     stack.append((ref.value, ref.version))

@@ -112,6 +112,12 @@ class Value:
     first_unpack: int | None = None
     recomputable: bool = True
     why_not: str = ""  # why it cannot be recomputed
+    # Statics and values whose storage was gone (resized below what it held when first
+    # seen) at this value's first unpack, where a rebuild of it runs: FSDP2 frees a module's
+    # unsharded parameters after its forward and gathers them again only when its backward
+    # begins. A rebuild must not read them there.
+    absent_statics: frozenset = frozenset()
+    absent_values: frozenset = frozenset()
 
 
 @dataclasses.dataclass
@@ -133,6 +139,7 @@ class Profile:
         self.values: list[Value] = []
         self.packs: list[PackRecord] = []
         self.statics: list[str] = []  # a name per static tensor (parameter name or "input")
+        self.static_nbytes: list[int] = []  # its storage's bytes when first seen
         self.static_bytes = 0
         self.forward_ops = 0  # ops [0, forward_ops) ran in the forward
         self.complete = False  # the backward finished
@@ -338,10 +345,12 @@ class Profiler(TorchDispatchMode):
         if sid is None:
             sid = len(self.profile.statics)
             self.profile.statics.append(self.names.get(key, "input"))
+            self.profile.static_nbytes.append(0)
             if key is not None:
                 self.static_by_cdata[key] = sid
                 storage = t.untyped_storage()
                 self.profile.static_bytes += storage.nbytes()
+                self.profile.static_nbytes[sid] = storage.nbytes()
                 # A static's storage stays alive in our table for the step (it is resident).
                 self.live[key] = _Live(storage._weak_ref())
         return TensorRef(-1, sid, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
@@ -403,6 +412,8 @@ class Profiler(TorchDispatchMode):
         record.unpacks.append(position)
         if record.ref.value >= 0:
             value = self.profile.values[record.ref.value]
+            if value.first_unpack is None:
+                value.absent_statics, value.absent_values = self._absent_storages()
             if value.first_unpack is None or position < value.first_unpack:
                 value.first_unpack = position
             # Autograd skips its version check when hooks are set: ours, from the writes
@@ -411,6 +422,25 @@ class Profiler(TorchDispatchMode):
             if now != record.ref.version:
                 raise RuntimeError(version_message(record, record.ref.version, now))
         return handle.tensor
+
+    def _absent_storages(self) -> tuple[frozenset, frozenset]:
+        """Statics and values alive whose storage now holds fewer bytes than when first seen
+        (freed by ``resize_``, which no dispatch mode sees). One that died is no concern:
+        the runtime holds what a rebuild reads."""
+        statics, values = [], []
+        for key, live in self.live.items():
+            vid = self.value_by_cdata.get(key)
+            sid = self.static_by_cdata.get(key) if vid is None else None
+            if vid is None and sid is None:
+                continue
+            storage = torch.UntypedStorage._new_with_weak_ptr(live.weak)
+            if storage is None:
+                continue
+            if vid is not None and storage.nbytes() < self.profile.values[vid].nbytes:
+                values.append(vid)
+            elif sid is not None and storage.nbytes() < self.profile.static_nbytes[sid]:
+                statics.append(sid)
+        return frozenset(statics), frozenset(values)
 
     # ---- the backward -------------------------------------------------------------------
     def _hook_backward(self, outputs) -> None:

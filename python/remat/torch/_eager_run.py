@@ -80,6 +80,7 @@ class RuntimePlan:
                 if p <= position:
                     trigger = c
             self.prefetch_after.setdefault(trigger, []).append(vid)
+        self.refused = False  # a rebuild refused (a static or anchor freed): profile again
         self.streams = None
         if device.type == "cuda" and any(k == OFFLOAD for k in plan.decisions.values()):
             self.streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
@@ -248,11 +249,19 @@ class _Value:
                         leaves.append(leaf)
                     elif leaf.value < 0:
                         t = statics[p]
+                        if t.untyped_storage().nbytes() < _extent_bytes(leaf):
+                            rt.refused = True
+                            raise _freed(profile, rec, leaf, t.untyped_storage())
                         leaves.append(t.clone() if p in rec.static_writes else t)
                     else:
                         storage = env.get(leaf.value)
                         if storage is None:
                             storage = self.anchors[leaf.value]
+                            # Checked before ``set_``, which would grow a freed storage
+                            # back with whatever bytes the allocator hands out.
+                            if storage.nbytes() < _extent_bytes(leaf):
+                                rt.refused = True
+                                raise _freed(profile, rec, leaf, storage)
                         leaves.append(_view(storage, leaf))
                 args, kwargs = pytree.tree_unflatten(leaves, rec.spec)
                 if rec.random:
@@ -264,6 +273,31 @@ class _Value:
                         if ref is not None and ref.value in rec.new_values:
                             env.setdefault(ref.value, t.untyped_storage())
         return env[self.vid]
+
+
+def _extent_bytes(ref: TensorRef) -> int:
+    """Bytes of storage the tensor ``ref`` describes reaches into."""
+    if any(n == 0 for n in ref.size):
+        return 0
+    last = ref.offset + sum((n - 1) * s for n, s in zip(ref.size, ref.stride))
+    return (last + 1) * ref.dtype.itemsize
+
+
+def _freed(profile: Profile, rec, ref: TensorRef, storage) -> Exception:
+    """A static or anchor a rebuild reads has lost its storage since the forward
+    (``resize_``, as FSDP2 frees parameters), which the profiled step did not show at this
+    point (the planner avoids what it showed): refuse rather than read freed memory."""
+    if ref.value < 0:
+        what = f"`{profile.statics[ref.static]}`"
+    else:
+        made = profile.ops[profile.values[ref.value].op]
+        what = f"a tensor made by {made.name} in `{made.where}`"
+    return StepDivergedError(
+        f"rebuilding a saved tensor replays {rec.name} in `{rec.where}`, which reads {what}; "
+        f"its storage holds {storage.nbytes()} bytes now, {_extent_bytes(ref)} are needed "
+        "(freed since the forward, unlike in the profiled step); remat refuses rather than "
+        "give other gradients than eager. The next step is profiled again.",
+        op=rec.name, module=rec.where)
 
 
 def _already_made(rec, cached: set) -> bool:

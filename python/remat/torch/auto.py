@@ -81,7 +81,8 @@ class AutoCheckpoint:
             return self.forward(*args, **kwargs)
         key = _signature(self.model, args, kwargs)
         entry = self.entries.get(key)
-        if entry is None or entry.stale:
+        if entry is None or entry.stale or (entry.runtime is not None
+                                            and entry.runtime.refused):
             if entry is not None:
                 self.reprofiles += 1
             entry = _Entry()
