@@ -431,3 +431,68 @@ def test_compiled_blocks_inside_a_planned_model_identical():
     c = compare(make, [net_batch()], 0.8)
     assert c.plan.count("recompute") > 0, c.table()
     torch._dynamo.reset()
+
+
+# ---- a loss computed outside the model ---------------------------------------------------
+
+
+class LogitsLM(torch.nn.Module):
+    """Residual blocks returning logits over a 512-token vocabulary: the loss is the
+    caller's (as in torchvision's and most hand-written loops)."""
+
+    def __init__(self, d=32, layers=4, vocab=512):
+        super().__init__()
+        from test_auto import Block
+
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(Block(d, 0.1) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _outside_step(model, ids):
+    loss = F.cross_entropy(model(ids).flatten(0, 1), torch.roll(ids, 1, 1).flatten())
+    loss.backward()
+    return loss
+
+
+def test_loss_outside_the_model_identical():
+    torch.manual_seed(0)
+    base = LogitsLM()
+    ids = torch.randint(0, 512, (8, 64), generator=torch.Generator().manual_seed(0))
+    eager, model = copy.deepcopy(base), rt.auto_checkpoint(copy.deepcopy(base), 0.6)
+    for step in range(3):
+        torch.manual_seed(step)
+        a = _outside_step(eager, ids)
+        torch.manual_seed(step)
+        b = _outside_step(model, ids)
+        assert torch.equal(a, b), step
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert torch.equal(p.grad, q.grad), n
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+    assert rt.controller(model).plan.count("recompute") > 0
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "the profile sees the model's forward and the backward through its graph only: what a "
+    "loss computed outside the model makes (cross_entropy's log_softmax output and its "
+    "gradient, each as large as the logits, alive at the start of the backward) is in no "
+    "prediction, so the measured peak exceeds the predicted one by about that much"))
+def test_loss_outside_the_model_measured_within_predicted():
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(LogitsLM(), 0.6)
+    ids = torch.randint(0, 512, (8, 64), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        _outside_step(model, ids)
+        model.zero_grad(set_to_none=True)
+    with rt.StorageTracker() as tracker:
+        _outside_step(model, ids)
+        model.zero_grad(set_to_none=True)
+    entry = rt.controller(model).entry()
+    assert tracker.peak_bytes + entry.static_bytes <= entry.plan.predicted_peak
