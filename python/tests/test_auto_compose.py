@@ -25,14 +25,6 @@ from test_auto import Net, assert_identical, net_batch  # noqa: E402  (the harne
 F = torch.nn.functional
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_gpt2():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(

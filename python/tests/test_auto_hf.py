@@ -25,14 +25,6 @@ F = torch.nn.functional
 VOCAB, SEQ, BATCH = 128, 32, 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def token_batch(*, pad_left: bool, mlm: bool = False):
     """Token ids with a padded attention mask (row 1 has 7 padding positions, on the left or
     the right), and labels: the ids (causal LM) or every 4th id (masked LM), -100 where the

@@ -19,14 +19,6 @@ F = torch.nn.functional
 MiB = 2**20
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_live_bytes_counts_storages_not_views():
     live = bench.LiveBytes()
     a = torch.empty(1000, dtype=torch.float32)

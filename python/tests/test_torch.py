@@ -19,14 +19,6 @@ import remat.torch as rt  # noqa: E402
 F = torch.nn.functional
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class Block(torch.nn.Module):
     def __init__(self, d, p):
         super().__init__()

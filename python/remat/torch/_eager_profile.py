@@ -398,9 +398,7 @@ class Profiler(TorchDispatchMode):
             # model's references apart from ours.
             self.internal = True
             try:
-                with torch.no_grad():
-                    tensor = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                        t.untyped_storage(), ref.offset, ref.size, ref.stride)
+                tensor = view_of(t.untyped_storage(), ref)
             finally:
                 self.internal = False
             self.live[_cdata(t)].ours += 1
@@ -507,11 +505,11 @@ def _cdata(t: torch.Tensor) -> int | None:
     return storage._cdata
 
 
-def _view(flat: torch.Tensor, ref: TensorRef) -> torch.Tensor:
-    """The tensor ``ref`` describes, as a view of the storage ``flat`` covers."""
+def view_of(storage: torch.UntypedStorage, ref: TensorRef) -> torch.Tensor:
+    """The tensor ``ref`` describes, as a view of ``storage`` (no copy, no autograd)."""
     with torch.no_grad():
-        return torch.empty(0, dtype=ref.dtype, device=flat.device).set_(
-            flat.untyped_storage(), ref.offset, ref.size, ref.stride)
+        return torch.empty(0, dtype=ref.dtype, device=storage.device).set_(
+            storage, ref.offset, ref.size, ref.stride)
 
 
 def version_message(record: PackRecord, saved: int, now: int) -> str:

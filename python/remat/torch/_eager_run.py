@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan
-from ._eager_profile import Profile, TensorRef, _cdata, version_message
+from ._eager_profile import Profile, TensorRef, _cdata, version_message, view_of
 from .errors import StepDivergedError
 
 CAPTURE, REGISTER, CREATE, ANCHOR = 1, 2, 4, 8
@@ -262,7 +262,7 @@ class _Value:
                             if storage.nbytes() < _extent_bytes(leaf):
                                 rt.refused = True
                                 raise _freed(profile, rec, leaf, storage)
-                        leaves.append(_view(storage, leaf))
+                        leaves.append(view_of(storage, leaf))
                 args, kwargs = pytree.tree_unflatten(leaves, rec.spec)
                 if rec.random:
                     out = _replay_random(rec.func, args, kwargs, state.rng[i], rt.device)
@@ -306,11 +306,6 @@ def _already_made(rec, cached: set) -> bool:
         rec.leaves[p].value for p in rec.written
         if isinstance(rec.leaves[p], TensorRef) and rec.leaves[p].value >= 0]
     return bool(made) and all(v in cached for v in made)
-
-
-def _view(storage: torch.UntypedStorage, ref: TensorRef) -> torch.Tensor:
-    return torch.empty(0, dtype=ref.dtype, device=storage.device).set_(
-        storage, ref.offset, ref.size, ref.stride)
 
 
 def _rng_state(device: torch.device) -> tuple:
@@ -467,7 +462,7 @@ def make_hooks(state: StepState):
                     f"by an inplace operation: shape {list(t.shape)}, version {t._version}, "
                     f"expected {handle.version}")
             return t
-        return _view(handle.value.materialize(), handle.ref)
+        return view_of(handle.value.materialize(), handle.ref)
 
     return pack, unpack
 

@@ -37,6 +37,7 @@ from .. import _native
 from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, plan_step
 from ._eager_profile import Profile, Profiler
 from ._eager_run import RunMode, RuntimePlan, StepState, make_hooks
+from .capture import _device_of
 from .errors import CaptureError
 
 _ATTR = "_remat_auto"
@@ -326,12 +327,6 @@ def _signature(model, args, kwargs) -> tuple:
                 torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
                 else None)
     return (str(spec), tuple(parts), autocast)
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
 
 
 def _nothing() -> None:
