@@ -14,10 +14,12 @@ use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{ExecContext, Policy};
 use remat_planner::{Planned, Problem};
 
-use super::profile::{BuiltModel, ModelArgs, profile_model};
-use super::train_auto::{
+use remat_report::{Layout, render};
+
+use remat_engine::session::auto::{
     PROBE_BYTES, fixed_policies, fixed_policy_sets, measure_copy_bandwidth, mib,
 };
+use remat_engine::session::model::{BuiltModel, ModelOptions, profile_model};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -50,13 +52,13 @@ struct Fixed {
     runs: usize,
 }
 
-fn model_args(args: &Args, layers: usize) -> ModelArgs {
+fn model_args(args: &Args, layers: usize) -> ModelOptions {
     let (d, heads, seq, batch) = if args.quick {
         (64, 4, 32, 2)
     } else {
         (256, 8, 256, 8)
     };
-    ModelArgs {
+    ModelOptions {
         model: "gpt".into(),
         layers,
         d_model: d,
@@ -249,7 +251,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "auto/fixed",
         "goals",
     ];
-    println!("\n{}", render(&header, &rows));
+    println!("\n{}", render(Layout::Plain, &header, &rows));
     println!(
         "budget: fraction of the store-all activation peak (static memory added); peaks in MiB;"
     );
@@ -280,7 +282,7 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
     let calibrated = calibrate_swap_cost(&mut step.graph, &profile, &copy, bandwidth, 5)?;
     let copy_cost = calibrated.unwrap_or(copies.compute_seconds_per_byte);
     let sets = fixed_policy_sets(&step.graph, &policies, |ckpt| {
-        Ok(built.record_with(&ctx, 0, Some(ckpt))?.graph)
+        built.record_with(&ctx, 0, Some(ckpt)).map(|s| s.graph)
     })?;
     drop(step);
     let graph = &profile.graph;
@@ -328,6 +330,7 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
             }
         ),
         render(
+            Layout::Plain,
             &[
                 "fixed policy",
                 "peak MiB",
@@ -433,40 +436,4 @@ fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
     }
     bar.finish_and_clear();
     Ok((rows, notes))
-}
-
-/// A plain aligned text table.
-pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    let mut out = line(header.to_vec()) + "\n";
-    out += &line(
-        widths
-            .iter()
-            .map(|&w| "-".repeat(w))
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str)
-            .collect(),
-    );
-    out += "\n";
-    for row in rows {
-        out += &line(row.iter().map(String::as_str).collect());
-        out += "\n";
-    }
-    out
 }

@@ -18,9 +18,8 @@ use remat_engine::{
 
 use super::bench::paired_median;
 use super::bench_torch::TorchPeer;
-use super::train::format_bytes;
-use super::train::table;
 use remat_engine::profile::median;
+use remat_report::{Layout, format_bytes, render};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -94,7 +93,7 @@ fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> anyh
     println!("profile of one {ckpt} step ({total:.3} s):");
     print!(
         "{}",
-        table::render(&["op", "runs", "ms", "% of step"], &cells)
+        render(Layout::Aligned, &["op", "runs", "ms", "% of step"], &cells)
     );
     Ok(())
 }
@@ -408,7 +407,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "peak total",
         "GFLOP/s",
     ];
-    print!("{}", table::render(&header, &cells));
+    print!("{}", render(Layout::Aligned, &header, &cells));
     println!(
         "step: {:.1} GFLOP (model FLOPs, no recompute); matmul [{} x {}] x [{} x {}]: {:.1} GFLOP/s; store-all step reaches {:.0}% of it",
         flops / 1e9,

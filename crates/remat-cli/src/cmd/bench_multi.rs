@@ -31,10 +31,12 @@ use remat_engine::plan_exec::swap_traffic;
 use remat_engine::profile::median;
 use remat_engine::{ExecContext, MemoryPool, Policy};
 
-use super::train::table;
-use super::train::task::Task;
-use super::train_auto::{AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, mib};
-use super::train_multi::{Members, Models, limit_fuse_width};
+use remat_engine::session::auto::{
+    AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, mib,
+};
+use remat_engine::session::models::{Members, Models, limit_fuse_width};
+use remat_engine::session::task::Task;
+use remat_report::{Layout, render};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -195,7 +197,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     print!(
         "{}",
-        table::render(
+        render(
+            Layout::Aligned,
             &[
                 "K",
                 "mode",
@@ -445,13 +448,9 @@ impl<'a> Together<'a> {
         let (mut g0, step0) = record(store_all())?;
         let fixed = match strategy {
             Some(_) => Vec::new(),
-            None => {
-                fixed_policy_sets(
-                    &g0,
-                    &fixed_policies(args.layers),
-                    |ckpt| Ok(record(ckpt)?.0),
-                )?
-            }
+            None => fixed_policy_sets(&g0, &fixed_policies(args.layers), |ckpt| {
+                record(ckpt).map(|(g, _)| g)
+            })?,
         };
         let settings = AutoSettings {
             budget,

@@ -16,8 +16,8 @@ use remat_engine::pipeline::staged_gpt::{StagedGpt, split_batch};
 use remat_engine::pipeline::{PipelineConfig, Schedule, Strategy};
 use remat_engine::{Category, MemoryPool};
 
-use super::train::format_bytes;
-use super::train::table::render;
+use remat_report::format_bytes;
+use remat_report::{Layout, render};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -104,7 +104,7 @@ const MAX_BATCH_TOKENS: usize = 1 << 24;
 
 /// Every flag checked before the model is built or a thread started.
 fn check_args(args: &Args) -> anyhow::Result<()> {
-    use super::train_pipeline::{MAX_STAGES, check_micro_batches};
+    use remat_engine::pipeline::limits::{MAX_STAGES, check_micro_batches};
     anyhow::ensure!(
         (1..=MAX_STAGES).contains(&args.stages),
         "--stages {} must be between 1 and {MAX_STAGES}",
@@ -322,7 +322,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "peak (max stage)",
             "fits auto's budget",
         ];
-        println!("{}", render(&header, &rows));
+        println!("{}", render(Layout::Aligned, &header, &rows));
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::process::Command;
 use anyhow::Context;
 
 use super::bench_pipeline::MpiBench;
-use super::train::table::render;
+use remat_report::{Layout, render};
 
 const MICRO_BATCHES: usize = 8;
 const STAGES: [usize; 3] = [1, 2, 4];
@@ -167,6 +167,6 @@ pub fn run(b: &MpiBench) -> anyhow::Result<()> {
         "bytes sent per step (act + grad)",
         "= what the schedule moves",
     ];
-    println!("{}", render(&header, &rows));
+    println!("{}", render(Layout::Aligned, &header, &rows));
     Ok(())
 }

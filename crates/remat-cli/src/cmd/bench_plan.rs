@@ -28,7 +28,9 @@ use remat_planner::import::{ImportOptions, load};
 use remat_planner::strategy::{Planned, Problem, Strategy, registry};
 use remat_planner::{Graph, PlanError, synth};
 
-use super::plan::{human_bytes, parse_bandwidth, print_table};
+use crate::budget::parse_bandwidth;
+use remat_planner::budget::human_bytes;
+use remat_report::{Layout, print_table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -337,6 +339,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !summary.is_empty() {
         println!("\nbest fast strategy against the exact optimum");
         print_table(
+            Layout::Markdown,
             &[
                 "graph",
                 "budget",
@@ -510,6 +513,7 @@ fn bench_graph(
         human_bytes(graph.memory_floor())
     );
     print_table(
+        Layout::Markdown,
         &[
             "budget",
             "strategy",
@@ -569,6 +573,7 @@ fn bench_sizes(
         format!("{} nodes", graphs[1].len()),
     ];
     print_table(
+        Layout::Markdown,
         &headers.iter().map(String::as_str).collect::<Vec<_>>(),
         &rows,
     );

@@ -27,7 +27,7 @@ use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
 use remat_engine::swap::HostStore;
 
-use super::spec::{human_bytes, print_table};
+use remat_report::{Layout, human_bytes, print_table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -382,6 +382,7 @@ fn print_cases(args: &Args, cases: &[Case]) {
         notes.push(note(group));
     }
     print_table(
+        Layout::Indented,
         &[
             "block",
             "mode",

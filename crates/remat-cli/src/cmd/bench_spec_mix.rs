@@ -14,13 +14,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use remat_engine::models::hybrid::Hybrid;
 use remat_engine::models::mamba::Mamba;
 use remat_engine::models::qwen3::{Qwen3, Qwen3Grads, StepEnv, StepStats};
+use remat_engine::session::spec_mix::{TUNE_ROUNDS, mix_model, profile, runner};
 use remat_engine::spec::mix::{self, MixModel};
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{LayerChoice, Mode, ModelConfig, Plan, compile};
 use remat_engine::swap::HostStore;
 
-use super::spec::{human_bytes, print_table};
+use remat_report::{Layout, human_bytes, print_table};
 
 /// Budgets as fractions of keep-all's measured step peak.
 pub const FRACTIONS: [f64; 3] = [0.8, 0.6, 0.4];
@@ -142,9 +143,9 @@ pub fn bench_model(
     rounds: usize,
 ) -> anyhow::Result<Vec<Vec<String>>> {
     let (shipped, layer_block) = model.shipped(mode)?;
-    let mix_model = super::spec_mix::mix_model(&shipped, layer_block, mode)?;
+    let mix_model = mix_model(&shipped, layer_block, mode)?;
     let step = |plans: &[Plan], env: StepEnv| model.step(plans, env);
-    let profile = super::spec_mix::profile(&mix_model, 3, &step)?;
+    let profile = profile(&mix_model, 3, &step)?;
     let mut cases = vec![
         Case::new("all kept", uniform(&mix_model, false)?),
         Case::new("all recomputed", uniform(&mix_model, true)?),
@@ -155,14 +156,8 @@ pub fn bench_model(
     let floor = mix::floor(&profile);
     for fraction in FRACTIONS {
         let budget = (keep_peak as f64 * fraction) as u64;
-        let mut run = super::spec_mix::runner(&step);
-        let tuned = mix::tune(
-            &mix_model,
-            &profile,
-            budget,
-            super::spec_mix::TUNE_ROUNDS,
-            &mut run,
-        );
+        let mut run = runner(&step);
+        let tuned = mix::tune(&mix_model, &profile, budget, TUNE_ROUNDS, &mut run);
         match tuned.map(|t| t.mix().clone()) {
             Ok(chosen) => {
                 let choices: Vec<_> = chosen.layers.iter().map(|l| l.choice.clone()).collect();
@@ -285,6 +280,7 @@ pub fn hybrid_config(
 
 pub fn print(rows: &[Vec<String>]) {
     print_table(
+        Layout::Indented,
         &[
             "model",
             "mode",

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use remat_planner::multi::{MultiPlanned, MultiRequest, Multiplexed, Order, plan, plan_each_alone};
 use remat_planner::synth::{TransformerParams, transformer};
 
-use super::super::plan::{human_bytes, print_table};
+use remat_planner::budget::human_bytes;
+use remat_report::{Layout, print_table};
 
 /// What one run of the multi-model bench measures.
 pub struct MultiBench {
@@ -73,6 +74,7 @@ pub fn run(bench: &MultiBench) -> anyhow::Result<()> {
         }
     }
     print_table(
+        Layout::Markdown,
         &[
             "K",
             "plan",

@@ -26,7 +26,7 @@ use remat_planner::strategy::{Planned, Problem, lookup, plan_best_explained};
 use remat_planner::synth::{LayeredParams, TransformerParams, random_layered, transformer};
 use remat_planner::{Graph, PlanError};
 
-use crate::cmd::plan::print_table;
+use remat_report::{Layout, print_table};
 
 /// The solvers compared at every size: the default search and two single strategies.
 const SOLVERS: [&str; 3] = ["default", "evict", "mutwo"];
@@ -412,6 +412,7 @@ pub fn run(options: &ScaleOptions) -> anyhow::Result<()> {
         options.bandwidth, options.cap_s
     );
     print_table(
+        Layout::Markdown,
         &[
             "graph",
             "nodes",

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use remat_planner::Graph;
+use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::multi::{
     ModelStall, MultiPlanned, MultiRequest, Multiplexed, Order, SwapHiding, plan, plan_each_alone,
@@ -20,8 +21,9 @@ use remat_planner::multi::{
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request;
 use remat_planner::strategy::Planned;
+use remat_report::{Layout, print_table};
 
-use super::plan::{human_bytes, parse_bandwidth, parse_budget, print_table};
+use crate::budget::{parse_bandwidth, parse_budget};
 
 /// What `remat plan` was asked, for several graphs.
 pub struct MultiArgs<'a> {
@@ -146,6 +148,7 @@ fn print_swaps(multi: &Multiplexed, swaps: &[SwapHiding], unit: f64) {
         })
         .collect();
     print_table(
+        Layout::Markdown,
         &[
             "swapped tensor",
             "model",
@@ -180,6 +183,7 @@ fn print_stalls(multi: &Multiplexed, models: &[ModelStall], total: f64, unit: f6
         })
         .collect();
     print_table(
+        Layout::Markdown,
         &[
             "model",
             "compute ms",
@@ -247,6 +251,7 @@ fn compare(
         request.strategy.as_deref().unwrap_or("the search")
     );
     print_table(
+        Layout::Markdown,
         &[
             "K models",
             "step ms",

@@ -2,9 +2,6 @@
 //! `srun`), read from the environment the launcher gives each rank, before MPI itself is
 //! initialised: a plain `remat train --stages P` never touches MPI.
 
-use super::super::train::Args;
-use super::TaskSource;
-
 /// This rank's place as the launcher announced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
@@ -18,7 +15,7 @@ const LAUNCHER_VARS: [(&str, &str); 2] = [
     ("PMI_SIZE", "PMI_RANK"),
 ];
 
-const NOT_BUILT: &str = "remat was started by an MPI launcher but built without MPI support: \
+pub const NOT_BUILT: &str = "remat was started by an MPI launcher but built without MPI support: \
     rebuild with `cargo build --release -p remat-cli --features mpi` (needs libopenmpi-dev), or run \
     `remat train --stages P` without mpirun to run the stages as threads";
 
@@ -42,23 +39,5 @@ pub fn detect() -> anyhow::Result<Option<Launch>> {
     match launch {
         Some(l) if l.size > 1 => anyhow::bail!(NOT_BUILT),
         _ => Ok(None),
-    }
-}
-
-/// Runs this rank's stage of an MPI-launched run.
-pub fn run_mpi(
-    args: &Args,
-    stages: usize,
-    task: &TaskSource<'_>,
-    launch: Launch,
-) -> anyhow::Result<()> {
-    #[cfg(feature = "mpi")]
-    {
-        super::mpi_run::run(args, stages, task, launch)
-    }
-    #[cfg(not(feature = "mpi"))]
-    {
-        let _ = (args, stages, task, launch);
-        anyhow::bail!(NOT_BUILT)
     }
 }

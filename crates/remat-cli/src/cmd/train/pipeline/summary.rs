@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use remat_engine::pipeline::driver::StepReport;
 use remat_engine::{Category, PoolStats};
-
-use super::super::train::format_bytes;
-use super::super::train::table::render;
+use remat_report::format_bytes;
+use remat_report::{Layout, render};
 
 /// What one stage did in one step (on one replica).
 pub struct StageStep {
@@ -118,7 +117,7 @@ impl Totals {
                 ]
             })
             .collect();
-        println!("\n{}", render(&header, &rows));
+        println!("\n{}", render(Layout::Aligned, &header, &rows));
         let ideal =
             remat_engine::pipeline::schedule::ideal_bubble_fraction(layers.len(), micro_batches);
         println!(

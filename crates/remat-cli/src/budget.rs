@@ -1,4 +1,8 @@
-//! Byte sizes on the command line (`256MiB`, `2GiB`, `1.5GB`, `1048576`) and in reports.
+//! Sizes on the command line, for every command: byte counts (`256MiB`, `2GiB`, `1.5GB`,
+//! `1048576`), the planner's budgets (a fraction of the store-all peak, or bytes) and
+//! bandwidths. Reports print sizes with [`remat_report::format_bytes`].
+
+use remat_planner::{Graph, budget};
 
 /// Parses a byte count: a number with an optional unit `B`, `K/KB` (1000), `KiB` (1024),
 /// `M/MB`, `MiB`, `G/GB`, `GiB`, `T/TB`, `TiB` (case-insensitive, spaces allowed).
@@ -51,20 +55,15 @@ pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     Ok(bytes.round() as u64)
 }
 
-/// `123.4 MiB`-style rendering.
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+/// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`, `1e9` (bytes): see
+/// [`budget::parse_budget`].
+pub fn parse_budget(text: &str, graph: &Graph) -> anyhow::Result<u64> {
+    Ok(budget::parse_budget(text, graph, "--budget")?)
+}
+
+/// `32GB/s`, `16GiB/s`, `1e9`: bytes per second.
+pub fn parse_bandwidth(text: &str) -> anyhow::Result<f64> {
+    Ok(budget::parse_bandwidth(text, "--bandwidth")?)
 }
 
 #[cfg(test)]
@@ -121,8 +120,22 @@ mod tests {
     }
 
     #[test]
-    fn formats() {
-        assert_eq!(format_bytes(512), "512 B");
-        assert_eq!(format_bytes(3 << 20), "3.0 MiB");
+    fn budget_and_bandwidth_errors_name_the_flags() {
+        let err = |r: anyhow::Result<f64>| format!("{:#}", r.expect_err("an error"));
+        assert!(err(parse_bandwidth("0.4")).starts_with("--bandwidth 0.4: "));
+        let node = remat_planner::ir::Node {
+            name: "a".into(),
+            phase: remat_planner::ir::Phase::Forward,
+            compute_time: 1.0,
+            output_bytes: 10,
+            inputs: vec![],
+        };
+        let g = Graph::new("g", vec![node], 0, 1.0).unwrap();
+        assert_eq!(parse_budget("0.5", &g).unwrap(), 5);
+        let text = format!("{:#}", parse_budget("1.5", &g).expect_err("above 1"));
+        assert!(
+            text.starts_with("--budget 1.5: a fraction must be in (0, 1]"),
+            "{text}"
+        );
     }
 }

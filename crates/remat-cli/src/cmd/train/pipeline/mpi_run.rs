@@ -11,6 +11,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use remat_engine::models::gpt::hf;
 use remat_engine::pipeline::driver::{OneStage, OneStageReport, replica_step_seed};
 use remat_engine::pipeline::graph_stage::Boundary;
 use remat_engine::pipeline::mpi::{Layout, MpiWorld, Traffic, activity};
@@ -20,14 +21,13 @@ use remat_engine::pipeline::wire::{NamedTensors, Wire, WireError};
 use remat_engine::pipeline::{HostTensor, Step};
 use remat_engine::{Category, MemoryPool, Tensor};
 
-use super::super::train::Args;
+use super::super::flags::Args;
 use super::launch::Launch;
-use super::summary::{StageStep, Totals};
-use super::{
+use super::shared::{
     RunPlan, TaskSource, build_model, check_replicas, dump_grads, mean, replica_micro_batches,
     step_seed,
 };
-use remat_engine::models::gpt::hf;
+use super::summary::{StageStep, Totals};
 
 /// Runs this rank; on failure every rank of the run is ended.
 pub fn run(

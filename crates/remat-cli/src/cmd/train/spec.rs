@@ -6,10 +6,8 @@
 //! measured; flags of the GPT path that would do nothing here are refused.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Instant;
-
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -19,6 +17,8 @@ use remat_engine::models::qwen3::{
     self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv, StepStats,
 };
 use remat_engine::pool::{Category, MemoryPool, Reservation};
+use remat_engine::session::spec_mix::{TUNE_ROUNDS, choose, mix_model, profile};
+use remat_engine::session::task::Task;
 use remat_engine::spec::Plan;
 use remat_engine::spec::run::check;
 use remat_engine::spec::run::lora::LayerAdapters;
@@ -28,40 +28,10 @@ use remat_engine::spec::run::ops::Act;
 use remat_engine::spec::shipped::{HYBRID_CONFIG_FILE, HYBRID_CONFIG_TEXT};
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Value, compile};
 use remat_engine::swap::HostStore;
+use remat_report::{Layout, human_bytes, print_table};
 
-use super::spec::{human_bytes, load_spec_and_config, print_table};
-use super::train::task::Task;
-use super::train_auto::PolicyChoice;
-
-/// Flags of spec-driven training (flattened into `remat train`).
-#[derive(clap::Args, Debug, Clone)]
-pub struct SpecArgs {
-    /// Train a spec-driven block instead of the GPT: qwen3, qwen3-moe or mamba (default:
-    /// the block --spec names, else qwen3).
-    #[arg(long)]
-    pub block: Option<String>,
-    /// Recompute spec (default: the shipped spec of --block).
-    #[arg(long)]
-    pub spec: Option<PathBuf>,
-    /// Model config for --block (default: the shipped example config; vocab_size, batch and
-    /// seq_len come from the task).
-    #[arg(long)]
-    pub block_config: Option<PathBuf>,
-    /// Override a --block config value: KEY=VALUE (repeatable).
-    #[arg(long = "block-set", value_name = "KEY=VALUE")]
-    pub block_set: Vec<String>,
-    /// full (every weight) or lora (adapters on q, k, v, o, gate, up, down; Mamba: on
-    /// in_proj, x_proj, out_proj).
-    #[arg(long, default_value = "full")]
-    pub mode: Mode,
-    /// LoRA rank, alpha and dropout.
-    #[arg(long, default_value_t = 8)]
-    pub lora_rank: usize,
-    #[arg(long, default_value_t = 16.0)]
-    pub lora_alpha: f32,
-    #[arg(long, default_value_t = 0.05)]
-    pub lora_dropout: f64,
-}
+use super::flags::{Args, PolicyChoice, SpecArgs, parse_policy};
+use crate::specs::{load_spec_and_config, print_mix, print_tuned};
 
 /// AdamW over named f32 buffers (moments created on first use, charged to the pool).
 struct AdamW {
@@ -308,7 +278,7 @@ fn block_kind(name: &str) -> anyhow::Result<Block> {
 /// `remat train` flags that the spec-driven path does not use: refused rather than ignored.
 /// The spec decides what each layer keeps, recomputes or offloads, so a checkpointing
 /// policy or pipeline stages would silently do nothing.
-fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
+fn reject_unused_flags(args: &Args) -> anyhow::Result<()> {
     let flag = if let PolicyChoice::Auto(strategy) = &args.policy {
         match (strategy, args.memory_budget) {
             (Some(_), _) => Some("--policy auto:STRATEGY"),
@@ -317,9 +287,7 @@ fn reject_unused_flags(args: &super::train::Args) -> anyhow::Result<()> {
             ),
             (None, Some(_)) => None,
         }
-    } else if args.policy.fixed()?
-        != super::train::parse_policy("store-all").map_err(anyhow::Error::msg)?
-    {
+    } else if args.policy.fixed()? != parse_policy("store-all").map_err(anyhow::Error::msg)? {
         Some("--policy")
     } else if args.pipeline.stages.is_some() {
         Some("--stages")
@@ -463,36 +431,29 @@ fn auto_plans(
     budget: u64,
     pool: &Arc<MemoryPool>,
     task: &Task,
-    args: &super::train::Args,
+    args: &Args,
 ) -> anyhow::Result<Vec<Plan>> {
     let layer_block = match model {
         Trainee::Hybrid(m) => m.layer_block.clone(),
         _ => vec![0; model.size().0],
     };
-    let mix_model = super::spec_mix::mix_model(plans, layer_block, mode)?;
+    let mix_model = mix_model(plans, layer_block, mode)?;
     let batch = task.batch(args.seed.one(), 0, args.batch);
     let step = |plans: &[Plan], env: StepEnv| model.step(plans, &batch.tokens, &batch.targets, env);
     println!("profiling the model for --policy auto ...");
-    let profile = super::spec_mix::profile(&mix_model, 3, &step)?;
+    let profile = profile(&mix_model, 3, &step)?;
     // AdamW's two moments per trained value join the parameters from the first update on.
     let base = pool.live() + 8 * model.trainable(mode) as u64;
-    let tuned = super::spec_mix::choose(
-        &mix_model,
-        &profile,
-        budget,
-        base,
-        super::spec_mix::TUNE_ROUNDS,
-        &step,
-    )?;
-    super::spec_mix::print_tuned(&tuned, base);
+    let tuned = choose(&mix_model, &profile, budget, base, TUNE_ROUNDS, &step)?;
+    print_tuned(&tuned, base);
     let mix = tuned.mix();
-    super::spec_mix::print_mix(&mix_model, &profile, mix, base);
+    print_mix(&mix_model, &profile, mix, base);
     let choices: Vec<_> = mix.layers.iter().map(|l| l.choice.clone()).collect();
     Ok(mix_model.plans(&choices)?)
 }
 
 /// Runs spec-driven training with `remat train`'s common flags.
-pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
+pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
     reject_unused_flags(args)?;
     let (kind, spec, source) = resolve_block(&args.spec_args)?;
     let pool = match args.memory_budget {
@@ -504,7 +465,7 @@ pub fn run(args: &super::train::Args, task: &Task) -> anyhow::Result<()> {
 }
 
 fn train(
-    args: &super::train::Args,
+    args: &Args,
     task: &Task,
     kind: Block,
     spec: Option<BlockSpec>,
@@ -700,6 +661,7 @@ fn train(
     let elapsed = start.elapsed().as_secs_f64();
     let tokens = (args.steps as usize * args.batch * task.seq()) as f64;
     print_table(
+        Layout::Indented,
         &[
             "first loss",
             "last loss",

@@ -13,247 +13,69 @@
 //! `--no-fuse` does. Models of different widths train together, unfused where the shapes
 //! differ. Under a plan the units are the multiplexed graph's "models".
 
-pub mod multiplexed;
-pub mod per_model;
-
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use remat_engine::graph::Graph;
-use remat_engine::models::fused::{ModelSet, SetStep, ShapeKey, record_set};
-use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
-use remat_engine::models::multi::{
-    ModelStep, MultiStep, record_multi, step_optimizers, take_grads,
-};
-use remat_engine::{AdamW, AdamWConfig, ExecContext, MemoryPool, Policy};
+use remat_engine::models::fused::{ModelSet, SetStep};
+use remat_engine::models::gpt::{Checkpointing, GptConfig};
+use remat_engine::models::multi::{step_optimizers, take_grads};
+use remat_engine::session::auto::{AutoSession, AutoSettings, fixed_policies, fixed_policy_sets};
+use remat_engine::session::models::{Members, Models, limit_fuse_width, narrower_fusions};
+use remat_engine::session::task::Task;
+use remat_engine::{ExecContext, MemoryPool, Policy};
+use remat_report::{Layout, format_bytes, render};
 
-use super::train::task::Task;
-use super::train::{Args, format_bytes, table};
-use super::train_auto::{
-    AutoSession, AutoSettings, PolicyChoice, fixed_policies, fixed_policy_sets,
-};
+use super::auto::summary;
+use super::flags::{Args, PolicyChoice, first_unused_flag};
 
-/// The K models' settings, resolved from the per-model flags.
-#[derive(Clone, Debug)]
-pub struct Members {
-    pub configs: Vec<GptConfig>,
-    pub lrs: Vec<f64>,
-    /// Seed of model k's initialization, data order and dropout.
-    pub seeds: Vec<u64>,
+/// The K models' settings from `--models K` and the per-model flags; an error names the
+/// flag at fault.
+pub fn resolve_members(args: &Args, vocab: usize, models: usize) -> anyhow::Result<Members> {
+    anyhow::ensure!(
+        models >= 1,
+        "--models must be at least 1 (got 0): it is the number of models trained together"
+    );
+    let lrs = args.lr.for_models(models, "--lr")?;
+    let seeds = args.seed.for_models(models, "--seed")?;
+    let dropouts = args.dropout.for_models(models, "--dropout")?;
+    let widths = args.d_model.for_models(models, "--d-model")?;
+    let mut configs = Vec::with_capacity(models);
+    for k in 0..models {
+        let d = widths[k];
+        let config = GptConfig {
+            d_model: d,
+            ffn_hidden: args.ffn.unwrap_or((8 * d).div_ceil(3).div_ceil(16) * 16),
+            dropout: dropouts[k],
+            init_seed: seeds[k],
+            ..args.model_config(vocab)
+        };
+        config
+            .validate()
+            .with_context(|| format!("model {k} (--d-model {d}, --heads {})", args.heads))?;
+        configs.push(config);
+    }
+    Ok(Members {
+        configs,
+        lrs,
+        seeds,
+    })
 }
 
-impl Members {
-    /// `--models K` with the per-model flags; an error names the flag at fault.
-    pub fn from_args(args: &Args, vocab: usize, models: usize) -> anyhow::Result<Members> {
-        anyhow::ensure!(
-            models >= 1,
-            "--models must be at least 1 (got 0): it is the number of models trained together"
-        );
-        let lrs = args.lr.for_models(models, "--lr")?;
-        let seeds = args.seed.for_models(models, "--seed")?;
-        let dropouts = args.dropout.for_models(models, "--dropout")?;
-        let widths = args.d_model.for_models(models, "--d-model")?;
-        let mut configs = Vec::with_capacity(models);
-        for k in 0..models {
-            let d = widths[k];
-            let config = GptConfig {
-                d_model: d,
-                ffn_hidden: args.ffn.unwrap_or((8 * d).div_ceil(3).div_ceil(16) * 16),
-                dropout: dropouts[k],
-                init_seed: seeds[k],
-                ..args.model_config(vocab)
-            };
-            config
-                .validate()
-                .with_context(|| format!("model {k} (--d-model {d}, --heads {})", args.heads))?;
-            configs.push(config);
-        }
-        Ok(Members {
-            configs,
-            lrs,
-            seeds,
-        })
+/// Refuses a budget below what the K models hold before any step, naming that floor.
+pub fn check_budget(members: &Members, budget: Option<u64>) -> anyhow::Result<()> {
+    let need = members.resident_bytes()?;
+    match budget {
+        Some(b) if need > b => anyhow::bail!(
+            "--memory-budget {} is below the floor of the {} models together: their \
+             parameters and optimizer state alone take {} ({need} bytes), before any \
+             activation or gradient",
+            format_bytes(b),
+            members.len(),
+            format_bytes(need)
+        ),
+        _ => Ok(()),
     }
-
-    pub fn len(&self) -> usize {
-        self.configs.len()
-    }
-
-    /// How the models group into units for batches of `batch x seq`: same-shape models
-    /// fused when `fuse`, every model a unit of its own otherwise.
-    pub fn set(&self, batch: usize, seq: usize, fuse: bool) -> ModelSet {
-        let keys: Vec<ShapeKey> = self
-            .configs
-            .iter()
-            .map(|c| ShapeKey::new(c, batch, seq))
-            .collect();
-        ModelSet::group_keys(&keys, fuse)
-    }
-
-    /// Bytes every step holds whatever the plan: each model's parameters and its AdamW
-    /// moments (two per parameter).
-    pub fn resident_bytes(&self) -> anyhow::Result<u64> {
-        let mut total = 0u64;
-        for c in &self.configs {
-            total = total.saturating_add(c.param_bytes()?.saturating_mul(3));
-        }
-        Ok(total)
-    }
-
-    /// Refuses a budget below what the K models hold before any step, naming that floor.
-    pub fn check_budget(&self, budget: Option<u64>) -> anyhow::Result<()> {
-        let need = self.resident_bytes()?;
-        match budget {
-            Some(b) if need > b => anyhow::bail!(
-                "--memory-budget {} is below the floor of the {} models together: their \
-                 parameters and optimizer state alone take {} ({need} bytes), before any \
-                 activation or gradient",
-                format_bytes(b),
-                self.len(),
-                format_bytes(need)
-            ),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// The K models with their optimizers, on one pool.
-pub struct Models {
-    pub gpts: Vec<Gpt>,
-    pub opts: Vec<AdamW>,
-    pub seeds: Vec<u64>,
-}
-
-impl Models {
-    pub fn new(pool: &std::sync::Arc<MemoryPool>, members: &Members) -> anyhow::Result<Models> {
-        let mut gpts = Vec::with_capacity(members.len());
-        let mut opts = Vec::with_capacity(members.len());
-        for (k, config) in members.configs.iter().enumerate() {
-            let gpt = Gpt::new(pool, config.clone()).with_context(|| format!("model {k}"))?;
-            let opt_config = AdamWConfig {
-                lr: members.lrs[k],
-                weight_decay: 0.0,
-                ..AdamWConfig::default()
-            };
-            opts.push(
-                AdamW::new(pool, gpt.params(), opt_config)
-                    .with_context(|| format!("model {k}'s optimizer"))?,
-            );
-            gpts.push(gpt);
-        }
-        Ok(Models {
-            gpts,
-            opts,
-            seeds: members.seeds.clone(),
-        })
-    }
-
-    /// Model k's batch of `step`: the one `remat train --seed S_k` draws.
-    pub fn batches(&self, task: &Task, step: u64, batch: usize) -> Vec<Batch> {
-        self.seeds
-            .iter()
-            .map(|&s| task.batch(s, step, batch))
-            .collect()
-    }
-
-    /// The K models' shares of step `step` on `batches`.
-    fn steps<'a>(&'a self, batches: &'a [Batch], step: u64) -> Vec<ModelStep<'a>> {
-        self.gpts
-            .iter()
-            .zip(batches)
-            .zip(&self.seeds)
-            .map(|((model, batch), &seed)| ModelStep {
-                model,
-                batch,
-                seed: step_seed(seed, step),
-            })
-            .collect()
-    }
-
-    /// Records the K models' step `step` on `batches` into `g`, each model's ops on their
-    /// own (the unfused path; see [`Models::record_set`]).
-    pub fn record(
-        &self,
-        g: &mut Graph,
-        batches: &[Batch],
-        step: u64,
-        ckpt: Checkpointing,
-    ) -> anyhow::Result<MultiStep> {
-        Ok(record_multi(g, &self.steps(batches, step), ckpt)?)
-    }
-
-    /// Records the K models' step `step` on `batches` into `g` as the units of `set`: one
-    /// loss root per unit ([`SetStep::roots`], for `backward_many`, the profiler and the
-    /// plan executor), each model's loss read with [`SetStep::losses`] (after forward) or
-    /// [`SetStep::losses_from`] (a plan's `StepReport::loss_values`), each model's
-    /// gradients with `take_grads(g, &step.params)`.
-    pub fn record_set(
-        &self,
-        g: &mut Graph,
-        batches: &[Batch],
-        step: u64,
-        ckpt: Checkpointing,
-        set: &ModelSet,
-    ) -> anyhow::Result<SetStep> {
-        Ok(record_set(g, &self.steps(batches, step), set, ckpt)?)
-    }
-
-    /// One training step of the K models under a fixed policy, fused as `set` says:
-    /// record, forward, backward from every unit's loss root, one AdamW step per model.
-    /// Returns each model's loss.
-    pub fn train_step(
-        &mut self,
-        ctx: &ExecContext,
-        batches: &[Batch],
-        step: u64,
-        ckpt: Checkpointing,
-        set: &ModelSet,
-    ) -> anyhow::Result<Vec<f64>> {
-        let mut g = Graph::new(ctx);
-        let recorded = self.record_set(&mut g, batches, step, ckpt, set)?;
-        g.forward()
-            .with_context(|| format!("training step {step} (forward)"))?;
-        let losses = recorded.losses(&g)?;
-        g.backward_many(&recorded.roots)
-            .with_context(|| format!("training step {step} (backward)"))?;
-        let grads = take_grads(&mut g, &recorded.params)?;
-        drop(g);
-        ctx.install(|| step_optimizers(&mut self.opts, &grads))?;
-        Ok(losses)
-    }
-}
-
-/// `set` with every unit of more than `width` models split, in model order, into units of
-/// at most `width` (as even as possible: 5 models at width 2 give 2 + 2 + 1). MuTWO fuses
-/// the models into a few groups and multiplexes the groups, so that one group's swaps hide
-/// behind another's compute; one unit of all K leaves nothing to hide behind.
-pub fn limit_fuse_width(set: &ModelSet, width: usize) -> ModelSet {
-    let width = width.max(1);
-    let mut units = Vec::with_capacity(set.units.len());
-    for unit in &set.units {
-        let parts = unit.len().div_ceil(width).max(1);
-        let (base, extra) = (unit.len() / parts, unit.len() % parts);
-        let mut start = 0;
-        for p in 0..parts {
-            let len = base + usize::from(p < extra);
-            units.push(unit[start..start + len].to_vec());
-            start += len;
-        }
-    }
-    ModelSet { units }
-}
-
-/// `set`, then narrower groupings of it: the widest unit halved (rounding up) each time,
-/// down to every model alone. What `--policy auto` tries, in order, when fusion is left to
-/// it and the fused units need more than the budget.
-pub fn narrower_fusions(set: &ModelSet) -> Vec<ModelSet> {
-    let mut out = vec![set.clone()];
-    let mut width = set.units.iter().map(Vec::len).max().unwrap_or(1);
-    while width > 1 {
-        width = width.div_ceil(2).min(width - 1);
-        out.push(limit_fuse_width(set, width));
-    }
-    out
 }
 
 /// `m0+1, m2+3`: the units of `set`.
@@ -304,11 +126,6 @@ pub fn fusion_line(set: &ModelSet, fuse: bool) -> String {
     line
 }
 
-/// The dropout seed of a step, as `remat train` alone uses it.
-pub fn step_seed(seed: u64, step: u64) -> u64 {
-    seed ^ (step << 32)
-}
-
 /// Per-model losses and step times of a run.
 pub struct MultiRun {
     /// `losses[step][k]`.
@@ -329,7 +146,7 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
             args.files.swap_dir.is_some() && matches!(args.policy, PolicyChoice::Fixed(_)),
         ),
     ];
-    match super::train_auto::first_unused_flag(args, &more) {
+    match first_unused_flag(args, &more) {
         Some(flag) => anyhow::bail!(
             "{flag} cannot be combined with --models: K models train the built-in GPT \
              together in one step under a fixed --policy or --policy auto (drop {flag})"
@@ -339,9 +156,9 @@ fn check_flags(args: &Args) -> anyhow::Result<()> {
 }
 
 pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
-    let members = Members::from_args(args, task.vocab(), models)?;
+    let members = resolve_members(args, task.vocab(), models)?;
     check_flags(args)?;
-    members.check_budget(args.memory_budget)?;
+    check_budget(&members, args.memory_budget)?;
     anyhow::ensure!(
         args.steps > 0,
         "--steps must be at least 1 (got 0): there is nothing to train or time"
@@ -506,7 +323,7 @@ pub fn train_auto(
         let (mut g0, step0) = record(0, store_all, set)?;
         let fixed = if strategy.is_none() {
             fixed_policy_sets(&g0, &fixed_policies(args.layers()), |ckpt| {
-                Ok(record(0, ckpt, set)?.0)
+                record(0, ckpt, set).map(|(g, _)| g)
             })?
         } else {
             Vec::new()
@@ -599,7 +416,7 @@ pub fn train_auto(
     let per_step = |d: Duration| d.as_secs_f64() * 1e3 / timed.len().max(1) as f64;
     let unit_of = set.unit_of();
     run.stall_ms = Some(unit_of.iter().map(|&u| per_step(stalls[u])).collect());
-    let mut summary = session.summary(timed);
+    let mut summary = summary(&session, timed);
     if set.units.iter().any(|u| u.len() > 1) {
         let owners: Vec<String> = (0..units)
             .map(|u| format!("{u} = {}", set.label(u)))
@@ -665,41 +482,5 @@ pub fn summary_table(
     if stall_ms.is_some() {
         header.push("swap stall ms/step");
     }
-    table::render(&header, &rows)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fuse_width_splits_units_evenly_in_model_order() {
-        // Models 0, 1, 3, 4, 5 share a shape; model 2 has its own.
-        let set = ModelSet {
-            units: vec![vec![0, 1, 3, 4, 5], vec![2]],
-        };
-        let split = limit_fuse_width(&set, 2);
-        assert_eq!(split.units, vec![vec![0, 1], vec![3, 4], vec![5], vec![2]]);
-        assert_eq!(
-            limit_fuse_width(&set, 3).units,
-            vec![vec![0, 1, 3], vec![4, 5], vec![2]]
-        );
-        assert_eq!(limit_fuse_width(&set, 5).units, set.units);
-        assert_eq!(limit_fuse_width(&set, 1).units.len(), 6);
-        let tries: Vec<Vec<Vec<usize>>> = narrower_fusions(&set)
-            .into_iter()
-            .map(|s| s.units)
-            .collect();
-        assert_eq!(
-            tries,
-            vec![
-                set.units.clone(),
-                vec![vec![0, 1, 3], vec![4, 5], vec![2]],
-                vec![vec![0, 1], vec![3, 4], vec![5], vec![2]],
-                vec![vec![0], vec![1], vec![3], vec![4], vec![5], vec![2]],
-            ]
-        );
-        // Width 0 is treated as 1 (the CLI refuses it before).
-        assert_eq!(limit_fuse_width(&set, 0).units.len(), 6);
-    }
+    render(Layout::Aligned, &header, &rows)
 }
