@@ -1,15 +1,4 @@
 pub mod bench;
-pub mod bench_auto;
-pub mod bench_engine;
-pub mod bench_multi;
-pub mod bench_pipeline;
-pub mod bench_pipeline_mpi;
-pub mod bench_plan;
-pub mod bench_reshard;
-pub mod bench_spec;
-pub mod bench_spec_mix;
-pub mod bench_torch;
-pub mod cpu_steal;
 pub mod plan;
 pub mod profile;
 pub mod reshard;

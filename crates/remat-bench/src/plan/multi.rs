@@ -12,11 +12,12 @@
 
 use std::time::{Duration, Instant};
 
+use remat_planner::budget::human_bytes;
 use remat_planner::multi::{MultiPlanned, MultiRequest, Multiplexed, Order, plan, plan_each_alone};
 use remat_planner::synth::{TransformerParams, transformer};
-
-use remat_planner::budget::human_bytes;
 use remat_report::{Layout, print_table};
+
+use crate::error::Result;
 
 /// What one run of the multi-model bench measures.
 pub struct MultiBench {
@@ -26,7 +27,7 @@ pub struct MultiBench {
     pub time_limit: Duration,
 }
 
-pub fn run(bench: &MultiBench) -> anyhow::Result<()> {
+pub fn run(bench: &MultiBench) -> Result<()> {
     let one = transformer(&TransformerParams::gpt(bench.layers))?;
     let budget = (one.store_all_peak() as f64 * bench.budget_of_one) as u64;
     let unit_ms = one.time_unit_s() * 1e3;

@@ -9,7 +9,6 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use remat_engine::models::hybrid::Hybrid;
 use remat_engine::models::mamba::Mamba;
@@ -20,8 +19,9 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{LayerChoice, Mode, ModelConfig, Plan, compile};
 use remat_engine::swap::HostStore;
-
 use remat_report::{Layout, human_bytes, print_table};
+
+use crate::error::{Context, Result};
 
 /// Budgets as fractions of keep-all's measured step peak.
 pub const FRACTIONS: [f64; 3] = [0.8, 0.6, 0.4];
@@ -45,7 +45,7 @@ impl Model {
         }
     }
 
-    fn step(&self, plans: &[Plan], env: StepEnv) -> anyhow::Result<(Qwen3Grads, StepStats)> {
+    fn step(&self, plans: &[Plan], env: StepEnv) -> Result<(Qwen3Grads, StepStats)> {
         let rows = self.rows();
         let t: Vec<u32> = (0..rows).map(|i| (i * 31 % 256) as u32).collect();
         let y: Vec<u32> = (0..rows).map(|i| (i * 17 % 256) as u32).collect();
@@ -57,8 +57,8 @@ impl Model {
     }
 
     /// Shipped plans (one per block type) for `mode`, and each layer's type.
-    fn shipped(&self, mode: Mode) -> anyhow::Result<(Vec<Plan>, Vec<usize>)> {
-        let one = |name: &str, cfg: &ModelConfig, layers: usize| -> anyhow::Result<_> {
+    fn shipped(&self, mode: Mode) -> Result<(Vec<Plan>, Vec<usize>)> {
+        let one = |name: &str, cfg: &ModelConfig, layers: usize| -> Result<_> {
             let spec = ShippedBlock::by_name(name)
                 .context("no shipped spec")?
                 .spec()?;
@@ -77,7 +77,7 @@ impl Model {
                             .spec()?;
                         Ok(compile(&spec, &b.config, mode)?)
                     })
-                    .collect::<anyhow::Result<Vec<_>>>()?;
+                    .collect::<Result<Vec<_>>>()?;
                 Ok((plans, m.layer_block.clone()))
             }
         }
@@ -101,7 +101,7 @@ fn median(times: &[f64]) -> f64 {
     t.get(t.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn measure(model: &Model, case: &mut Case, timed: bool) -> anyhow::Result<()> {
+fn measure(model: &Model, case: &mut Case, timed: bool) -> Result<()> {
     let (host, meter) = (HostStore::in_memory(), Meter::unbounded());
     let env = StepEnv {
         host: &host,
@@ -120,7 +120,7 @@ fn measure(model: &Model, case: &mut Case, timed: bool) -> anyhow::Result<()> {
 }
 
 /// The uniform choices: every layer keeping everything, or rebuilding every unit.
-fn uniform(mix: &MixModel, rebuild_all: bool) -> anyhow::Result<Vec<Plan>> {
+fn uniform(mix: &MixModel, rebuild_all: bool) -> Result<Vec<Plan>> {
     let (classes, layer_class) = mix.classes()?;
     let choices: Vec<LayerChoice> = layer_class
         .iter()
@@ -141,7 +141,7 @@ pub fn bench_model(
     model: &Model,
     mode: Mode,
     rounds: usize,
-) -> anyhow::Result<Vec<Vec<String>>> {
+) -> Result<Vec<Vec<String>>> {
     let (shipped, layer_block) = model.shipped(mode)?;
     let mix_model = mix_model(&shipped, layer_block, mode)?;
     let step = |plans: &[Plan], env: StepEnv| model.step(plans, env);
@@ -258,12 +258,7 @@ fn rows(name: &str, mode: Mode, cases: &[Case], keep_peak: u64, floor: u64) -> V
 }
 
 /// The hybrid benchmark model: Mamba and Qwen3 layers alternating.
-pub fn hybrid_config(
-    layers: i64,
-    hidden: i64,
-    seq: i64,
-    batch: i64,
-) -> anyhow::Result<ModelConfig> {
+pub fn hybrid_config(layers: i64, hidden: i64, seq: i64, batch: i64) -> Result<ModelConfig> {
     let types: Vec<&str> = (0..layers)
         .map(|l| if l % 2 == 0 { "mamba" } else { "qwen3" })
         .collect();

@@ -8,13 +8,14 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Context;
 use indicatif::ProgressBar;
 use remat_reshard::safetensors::{encode_header, pack_entries};
 use remat_reshard::{
     Checkpoint, Dtype, ExecOptions, Format, NameRule, Placement, Rule, TargetSpec, execute, plan,
     verify,
 };
+
+use crate::error::{Context, Result, bail};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,7 +27,7 @@ pub struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Buffer bound handed to the executor.
-    #[arg(long, default_value = "256MiB", value_parser = super::reshard::parse_size)]
+    #[arg(long, default_value = "256MiB", value_parser = remat_reshard::run::parse_size)]
     max_buffer: u64,
     /// Also verify every output against the source (streams everything once more).
     #[arg(long)]
@@ -109,7 +110,7 @@ fn nbytes(s: &Spec) -> u64 {
 }
 
 /// Writes the tensors as one file of pseudo-random bytes, streamed.
-fn write_global(path: &Path, specs: &[Spec]) -> anyhow::Result<()> {
+fn write_global(path: &Path, specs: &[Spec]) -> Result<()> {
     let entries = pack_entries(
         specs
             .iter()
@@ -185,7 +186,7 @@ fn memcpy_rate(bytes: u64) -> (f64, f64) {
 /// and into a new file through a shared mapping (fallocate + mmap + one memcpy).
 /// Writing a checkpoint creates new pages, so these, not the warm memcpy, are the
 /// ceilings of any writer.
-fn fresh_page_rates(bytes: u64, scratch: &Path) -> anyhow::Result<(f64, f64, f64)> {
+fn fresh_page_rates(bytes: u64, scratch: &Path) -> Result<(f64, f64, f64)> {
     let len = (64usize << 20).min(bytes.max(1) as usize);
     let src = vec![1u8; len];
     let started = Instant::now();
@@ -242,7 +243,7 @@ fn fs_type(path: &Path) -> String {
 
 /// Rate of copying the source files with the file system's own copy (what `cp` does), in
 /// GB per wall second: the ceiling the destination file system allows.
-fn file_copy_rate(src: &Path, scratch: &Path) -> anyhow::Result<f64> {
+fn file_copy_rate(src: &Path, scratch: &Path) -> Result<f64> {
     std::fs::create_dir_all(scratch)?;
     let started = Instant::now();
     let mut bytes = 0;
@@ -360,7 +361,7 @@ impl Drop for Scratch {
     }
 }
 
-fn bench_dir(arg: Option<PathBuf>) -> anyhow::Result<Scratch> {
+fn bench_dir(arg: Option<PathBuf>) -> Result<Scratch> {
     let base = arg.unwrap_or_else(|| {
         let shm = PathBuf::from("/dev/shm");
         if shm.is_dir() {
@@ -381,7 +382,7 @@ fn reshard_once(
     world: usize,
     max_buffer: u64,
     check: bool,
-) -> anyhow::Result<Row> {
+) -> Result<Row> {
     let ckpt = Checkpoint::open(src, None)?;
     let p = plan(&ckpt, &TargetSpec::new(world, Format::Remat))?;
     let largest = p
@@ -415,7 +416,7 @@ fn reshard_once(
     if check {
         let out = Checkpoint::open(dst, None)?;
         if let Some(d) = verify(&ckpt, &out, None)?.difference {
-            anyhow::bail!("8 -> {world} is not byte-exact: {d}");
+            bail!("8 -> {world} is not byte-exact: {d}");
         }
     }
     Ok(Row {
@@ -448,7 +449,7 @@ fn small_model(count: usize) -> Vec<Spec> {
 }
 
 /// Generates `specs` on 8 ranks under `dir/name`, returning the directory.
-fn generate(dir: &Path, name: &str, specs: &[Spec]) -> anyhow::Result<PathBuf> {
+fn generate(dir: &Path, name: &str, specs: &[Spec]) -> Result<PathBuf> {
     let global = dir.join(format!("{name}.safetensors"));
     write_global(&global, specs)?;
     // One rule per tensor, or a single catch-all when every tensor is placed alike.
@@ -486,7 +487,7 @@ fn generate(dir: &Path, name: &str, specs: &[Spec]) -> anyhow::Result<PathBuf> {
     Ok(eight)
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args) -> Result<()> {
     let dir = bench_dir(args.dir)?;
     let specs = model((args.gib * (1u64 << 30) as f64) as u64);
     let started = Instant::now();
@@ -616,7 +617,7 @@ fn store_runs(
     endpoint: Option<String>,
     max_buffer: u64,
     check: bool,
-) -> anyhow::Result<Vec<StoreRow>> {
+) -> Result<Vec<StoreRow>> {
     use remat_reshard::location::StoreOptions;
     use remat_reshard::run::{self, Outcome};
     let store = StoreOptions { endpoint };
@@ -656,12 +657,12 @@ fn store_runs(
         });
         let seconds = started.elapsed().as_secs_f64();
         let Outcome::Written(report) = outcome? else {
-            anyhow::bail!("8 -> {world} through {url} wrote nothing");
+            bail!("8 -> {world} through {url} wrote nothing");
         };
         if check {
             let v = run::verify_with((eight, None), (Path::new(&dst), None), &store, |_| {}, None)?;
             if let Some(d) = v.difference {
-                anyhow::bail!("8 -> {world} through {url} is not byte-exact: {d}");
+                bail!("8 -> {world} through {url} is not byte-exact: {d}");
             }
         }
         rows.push(StoreRow {

@@ -12,14 +12,15 @@ use std::time::Instant;
 use indicatif::ProgressBar;
 use remat_engine::kernels::philox_hash;
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
+use remat_engine::profile::median;
 use remat_engine::{
     Category, ExecContext, Graph, GraphObserver, MemoryPool, NodeEvent, Policy, Tensor,
 };
-
-use super::bench::paired_median;
-use super::bench_torch::TorchPeer;
-use remat_engine::profile::median;
 use remat_report::{Layout, format_bytes, render};
+
+use crate::error::{Result, failed};
+use crate::ratio::paired_median;
+use crate::torch::TorchPeer;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -68,7 +69,7 @@ impl GraphObserver for OpTimes {
     }
 }
 
-fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> anyhow::Result<()> {
+fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> Result<()> {
     let times = OpTimes::default();
     let start = Instant::now();
     gpt.forward_backward_observed(ctx, b, ckpt, 0, Some(Box::new(times.clone())))?;
@@ -76,7 +77,7 @@ fn profile(ctx: &ExecContext, gpt: &Gpt, b: &Batch, ckpt: Checkpointing) -> anyh
     let map = times
         .0
         .lock()
-        .map_err(|_| anyhow::anyhow!("profile lock poisoned"))?;
+        .map_err(|_| failed!("profile lock poisoned"))?;
     let mut rows: Vec<_> = map.iter().collect();
     rows.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
     let cells: Vec<Vec<String>> = rows
@@ -149,7 +150,7 @@ fn one_step(
     gpt: &Gpt,
     b: &Batch,
     ckpt: Checkpointing,
-) -> anyhow::Result<(f64, u64, u64)> {
+) -> Result<(f64, u64, u64)> {
     ctx.pool().reset_peak();
     let start = Instant::now();
     let out = gpt.forward_backward(ctx, b, ckpt, 0)?;
@@ -176,7 +177,7 @@ fn run_variant(
     gpt: &Gpt,
     b: &Batch,
     torch: Option<&mut TorchPeer>,
-) -> anyhow::Result<(f64, Option<u64>, Option<u64>)> {
+) -> Result<(f64, Option<u64>, Option<u64>)> {
     match v.runner {
         Runner::Engine {
             ckpt,
@@ -187,7 +188,7 @@ fn run_variant(
             Ok((t, Some(a), Some(p + elsewhere)))
         }
         Runner::Torch { policy } => {
-            let peer = torch.ok_or_else(|| anyhow::anyhow!("no PyTorch peer is running"))?;
+            let peer = torch.ok_or_else(|| failed!("no PyTorch peer is running"))?;
             Ok((peer.step(policy)?, None, None))
         }
     }
@@ -204,7 +205,7 @@ fn measure_rounds<'a>(
     mut torch: Option<&mut TorchPeer>,
     rounds: usize,
     bar: &ProgressBar,
-) -> anyhow::Result<Vec<Measured<'a>>> {
+) -> Result<Vec<Measured<'a>>> {
     let mut rows: Vec<Measured> = Vec::with_capacity(variants.len());
     for variant in variants {
         let (_, peak_activations, peak_total) =
@@ -277,7 +278,7 @@ fn print_against_torch(rows: &[Measured<'_>]) {
 }
 
 /// GFLOP/s of the engine's matmul on the step's largest shape (tokens x d -> ffn).
-fn matmul_gflops(ctx: &ExecContext, cfg: &GptConfig, tokens: usize) -> anyhow::Result<f64> {
+fn matmul_gflops(ctx: &ExecContext, cfg: &GptConfig, tokens: usize) -> Result<f64> {
     let pool = ctx.pool();
     let (m, k, n) = (tokens, cfg.d_model, cfg.ffn_hidden);
     let a = Tensor::from_vec(
@@ -308,7 +309,7 @@ fn matmul_gflops(ctx: &ExecContext, cfg: &GptConfig, tokens: usize) -> anyhow::R
     Ok(2.0 * (m * k * n) as f64 / best / 1e9)
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args) -> Result<()> {
     let cfg = GptConfig {
         n_layers: args.layers,
         ..GptConfig::bench()

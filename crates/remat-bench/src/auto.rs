@@ -6,20 +6,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use remat_engine::models::gpt::Checkpointing;
 use remat_engine::plan_exec::{StepReport, choose_plan, run_plan};
 use remat_engine::profile::{StepProfile, calibrate_swap_cost, measure_copy_under_compute, median};
-use remat_engine::swap::{CopyEngine, HostStore, Throttle};
-use remat_engine::{ExecContext, Policy};
-use remat_planner::{Planned, Problem};
-
-use remat_report::{Layout, render};
-
 use remat_engine::session::auto::{
     PROBE_BYTES, fixed_policies, fixed_policy_sets, measure_copy_bandwidth, mib,
 };
 use remat_engine::session::model::{BuiltModel, ModelOptions, profile_model};
+use remat_engine::swap::{CopyEngine, HostStore, Throttle};
+use remat_engine::{ExecContext, Policy};
+use remat_planner::{Planned, Problem};
+use remat_report::{Layout, render};
+
+use crate::error::{Context, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -80,7 +79,7 @@ fn run_fixed(
     built: &BuiltModel,
     ctx: &ExecContext,
     ckpt: Checkpointing,
-) -> anyhow::Result<(u64, Duration)> {
+) -> Result<(u64, Duration)> {
     let pool = ctx.pool();
     let mut step = built.record_with(ctx, 0, Some(ckpt))?;
     pool.reset_peak();
@@ -103,7 +102,7 @@ fn measure_fixed(
     ckpt: Checkpointing,
     runs: usize,
     reference: Option<Duration>,
-) -> anyhow::Result<Fixed> {
+) -> Result<Fixed> {
     let (first_peak, first) = run_fixed(built, ctx, ckpt)?;
     if reference.is_some_and(|r| first.as_secs_f64() > SLOW_POLICY * r.as_secs_f64()) {
         return Ok(Fixed {
@@ -135,7 +134,7 @@ fn run_once(
     profile: &StepProfile,
     planned: &Planned,
     copy: &CopyEngine,
-) -> anyhow::Result<StepReport> {
+) -> Result<StepReport> {
     let mut step = built.record(ctx, 0)?;
     Ok(run_plan(
         &mut step.graph,
@@ -170,7 +169,7 @@ struct Beside<'a> {
 
 fn paired_median(num: &[Duration], den: &[Duration]) -> Option<f64> {
     let secs = |v: &[Duration]| v.iter().map(Duration::as_secs_f64).collect::<Vec<_>>();
-    (!den.is_empty()).then(|| super::bench::paired_median(&secs(num), &secs(den)))
+    (!den.is_empty()).then(|| crate::ratio::paired_median(&secs(num), &secs(den)))
 }
 
 /// Runs a plan in rounds, each also running what `beside` names, so that every number of a
@@ -185,9 +184,9 @@ fn measure_side_by_side(
     copy: &CopyEngine,
     beside: &Beside,
     runs: usize,
-) -> anyhow::Result<Measured> {
+) -> Result<Measured> {
     let pool = ctx.pool();
-    let plan_step = || -> anyhow::Result<StepReport> {
+    let plan_step = || -> Result<StepReport> {
         pool.set_budget(beside.budget);
         let report = run_once(built, ctx, profile, planned, copy);
         pool.set_budget(None);
@@ -219,7 +218,7 @@ fn measure_side_by_side(
     })
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args) -> Result<()> {
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     for &layers in &args.layers {
@@ -267,7 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 type Rows = (Vec<Vec<String>>, Vec<String>);
 
-fn bench_depth(args: &Args, layers: usize) -> anyhow::Result<Rows> {
+fn bench_depth(args: &Args, layers: usize) -> Result<Rows> {
     let margs = model_args(args, layers);
     let label = margs.label();
     let policies = fixed_policies(layers);

@@ -22,15 +22,14 @@ pub mod scale;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::strategy::{Planned, Problem, Strategy, registry};
 use remat_planner::{Graph, PlanError, synth};
-
-use crate::budget::parse_bandwidth;
-use remat_planner::budget::human_bytes;
 use remat_report::{Layout, print_table};
+
+use crate::error::{BenchError, Context, Result, bail};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -279,8 +278,8 @@ fn strategies(_args: &Args) -> Vec<Box<dyn Strategy>> {
     registry()
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let bandwidth = parse_bandwidth(&args.bandwidth)?;
+pub fn run(args: Args) -> Result<()> {
+    let bandwidth = remat_planner::budget::parse_bandwidth(&args.bandwidth, "--bandwidth")?;
     let options = ImportOptions {
         time_unit_s: args.time_unit,
     };
@@ -365,7 +364,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_scale(args: &Args, import: ImportOptions) -> anyhow::Result<()> {
+fn run_scale(args: &Args, import: ImportOptions) -> Result<()> {
     if !(args.scale_cap.is_finite() && args.scale_cap > 0.0) {
         bail!(
             "--scale-cap {}: give a positive number of seconds",
@@ -387,11 +386,7 @@ fn run_scale(args: &Args, import: ImportOptions) -> anyhow::Result<()> {
 /// validated before any benching: a bad graph is reported at once, not after minutes of
 /// benching the ones sorting before it. `--only` matching no file is an error listing the
 /// files there are.
-fn load_graphs(
-    dir: &Path,
-    only: Option<&str>,
-    options: ImportOptions,
-) -> anyhow::Result<Vec<Graph>> {
+fn load_graphs(dir: &Path, only: Option<&str>, options: ImportOptions) -> Result<Vec<Graph>> {
     let mut all: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("{}: cannot list", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -425,7 +420,7 @@ fn load_graphs(
     }
     files
         .into_iter()
-        .map(|file| load(file, options).map_err(anyhow::Error::from))
+        .map(|file| load(file, options).map_err(BenchError::from))
         .collect()
 }
 

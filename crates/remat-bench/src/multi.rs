@@ -22,21 +22,21 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
 use remat_engine::graph::Graph;
 use remat_engine::models::fused::{ModelSet, SetStep};
 use remat_engine::models::gpt::{Checkpointing, GptConfig};
 use remat_engine::models::multi::{step_optimizers, take_grads};
 use remat_engine::plan_exec::swap_traffic;
 use remat_engine::profile::median;
-use remat_engine::{ExecContext, MemoryPool, Policy};
-
 use remat_engine::session::auto::{
     AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, mib,
 };
 use remat_engine::session::models::{Members, Models, limit_fuse_width};
 use remat_engine::session::task::Task;
+use remat_engine::{ExecContext, MemoryPool, Policy};
 use remat_report::{Layout, render};
+
+use crate::error::{Context, Result, chain, ensure, failed};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -118,7 +118,7 @@ struct Row {
 /// One mode set up for K models: each call trains every model one step.
 trait Runner {
     /// Runs step `step` of every model: (wall seconds, swap stall seconds).
-    fn step(&mut self, step: u64) -> anyhow::Result<(f64, f64)>;
+    fn step(&mut self, step: u64) -> Result<(f64, f64)>;
     fn peak(&self) -> u64;
     fn note(&self) -> String;
 }
@@ -146,13 +146,13 @@ fn members(args: &Args, vocab: usize, k: usize) -> Members {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
+pub fn run(args: Args) -> Result<()> {
+    ensure!(
         args.ks.iter().all(|&k| k >= 1),
         "--ks: every K must be at least 1"
     );
-    anyhow::ensure!(args.steps >= 1, "--steps must be at least 1");
-    anyhow::ensure!(args.budget_factor > 0.0, "--budget-factor must be positive");
+    ensure!(args.steps >= 1, "--steps must be at least 1");
+    ensure!(args.budget_factor > 0.0, "--budget-factor must be positive");
     let task = Task::reverse(args.digits)?;
     let one_peak = store_all_peak(&args, &task)?;
     let budget = (one_peak as f64 * args.budget_factor) as u64;
@@ -215,7 +215,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// One model's store-all peak (static memory included), measured on a step.
-fn store_all_peak(args: &Args, task: &Task) -> anyhow::Result<u64> {
+fn store_all_peak(args: &Args, task: &Task) -> Result<u64> {
     let pool = MemoryPool::unbounded();
     let ctx = ExecContext::new(pool.clone(), args.threads)?;
     let models = Models::new(&pool, &members(args, task.vocab(), 1))?;
@@ -254,22 +254,21 @@ fn runner<'a>(
     k: usize,
     budget: u64,
     kind: RowKind,
-) -> anyhow::Result<Option<Box<dyn Runner + 'a>>> {
+) -> Result<Option<Box<dyn Runner + 'a>>> {
     let set = units(args, task, k, kind);
-    let together = |bandwidth: Option<f64>,
-                    strategy: Option<&str>|
-     -> anyhow::Result<Option<Box<dyn Runner + 'a>>> {
-        Ok(Some(Box::new(Together::new(
-            threads,
-            args,
-            task,
-            k,
-            budget,
-            bandwidth,
-            strategy,
-            set.clone(),
-        )?)))
-    };
+    let together =
+        |bandwidth: Option<f64>, strategy: Option<&str>| -> Result<Option<Box<dyn Runner + 'a>>> {
+            Ok(Some(Box::new(Together::new(
+                threads,
+                args,
+                task,
+                k,
+                budget,
+                bandwidth,
+                strategy,
+                set.clone(),
+            )?)))
+        };
     match kind {
         RowKind::OneAfterAnother => Ok(Some(Box::new(OneAfterAnother::new(
             threads, args, task, k, budget,
@@ -288,12 +287,7 @@ fn runner<'a>(
 /// runner trains one step, so all rows see the same machine; ratios against (a) are
 /// medians of per-round ratios. A row that cannot run (a kind not wired in yet, or no plan
 /// fitting the budget) is `Err` with the reason.
-fn measure_k(
-    args: &Args,
-    task: &Task,
-    k: usize,
-    budget: u64,
-) -> anyhow::Result<Vec<Result<Row, String>>> {
+fn measure_k(args: &Args, task: &Task, k: usize, budget: u64) -> Result<Vec<Result<Row, String>>> {
     // One set of worker threads for every row (each row keeps its own memory pool): with a
     // thread pool per row, one row's idle workers would spin beside the next row's work.
     let threads = ExecContext::new(MemoryPool::unbounded(), args.threads)?;
@@ -306,9 +300,9 @@ fn measure_k(
             Ok(None) => "not run".into(),
             // (a) always fits (the budget is above one model's store-all peak).
             Err(e) if kind == RowKind::OneAfterAnother => {
-                return Err(anyhow::anyhow!("{}: {e:#}", kind.label()));
+                return Err(failed!("{}: {}", kind.label(), chain(e)));
             }
-            Err(e) => format!("not run: {e:#}"),
+            Err(e) => format!("not run: {}", chain(e)),
         };
         runners.push(made.ok().flatten());
         skipped.push(why);
@@ -334,7 +328,7 @@ fn measure_k(
         .map(|(i, r)| match r {
             Some(r) => Ok(Row {
                 samples_per_s: samples / median(times[i].clone()).max(1e-12),
-                vs_a: super::bench::paired_median(&times[0], &times[i]),
+                vs_a: crate::ratio::paired_median(&times[0], &times[i]),
                 peak: r.peak(),
                 stall_ms: median(stalls[i].clone()) * 1e3,
                 note: r.note(),
@@ -360,7 +354,7 @@ impl<'a> OneAfterAnother<'a> {
         task: &'a Task,
         k: usize,
         budget: u64,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self> {
         let all = members(args, task.vocab(), k);
         let mut alone = Vec::with_capacity(k);
         for i in 0..k {
@@ -382,7 +376,7 @@ impl<'a> OneAfterAnother<'a> {
 }
 
 impl Runner for OneAfterAnother<'_> {
-    fn step(&mut self, step: u64) -> anyhow::Result<(f64, f64)> {
+    fn step(&mut self, step: u64) -> Result<(f64, f64)> {
         let start = Instant::now();
         for (ctx, m) in &mut self.alone {
             let batches = m.batches(self.task, step, self.batch);
@@ -434,12 +428,12 @@ impl<'a> Together<'a> {
         bandwidth: Option<f64>,
         strategy: Option<&str>,
         set: ModelSet,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self> {
         let pool = MemoryPool::unbounded();
         let ctx = threads.with_pool(pool.clone());
         let mut models = Models::new(&pool, &members(args, task.vocab(), k))?;
         let opts = std::mem::take(&mut models.opts);
-        let record = |ckpt: Checkpointing| -> anyhow::Result<(Graph, SetStep)> {
+        let record = |ckpt: Checkpointing| -> Result<(Graph, SetStep)> {
             let mut g = Graph::new(&ctx);
             let batches = models.batches(task, 0, args.batch);
             let rec = models.record_set(&mut g, &batches, 0, ckpt, &set)?;
@@ -478,7 +472,7 @@ impl<'a> Together<'a> {
 }
 
 impl Runner for Together<'_> {
-    fn step(&mut self, step: u64) -> anyhow::Result<(f64, f64)> {
+    fn step(&mut self, step: u64) -> Result<(f64, f64)> {
         let start = Instant::now();
         let mut g = Graph::new(&self.ctx);
         let batches = self.models.batches(self.task, step, self.batch);

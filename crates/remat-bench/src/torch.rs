@@ -9,11 +9,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 use std::thread::JoinHandle;
 
-use anyhow::{Context, bail};
 use remat_engine::models::gpt::GptConfig;
 
-/// The Python side (see its header for the protocol).
-const SCRIPT: &str = include_str!("bench_torch_gpt.py");
+use crate::error::{Context, Result, bail};
+
+/// The Python side, `python/bench_peers/torch_gpt.py` (see its header for the protocol).
+const SCRIPT: &str = include_str!("../../../python/bench_peers/torch_gpt.py");
 
 /// A running PyTorch peer.
 pub struct TorchPeer {
@@ -34,7 +35,7 @@ impl TorchPeer {
         batch: usize,
         seq: usize,
         threads: usize,
-    ) -> anyhow::Result<TorchPeer> {
+    ) -> Result<TorchPeer> {
         if cfg.n_kv_heads != cfg.n_heads || cfg.dropout > 0.0 {
             bail!("the PyTorch peer models full multi-head attention without dropout");
         }
@@ -79,7 +80,7 @@ impl TorchPeer {
     }
 
     /// One training step under `policy` ("store-all" or "per-block"): its wall time.
-    pub fn step(&mut self, policy: &str) -> anyhow::Result<f64> {
+    pub fn step(&mut self, policy: &str) -> Result<f64> {
         writeln!(self.stdin, "{policy}")
             .and_then(|()| self.stdin.flush())
             .context("--torch: the PyTorch process stopped reading")?;
@@ -89,7 +90,7 @@ impl TorchPeer {
     }
 
     /// The next line of the peer's output; if it ended, its error output says why.
-    fn read_line(&mut self, who: &str) -> anyhow::Result<String> {
+    fn read_line(&mut self, who: &str) -> Result<String> {
         let mut line = String::new();
         let n = self
             .stdout

@@ -26,8 +26,9 @@ use remat_engine::spec::shipped::{MAMBA, QWEN3, QWEN3_MOE};
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
 use remat_engine::swap::HostStore;
-
 use remat_report::{Layout, human_bytes, print_table};
+
+use crate::error::Result;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -98,7 +99,7 @@ impl BenchModel {
         }
     }
 
-    fn check_plan(&self, plan: &Plan) -> anyhow::Result<()> {
+    fn check_plan(&self, plan: &Plan) -> Result<()> {
         match self {
             BenchModel::Qwen3(m) => m.check_plan(plan)?,
             BenchModel::Mamba(m) => m.check_plan(plan)?,
@@ -112,7 +113,7 @@ impl BenchModel {
         tokens: &[u32],
         targets: &[u32],
         env: StepEnv,
-    ) -> anyhow::Result<(Qwen3Grads, StepStats)> {
+    ) -> Result<(Qwen3Grads, StepStats)> {
         Ok(match self {
             BenchModel::Qwen3(m) => m.step(plan, tokens, targets, env)?,
             BenchModel::Mamba(m) => m.step(plan, tokens, targets, env)?,
@@ -121,7 +122,7 @@ impl BenchModel {
 }
 
 /// The Mamba variants in [`VARIANTS`] order.
-fn mamba_variants() -> anyhow::Result<Vec<BlockSpec>> {
+fn mamba_variants() -> Result<Vec<BlockSpec>> {
     let spec = MAMBA.spec()?;
     let mut no_offload = spec.clone();
     no_offload.inputs.iter_mut().for_each(|x| x.offload = false);
@@ -158,7 +159,7 @@ struct Case {
     host_peak: u64,
 }
 
-fn variants(kind: BlockKind, model: &Qwen3, cfg: &ModelConfig) -> anyhow::Result<Vec<BlockSpec>> {
+fn variants(kind: BlockKind, model: &Qwen3, cfg: &ModelConfig) -> Result<Vec<BlockSpec>> {
     let shipped = match kind {
         BlockKind::Dense => QWEN3,
         BlockKind::Moe => QWEN3_MOE,
@@ -171,16 +172,16 @@ fn variants(kind: BlockKind, model: &Qwen3, cfg: &ModelConfig) -> anyhow::Result
     Ok(vec![spec.save_everything(), spec, no_offload, derived])
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args) -> Result<()> {
     if !args.mix_only {
         run_variants(&args)?;
     }
     run_mixes(&args)
 }
 
-/// The mixed-plan table (see [`super::bench_spec_mix`]), full fine-tuning and LoRA.
-fn run_mixes(args: &Args) -> anyhow::Result<()> {
-    use super::bench_spec_mix::{Model, bench_model, hybrid_config, print};
+/// The mixed-plan table (see [`crate::spec_mix`]), full fine-tuning and LoRA.
+fn run_mixes(args: &Args) -> Result<()> {
+    use crate::spec_mix::{Model, bench_model, hybrid_config, print};
     println!(
         "\nmixed plans: {} layers, hidden {}, batch {} x seq {}; step time the median of {} interleaved rounds",
         args.layers, args.hidden, args.batch, args.seq, args.rounds
@@ -247,7 +248,7 @@ fn lora_configs() -> (LoraConfig, LoraConfig) {
     (lora, mamba_lora)
 }
 
-fn run_variants(args: &Args) -> anyhow::Result<()> {
+fn run_variants(args: &Args) -> Result<()> {
     let (lora, mamba_lora) = lora_configs();
     let mut models = Vec::new();
     let mut cases = Vec::new();
@@ -312,7 +313,7 @@ fn run_variants(args: &Args) -> anyhow::Result<()> {
 }
 
 /// One step of `case` (step number `round`: LoRA draws fresh dropout masks each round).
-fn measure(model: &BenchModel, case: &mut Case, round: u64, timed: bool) -> anyhow::Result<()> {
+fn measure(model: &BenchModel, case: &mut Case, round: u64, timed: bool) -> Result<()> {
     let rows = model.rows();
     let tokens: Vec<u32> = (0..rows).map(|i| (i * 31 % 256) as u32).collect();
     let targets: Vec<u32> = (0..rows).map(|i| (i * 17 % 256) as u32).collect();

@@ -15,9 +15,10 @@ use remat_engine::pipeline::driver::{Pipeline, StageResources, StepReport};
 use remat_engine::pipeline::staged_gpt::{StagedGpt, split_batch};
 use remat_engine::pipeline::{PipelineConfig, Schedule, Strategy};
 use remat_engine::{Category, MemoryPool};
-
 use remat_report::format_bytes;
 use remat_report::{Layout, render};
+
+use crate::error::{Result, bail, ensure, failed};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -103,42 +104,42 @@ const MAX_THREADS_PER_STAGE: usize = 256;
 const MAX_BATCH_TOKENS: usize = 1 << 24;
 
 /// Every flag checked before the model is built or a thread started.
-fn check_args(args: &Args) -> anyhow::Result<()> {
+fn check_args(args: &Args) -> Result<()> {
     use remat_engine::pipeline::limits::{MAX_STAGES, check_micro_batches};
-    anyhow::ensure!(
+    ensure!(
         (1..=MAX_STAGES).contains(&args.stages),
         "--stages {} must be between 1 and {MAX_STAGES}",
         args.stages
     );
-    anyhow::ensure!(
+    ensure!(
         args.stages <= args.layers,
         "--stages {} exceeds --layers {}: every stage needs at least one block",
         args.stages,
         args.layers
     );
-    anyhow::ensure!(!args.micro_batches.is_empty(), "--micro-batches is empty");
+    ensure!(!args.micro_batches.is_empty(), "--micro-batches is empty");
     for &m in &args.micro_batches {
         check_micro_batches(m)?;
         tokens(args, m)?;
     }
-    anyhow::ensure!(
+    ensure!(
         (1..=MAX_THREADS_PER_STAGE).contains(&args.threads_per_stage),
         "--threads-per-stage {} must be between 1 and {MAX_THREADS_PER_STAGE}",
         args.threads_per_stage
     );
-    anyhow::ensure!(args.rows >= 1, "--rows must be at least 1");
-    anyhow::ensure!(args.seq >= 1, "--seq must be at least 1");
+    ensure!(args.rows >= 1, "--rows must be at least 1");
+    ensure!(args.seq >= 1, "--seq must be at least 1");
     Ok(())
 }
 
 /// Tokens of a step's batch at `micro_batches`, refused past [`MAX_BATCH_TOKENS`].
-fn tokens(args: &Args, micro_batches: usize) -> anyhow::Result<usize> {
+fn tokens(args: &Args, micro_batches: usize) -> Result<usize> {
     args.rows
         .checked_mul(micro_batches)
         .and_then(|rows| rows.checked_mul(args.seq))
         .filter(|&n| n <= MAX_BATCH_TOKENS)
         .ok_or_else(|| {
-            anyhow::anyhow!(
+            failed!(
                 "--rows {} x --micro-batches {micro_batches} x --seq {} is more than {MAX_BATCH_TOKENS} tokens per step",
                 args.rows,
                 args.seq
@@ -146,7 +147,7 @@ fn tokens(args: &Args, micro_batches: usize) -> anyhow::Result<usize> {
         })
 }
 
-fn batch(args: &Args, micro_batches: usize) -> anyhow::Result<Batch> {
+fn batch(args: &Args, micro_batches: usize) -> Result<Batch> {
     let rows = args.rows * micro_batches;
     let n = tokens(args, micro_batches)?;
     let ids = |stream: u64| -> Arc<[u32]> {
@@ -168,7 +169,7 @@ fn run_once(
     micro: &Arc<[Batch]>,
     config: PipelineConfig,
     budget: Option<u64>,
-) -> anyhow::Result<Measured> {
+) -> Result<Measured> {
     let resources = StageResources {
         threads: args.threads_per_stage,
         budget,
@@ -180,7 +181,7 @@ fn run_once(
     }
     // The first step warms up (page faults, thread pools); the fastest of the rest counts.
     let Some(fastest) = reports[1..].iter().min_by_key(|r| r.run.wall) else {
-        anyhow::bail!("no timed step ran");
+        bail!("no timed step ran");
     };
     Ok(Measured {
         schedule: config.schedule,
@@ -228,10 +229,10 @@ fn strategies(memory_threshold: usize) -> [Strategy; 5] {
     ]
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args) -> Result<()> {
     check_args(&args)?;
     if args.transport == "mpi" {
-        return super::bench_pipeline_mpi::run(&MpiBench {
+        return crate::pipeline_mpi::run(&crate::pipeline_mpi::MpiBench {
             layers: args.layers,
             d_model: args.d_model,
             heads: args.heads,
@@ -340,15 +341,6 @@ fn run_clone(m: &Measured) -> Measured {
         max_total_peak: m.max_total_peak,
         budget: m.budget,
     }
-}
-
-/// What `--transport mpi` measures with.
-pub struct MpiBench {
-    pub layers: usize,
-    pub d_model: usize,
-    pub heads: usize,
-    pub rows: usize,
-    pub repeats: usize,
 }
 
 fn row(x: &Measured, base: &Measured, stages: usize, m: usize, budget: Option<u64>) -> Vec<String> {

@@ -11,10 +11,18 @@
 
 use std::process::Command;
 
-use anyhow::Context;
-
-use super::bench_pipeline::MpiBench;
 use remat_report::{Layout, render};
+
+use crate::error::{Context, Result, bail};
+
+/// What `--transport mpi` measures with.
+pub struct MpiBench {
+    pub layers: usize,
+    pub d_model: usize,
+    pub heads: usize,
+    pub rows: usize,
+    pub repeats: usize,
+}
 
 const MICRO_BATCHES: usize = 8;
 const STAGES: [usize; 3] = [1, 2, 4];
@@ -54,7 +62,7 @@ fn train_args(b: &MpiBench, stages: usize) -> Vec<String> {
     .collect()
 }
 
-fn run_threaded(exe: &str, b: &MpiBench, stages: usize) -> anyhow::Result<Printed> {
+fn run_threaded(exe: &str, b: &MpiBench, stages: usize) -> Result<Printed> {
     let mut cmd = Command::new(exe);
     cmd.args(train_args(b, stages));
     // One kernel thread per stage, as each rank gets.
@@ -62,7 +70,7 @@ fn run_threaded(exe: &str, b: &MpiBench, stages: usize) -> anyhow::Result<Printe
     parse(cmd, &format!("threaded, {stages} stage(s)"))
 }
 
-fn run_mpi(exe: &str, b: &MpiBench, stages: usize) -> anyhow::Result<Printed> {
+fn run_mpi(exe: &str, b: &MpiBench, stages: usize) -> Result<Printed> {
     let mut cmd = Command::new("mpirun");
     // Ranks may outnumber cores; as root Open MPI refuses to run without the second flag.
     cmd.args([
@@ -77,13 +85,13 @@ fn run_mpi(exe: &str, b: &MpiBench, stages: usize) -> anyhow::Result<Printed> {
     parse(cmd, &format!("mpirun -n {stages}"))
 }
 
-fn parse(mut cmd: Command, what: &str) -> anyhow::Result<Printed> {
+fn parse(mut cmd: Command, what: &str) -> Result<Printed> {
     let out = cmd
         .output()
         .with_context(|| format!("{what}: cannot start it (is mpirun on PATH?)"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        anyhow::bail!(
+        bail!(
             "{what} failed: {}{}",
             stdout,
             String::from_utf8_lossy(&out.stderr)
@@ -97,7 +105,7 @@ fn parse(mut cmd: Command, what: &str) -> anyhow::Result<Printed> {
             Some(line[start..stop].trim().to_string())
         })
     };
-    let number = |prefix, end| -> anyhow::Result<f64> {
+    let number = |prefix, end| -> Result<f64> {
         field(prefix, end)
             .and_then(|v| v.parse().ok())
             .with_context(|| format!("{what}: no `{prefix}` in its output: {stdout}"))
@@ -121,7 +129,7 @@ fn parse(mut cmd: Command, what: &str) -> anyhow::Result<Printed> {
     })
 }
 
-pub fn run(b: &MpiBench) -> anyhow::Result<()> {
+pub fn run(b: &MpiBench) -> Result<()> {
     let exe = std::env::current_exe().context("locating the remat binary")?;
     let exe = exe.display().to_string();
     println!(

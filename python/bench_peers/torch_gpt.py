@@ -5,6 +5,9 @@
 # programs in the same rounds. Protocol: after warming up it prints "ready"; then each line
 # on stdin names a policy ("store-all" or "per-block") and is answered with the step's
 # wall time in seconds; an empty line or end of input ends it.
+# It lives with the Python code but is not part of the `remat` package: the benchmark
+# (`crates/remat-bench/src/torch.rs`) embeds it with include_str! and runs it as
+# `python -c SCRIPT ARGS`, so it is not installed by `pip install ./python`.
 import sys
 import time
 

@@ -19,14 +19,14 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::strategy::{Planned, Problem, lookup, plan_best_explained};
 use remat_planner::synth::{LayeredParams, TransformerParams, random_layered, transformer};
 use remat_planner::{Graph, PlanError};
-
 use remat_report::{Layout, print_table};
+
+use crate::error::{Context, Result, bail};
 
 /// The solvers compared at every size: the default search and two single strategies.
 const SOLVERS: [&str; 3] = ["default", "evict", "mutwo"];
@@ -53,8 +53,8 @@ impl GraphSpec {
         }
     }
 
-    pub fn parse(text: &str) -> anyhow::Result<GraphSpec> {
-        let number = |s: &str| -> anyhow::Result<u64> {
+    pub fn parse(text: &str) -> Result<GraphSpec> {
+        let number = |s: &str| -> Result<u64> {
             s.parse()
                 .with_context(|| format!("graph spec `{text}`: `{s}` is not a number"))
         };
@@ -74,7 +74,7 @@ impl GraphSpec {
         }
     }
 
-    pub fn build(&self, options: ImportOptions) -> anyhow::Result<Graph> {
+    pub fn build(&self, options: ImportOptions) -> Result<Graph> {
         Ok(match self {
             GraphSpec::Layered { nodes, seed } => {
                 random_layered(&LayeredParams::moccasin(*nodes), *seed)?
@@ -112,7 +112,7 @@ fn cases(
     dir: Option<&std::path::Path>,
     max_nodes: usize,
     options: ImportOptions,
-) -> anyhow::Result<Vec<(Case, Graph)>> {
+) -> Result<Vec<(Case, Graph)>> {
     let mut specs: Vec<(GraphSpec, Vec<f64>)> = Vec::new();
     for nodes in [250, 500, 1000, 5000] {
         specs.push((GraphSpec::Layered { nodes, seed: 1 }, vec![0.9, 0.8]));
@@ -159,7 +159,7 @@ fn cases(
 
 /// Moccasin's random layered files of 250 nodes or more in `dir` (their byte budgets are
 /// the paper's: 0.9 and 0.8 of the stated order's peak, rounded up).
-fn published_files(dir: Option<&std::path::Path>) -> anyhow::Result<Vec<PathBuf>> {
+fn published_files(dir: Option<&std::path::Path>) -> Result<Vec<PathBuf>> {
     let Some(dir) = dir else {
         return Ok(Vec::new());
     };
@@ -211,7 +211,7 @@ pub struct Measured {
 }
 
 /// Runs one solve in this process and prints the result line (the `--scale-worker` side).
-pub fn worker(arg: &str, bandwidth: f64, options: ImportOptions) -> anyhow::Result<()> {
+pub fn worker(arg: &str, bandwidth: f64, options: ImportOptions) -> Result<()> {
     let mut parts = arg.rsplitn(3, '|');
     let (Some(solver), Some(budget), Some(spec)) = (parts.next(), parts.next(), parts.next())
     else {
@@ -320,7 +320,7 @@ enum Run {
 }
 
 /// Runs one solve in a child process, stopped after `cap`.
-fn run_child(worker_args: &[String], cap: Duration) -> anyhow::Result<Run> {
+fn run_child(worker_args: &[String], cap: Duration) -> Result<Run> {
     let exe = std::env::current_exe().context("cannot find this binary to run a solve")?;
     let mut child = Command::new(exe)
         .args(worker_args)
@@ -362,7 +362,7 @@ pub struct ScaleOptions<'a> {
 }
 
 /// Runs the section and prints its table.
-pub fn run(options: &ScaleOptions) -> anyhow::Result<()> {
+pub fn run(options: &ScaleOptions) -> Result<()> {
     let cases = cases(options.graphs, options.max_nodes, options.import)?;
     let total: usize = cases
         .iter()
