@@ -43,7 +43,8 @@ def reshard(
         default: the source's placement on the new ranks.
     place: (PATTERN, RULE) pairs (or a dict), first match wins; RULE is shard(D),
         replicate, whole, rank:R or source; PATTERN a glob over tensor names.
-    max_buffer: bound on buffered bytes (int, or "256MiB").
+    max_buffer: bound on buffered bytes (int, or text as ``--max-buffer`` takes it:
+        "256MiB", "1.5GB"; GB is 10^9 bytes, GiB 2^30, units in any case).
     dry_run: write nothing; the result has per-rank bytes, reads and the buffer peak.
     force: replace an existing output.
     rank / finalize: write one rank's part, then (once every rank is done) check the
@@ -116,12 +117,11 @@ def _rules(place: Optional[Rules]) -> list:
 def _buffer_bytes(max_buffer: Union[int, str]) -> int:
     if isinstance(max_buffer, bool):
         raise ArgumentError(f"max_buffer {max_buffer!r}: give bytes (int) or text (256MiB)")
+    # An int goes through the same reader as text, so its errors read the same.
     if isinstance(max_buffer, int):
-        if not 0 <= max_buffer < (1 << 64):
-            raise ArgumentError(f"max_buffer {max_buffer}: must be 0 to 2^64 - 1 bytes")
-        return max_buffer
+        return _native.parse_size(str(max_buffer), "max_buffer")
     if isinstance(max_buffer, str):
-        return _native.parse_size(max_buffer)
+        return _native.parse_size(max_buffer, "max_buffer")
     raise ArgumentError(
         f"max_buffer: give bytes (int) or text (256MiB), not {type(max_buffer).__name__}"
     )

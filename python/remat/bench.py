@@ -1,33 +1,48 @@
-"""``python -m remat.bench``: remat's plans against PyTorch's own options, side by side.
+"""``python -m remat.bench``: remat's ``auto_checkpoint`` against PyTorch's own options, side by side.
 
 Models come from their libraries, randomly initialised from configs built here (nothing is
-downloaded): transformers' ``LlamaForCausalLM`` (8 layers, d=512) and ``GPT2LMHeadModel``,
-torchvision's ``resnet50``. At each budget (a fraction of the no-checkpoint activation
-peak) it runs:
+downloaded): transformers' ``LlamaForCausalLM``, ``GPT2LMHeadModel`` and ``BertForMaskedLM``
+(given an ``attention_mask`` whose second sequence is padded), torchvision's ``resnet50`` and
+a ``vit_b_16``-style ``VisionTransformer`` (patch 16 at 224 px, narrower and shallower than
+B/16 so that a CPU runs it; dropout 0.1). ``--small`` builds tiny ones; ``--device cuda``
+trains them on a GPU (CPU by default). Every contender
+trains the same model from the same weights, one ordinary step at a time
+(``loss.backward()``):
 
-- ``none``: eager ``loss.backward()``, nothing recomputed;
-- ``ckpt-block``: ``torch.utils.checkpoint`` (non-reentrant) around every block;
+- ``none``: plain eager, nothing recomputed;
+- ``ckpt-block``: ``torch.utils.checkpoint`` (non-reentrant) around every block
+  (transformers' own ``activation_checkpointing_enable`` for its models);
 - ``compile@f``: ``torch.compile`` with ``torch._functorch.config.activation_memory_budget =
   f`` (the min-cut partitioner's knapsack). The backend is AOTAutograd with that
   partitioner and graphs run op by op (as ``aot_eager``): on CPU, Inductor's code
   generation would take most of the run, and op-by-op execution times the same aten
   kernels as the other contenders;
-- ``remat=X``, for each contender X that checkpoints (``ckpt-block``, ``compile@f``):
-  ``remat.torch.capture`` once, ``remat.plan`` at a budget equal to X's *measured*
-  activation peak (static bytes + that peak, which counts activations, gradients and the
-  loss, as remat's simulated peak does above the static bytes), ``remat.torch.apply``. If
-  remat's measured peak comes out above X's, it re-plans once lower by the excess. These
-  are the rows the goal is read from: at equal measured memory, is remat's step slower?
-- ``remat@f``: remat at static bytes + gradient bytes + f x the rest of the captured
-  store-all peak (the activations: gradients live to the end of the step in remat's graph
-  and no method can drop them, so at small batches a fraction of activations plus
-  gradients would be below every method's floor).
+- ``offload-all``: every tensor autograd saves goes through ``saved_tensors_hooks`` to the
+  host, as torchtune and torchao offload activations: ``torch.autograd.graph.save_on_cpu``
+  (pinned host buffers on CUDA). On a CPU device the host is the device's own memory, so it
+  saves nothing there (the hooks run, the tensors stay where they are); it is run anyway;
+- ``remat@f``: ``remat.torch.auto_checkpoint(model, f)``, a fraction f of the step's
+  activation bytes (``remat@1.0`` always: the plan keeps everything and the step runs
+  unhooked, so it must cost what ``none`` does; the goal is within 2%);
+- ``remat=X``, for each contender X that saves memory another way (``ckpt-block``,
+  ``compile@f``, ``offload-all``): ``auto_checkpoint`` with a byte budget equal to X's
+  *measured* peak: the plan's static bytes (parameters, buffers and inputs the step reads)
+  + X's measured activation peak. If remat's measured peak comes out above X's, it re-plans
+  once lower by the excess. These rows are the ones the goal is read from: at equal
+  measured memory, is remat's step slower?
+
+remat's contenders each train their own copy of the model (``auto_checkpoint`` keeps one
+plan per model). The first step of each is plain eager while remat profiles it; the second
+plans and runs the plan; the table below the timings shows, per remat contender, the
+strategy, the predicted peak against the measured one, the planning time and that first
+(profiled) step's time.
 
 Activation peak, measured the same way for every contender: on CPU, every storage created
-during the step (outputs of every aten op: a dispatch mode for eager code and remat's
-interpreter, the compiled graphs' interpreters for ``torch.compile``) is tracked with a weak
-reference, and after each op the bytes of those still alive are summed; the peak of that
-sum is reported (activations, gradients and the loss; not parameters or inputs). On CUDA,
+during the step (outputs of every aten op: a dispatch mode for eager code, including the
+ops remat replays in the backward and those of save-tensor hooks; the compiled graphs'
+interpreters for ``torch.compile``) is tracked with a weak reference, and after each op the
+bytes of those still alive are summed; the peak of that sum is reported (activations,
+gradients and the loss; not parameters, buffers or inputs). On CUDA,
 ``torch.cuda.max_memory_allocated`` above the step's starting level.
 
 Step time, measured without the memory tracking, in ``--runs`` interleaved rounds: each
@@ -40,6 +55,8 @@ the per-round remat / contender ratios, with their median absolute deviation as 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import dataclasses
 import gc
 import statistics
@@ -54,6 +71,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 F = torch.nn.functional
+MiB = 2**20
+# remat@1.0 may cost this much more than `none` (the issue's goal at full budget).
+FULL_BUDGET_GOAL = 1.02
 
 
 # ---- models -------------------------------------------------------------------------------
@@ -63,23 +83,34 @@ F = torch.nn.functional
 class Case:
     name: str
     model: torch.nn.Module
-    inputs: Any  # dict of keyword inputs or tuple of positional ones
-    loss_fn: Callable | None  # remat's loss_fn(model, *inputs); None: output .loss
+    inputs: Any  # dict of keyword inputs (output has .loss) or tuple of positional ones
+    loss_fn: Callable | None  # loss_fn(model, *inputs) for positional inputs
     enable_block_checkpoint: Callable[[], None]
     disable_block_checkpoint: Callable[[], None]
 
-    def loss(self):
+    def loss(self, model: torch.nn.Module | None = None):
+        """The step's loss from ``model`` (default: the case's own model)."""
+        model = self.model if model is None else model
         if isinstance(self.inputs, dict):
-            return self.model(**self.inputs).loss
-        return self.loss_fn(self.model, *self.inputs)
+            return model(**self.inputs).loss
+        return self.loss_fn(model, *self.inputs)
 
 
 def _hf_checkpointing(model):
+    # transformers 5 names it activation checkpointing; older releases, gradient.
+    new = hasattr(model, "activation_checkpointing_enable")
+
     def enable():
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if new:
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def disable():
-        model.gradient_checkpointing_disable()
+        if new:
+            model.activation_checkpointing_disable()
+        else:
+            model.gradient_checkpointing_disable()
         # enable() also hooks the embeddings to make their output require grad.
         if getattr(model, "_require_grads_hook", None) is not None:
             model.disable_input_require_grads()
@@ -90,12 +121,13 @@ def _hf_checkpointing(model):
 def llama(small: bool) -> Case:
     import transformers
 
-    layers, d, ffn, vocab, seq = (2, 128, 344, 512, 128) if small else (8, 512, 1376, 4096, 256)
+    layers, d, ffn, heads, vocab, batch, seq = (
+        (4, 64, 172, 4, 256, 2, 128) if small else (8, 512, 1376, 8, 4096, 2, 256))
     config = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2 * seq)
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=2 * seq)
     model = transformers.LlamaForCausalLM(config).train()
-    ids = torch.randint(0, vocab, (2, seq))
+    ids = torch.randint(0, vocab, (batch, seq))
     return Case(f"llama-{layers}x{d}", model, {"input_ids": ids, "labels": ids}, None,
                 *_hf_checkpointing(model))
 
@@ -103,14 +135,34 @@ def llama(small: bool) -> Case:
 def gpt2(small: bool) -> Case:
     import transformers
 
-    layers, d, vocab, seq = (2, 128, 512, 128) if small else (4, 512, 4096, 256)
-    config = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=8,
+    layers, d, heads, vocab, batch, seq = (
+        (4, 64, 4, 256, 2, 128) if small else (4, 512, 8, 4096, 2, 256))
+    config = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads,
                                      n_positions=2 * seq, bos_token_id=vocab - 1,
                                      eos_token_id=vocab - 1)
     model = transformers.GPT2LMHeadModel(config).train()
-    ids = torch.randint(0, vocab, (2, seq))
+    ids = torch.randint(0, vocab, (batch, seq))
     return Case(f"gpt2-{layers}x{d}", model, {"input_ids": ids, "labels": ids}, None,
                 *_hf_checkpointing(model))
+
+
+def bert(small: bool) -> Case:
+    """Masked LM with the usual call: an ``attention_mask`` whose last sequence is padded
+    over its last quarter, and labels ignored (-100) there."""
+    import transformers
+
+    layers, d, ffn, heads, vocab, batch, seq = (
+        (4, 64, 256, 4, 256, 2, 128) if small else (4, 512, 2048, 8, 4096, 2, 256))
+    config = transformers.BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=ffn,
+                                     max_position_embeddings=2 * seq)
+    model = transformers.BertForMaskedLM(config).train()
+    ids = torch.randint(0, vocab, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, seq - seq // 4:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    inputs = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return Case(f"bert-{layers}x{d}-padded", model, inputs, None, *_hf_checkpointing(model))
 
 
 class _Checkpointed(torch.nn.Module):
@@ -122,33 +174,58 @@ class _Checkpointed(torch.nn.Module):
         return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
 
 
+def _block_checkpointing(containers: list[torch.nn.Module]):
+    """enable / disable that swap every block of ``containers`` (indexable modules) for a
+    checkpointed wrapper of it, and back."""
+    originals = [list(c) for c in containers]
+
+    def enable():
+        for container, blocks in zip(containers, originals):
+            for i, block in enumerate(blocks):
+                container[i] = _Checkpointed(block)
+
+    def disable():
+        for container, blocks in zip(containers, originals):
+            for i, block in enumerate(blocks):
+                container[i] = block
+
+    return enable, disable
+
+
+def _classification_loss(m, x, y):
+    return F.cross_entropy(m(x), y)
+
+
 def resnet50(small: bool) -> Case:
     import torchvision
 
-    batch, side = (8, 64) if small else (4, 112)
+    batch, side = (2, 32) if small else (4, 112)
     model = torchvision.models.resnet50(num_classes=100).train()
     x = torch.randn(batch, 3, side, side)
     y = torch.randint(0, 100, (batch,))
     stages = [model.layer1, model.layer2, model.layer3, model.layer4]
-    originals = [list(s) for s in stages]
-
-    def enable():
-        for stage, blocks in zip(stages, originals):
-            for i, block in enumerate(blocks):
-                stage[i] = _Checkpointed(block)
-
-    def disable():
-        for stage, blocks in zip(stages, originals):
-            for i, block in enumerate(blocks):
-                stage[i] = block
-
-    def loss_fn(m, x, y):
-        return F.cross_entropy(m(x), y)
-
-    return Case(f"resnet50-{side}px", model, (x, y), loss_fn, enable, disable)
+    return Case(f"resnet50-{side}px", model, (x, y), _classification_loss,
+                *_block_checkpointing(stages))
 
 
-MODELS = {"llama": llama, "gpt2": gpt2, "resnet50": resnet50}
+def vit(small: bool) -> Case:
+    """torchvision's ``VisionTransformer`` as ``vit_b_16`` builds it (patch 16, 224 px), with
+    fewer and narrower layers; ``--small``: 32 px images in patches of 4."""
+    import torchvision
+
+    side, patch, layers, heads, d, mlp, batch = (
+        (32, 4, 4, 4, 64, 256, 8) if small else (224, 16, 4, 4, 256, 1024, 2))
+    model = torchvision.models.VisionTransformer(
+        image_size=side, patch_size=patch, num_layers=layers, num_heads=heads, hidden_dim=d,
+        mlp_dim=mlp, dropout=0.1, attention_dropout=0.1, num_classes=100).train()
+    x = torch.randn(batch, 3, side, side)
+    y = torch.randint(0, 100, (batch,))
+    return Case(f"vit-{layers}x{d}-p{patch}", model, (x, y), _classification_loss,
+                *_block_checkpointing([model.encoder.layers]))
+
+
+MODELS = {"llama": llama, "gpt2": gpt2, "bert": bert, "resnet50": resnet50, "vit": vit}
+METHODS = ("ckpt", "compile", "offload", "remat")
 
 
 # ---- measuring ----------------------------------------------------------------------------
@@ -199,15 +276,6 @@ class _Recording(TorchDispatchMode):
 _COMPILED_LIVE: list[LiveBytes | None] = [None]
 
 
-_MODE_LIVE: list[LiveBytes | None] = [None]
-
-
-def _LIVE_OBSERVER(value) -> None:
-    live = _MODE_LIVE[0]
-    if live is not None:
-        live.record(value)
-
-
 def _counting_compiler(gm: torch.fx.GraphModule, _example_inputs):
     """Runs a compiled (forward or backward) graph op by op, reporting every op's output
     to the memory run in progress, if any."""
@@ -220,11 +288,12 @@ def _counting_compiler(gm: torch.fx.GraphModule, _example_inputs):
                 live.record(out)
             return out
 
+    from functorch.compile import make_boxed_func
+
     def run(*args):
         return Counting(gm).run(*args)
 
-    run._boxed_call = False
-    return run
+    return make_boxed_func(run)
 
 
 def _compile_backend(counter: list[int]):
@@ -243,9 +312,21 @@ def _compile_backend(counter: list[int]):
 
 
 @dataclasses.dataclass
+class RematInfo:
+    """What one remat contender was given and planned."""
+
+    budget: int | float  # what auto_checkpoint was given (bytes, or a fraction)
+    plan: Any  # remat.torch's plan (predicted_peak, static_bytes, strategy, ...)
+    profile_s: float  # the first step: plain eager while remat profiles it
+    plan_s: float  # planning, at the start of the second step
+    replanned: int = 0  # bytes the budget was lowered by after a measured peak above it
+
+
+@dataclasses.dataclass
 class Contender:
     """One way to run the training step. ``step`` runs it; ``enter`` / ``leave`` (untimed)
-    put the model into and out of the state it needs (checkpointing wrappers)."""
+    put the model into and out of the state it needs (checkpointing wrappers). ``model``:
+    the model the step trains when it is not the case's own (remat's copies)."""
 
     method: str
     step: Callable[[], Any]
@@ -256,7 +337,9 @@ class Contender:
     times: list[float] = dataclasses.field(default_factory=list)
     note: str = ""
     pair: str | None = None  # remat's equal-memory rows: the contender they are paired with
-    close: Callable[[], None] = lambda: None
+    model: torch.nn.Module | None = None
+    remat: RematInfo | None = None
+    alias: bool = False  # another contender's steps under this name: not timed again
 
 
 @dataclasses.dataclass
@@ -267,9 +350,11 @@ class Row:
     step_s: float
     note: str = ""
     ratio: float = float("nan")  # median over rounds of (this step / none's step)
+    ratio_spread: float = float("nan")  # median absolute deviation of those ratios
     pair: str | None = None
     pair_ratio: float = float("nan")  # median over rounds of (this step / pair's step)
     pair_spread: float = float("nan")  # median absolute deviation of those ratios
+    remat: RematInfo | None = None
 
 
 def _zero(model):
@@ -277,17 +362,19 @@ def _zero(model):
         p.grad = None
 
 
-def _existing_storages(case: Case) -> set[int]:
-    tensors = [*case.model.parameters(), *case.model.buffers()]
-    tensors += [t for t in pytree.tree_leaves(case.inputs) if isinstance(t, torch.Tensor)]
+def _existing_storages(model: torch.nn.Module, inputs) -> set[int]:
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
     return {t.untyped_storage().data_ptr() for t in tensors}
 
 
-def _measure_peak(c: Contender, case: Case, device) -> int:
-    """Activation peak in bytes of one step of ``c`` (after an untimed warm-up step)."""
+def _measure_peak(c: Contender, case: Case, device, warm_up: bool = True) -> int:
+    """Activation peak in bytes of one step of ``c`` (after an untimed warm-up step, unless
+    the caller has run its first steps already)."""
     c.enter()
     try:
-        c.step()  # warm-up: lazy initialisation is not anyone's memory
+        if warm_up:
+            c.step()  # lazy initialisation is not anyone's memory
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -298,9 +385,8 @@ def _measure_peak(c: Contender, case: Case, device) -> int:
         # Non-reentrant checkpointing leaves reference cycles: collect them first, so that
         # one contender's garbage is not counted against the next.
         gc.collect()
-        live = LiveBytes(_existing_storages(case))
+        live = LiveBytes(_existing_storages(c.model or case.model, case.inputs))
         _COMPILED_LIVE[0] = live
-        _MODE_LIVE[0] = live
         try:
             if c.uses_mode:
                 with _Recording(live):
@@ -309,7 +395,6 @@ def _measure_peak(c: Contender, case: Case, device) -> int:
                 c.step()
         finally:
             _COMPILED_LIVE[0] = None
-            _MODE_LIVE[0] = None
         return live.peak
     finally:
         c.leave()
@@ -342,6 +427,34 @@ def _median_ratio(a: list[float], b: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     mid = statistics.median(ratios)
     return mid, statistics.median(abs(x - mid) for x in ratios)
+
+
+# ---- contenders ---------------------------------------------------------------------------
+
+
+def _eager_step(case: Case) -> Callable[[], None]:
+    def step():
+        _zero(case.model)
+        case.loss().backward()
+
+    return step
+
+
+def _offload_contender(case: Case, device) -> Contender:
+    """Every saved tensor through ``save_on_cpu``: pinned host buffers on CUDA; on CPU the
+    tensors stay where they are (``.cpu()`` of a CPU tensor is itself)."""
+    pin = device.type == "cuda"
+
+    def step():
+        _zero(case.model)
+        with torch.autograd.graph.save_on_cpu(pin_memory=pin):
+            loss = case.loss()
+        loss.backward()
+
+    note = ("save_on_cpu(pin_memory=True)" if pin else
+            "save_on_cpu: on CPU the host is the device's memory, so this saves nothing "
+            "(hooks only)")
+    return Contender("offload-all", step, note=note)
 
 
 def _compile_contenders(case: Case, budgets: list[float], counter: list[int]) -> list[Contender]:
@@ -388,136 +501,194 @@ def _compile_contenders(case: Case, budgets: list[float], counter: list[int]) ->
     return out
 
 
-class _RematPlanner:
-    """Captures the step once and makes remat contenders at byte budgets."""
+class _Remat:
+    """Makes remat contenders: each trains its own copy of the case's model under
+    ``auto_checkpoint``."""
 
-    def __init__(self, case: Case, bandwidth: float, time_limit: float | None):
+    def __init__(self, case: Case, template: torch.nn.Module, device, bandwidth: float | None,
+                 time_limit: float | None):
+        self.case = case
+        self.template = template  # the model as it was before any contender ran
+        self.device = device
+        self.options = {"bandwidth": bandwidth, "time_limit": time_limit}
+        self.static: int | None = None  # the plans' static bytes, once one is made
+
+    def contender(self, method: str, budget: int | float) -> Contender:
         import remat.torch as rt
 
-        self.case = case
-        self.bandwidth = bandwidth
-        self.time_limit = time_limit
-        t0 = time.perf_counter()
-        self.captured = rt.capture(case.model, case.inputs, loss_fn=case.loss_fn, runs=3)
-        self.capture_s = time.perf_counter() - t0
-        self.static = self.captured.static_bytes
-        self.grads = sum(p.numel() * p.element_size() for p in case.model.parameters()
-                         if p.requires_grad)
-        self.plan_s: list[float] = []
+        model = rt.auto_checkpoint(copy.deepcopy(self.template), budget, **self.options)
+        case = self.case
 
-    def fraction_budget(self, f: float) -> int:
-        """Static bytes + gradient bytes + f x the captured store-all peak's activations:
-        gradients live to the end of the step in remat's graph and no method can drop them,
-        so at small batches f x (activations + gradients) would be below every floor."""
-        store_all = self.captured.store_all_peak()
-        return self.static + self.grads + int(f * (store_all - self.static - self.grads))
+        def step():
+            _zero(model)
+            case.loss(model).backward()
 
-    def measured_budget(self, peak: int) -> int:
-        """The budget at which remat's plan may hold what a contender was measured holding:
-        the measured peak counts the step's activations, gradients and loss, which is remat's
-        simulated peak less the static bytes (parameters, inputs)."""
-        return self.static + peak
+        c = Contender(method, step, model=model)
+        self.plan(c, budget)
+        return c
 
-    def contender(self, method: str, budget: int) -> Contender:
+    def plan(self, c: Contender, budget: int | float) -> None:
+        """Gives ``c``'s model ``budget`` (dropping any earlier plan), runs the profiled
+        first step and the planning second one, and measures the peak of the third; on a
+        budget no plan meets, ``c`` stays unmeasured with the reason in its note."""
         import remat
         import remat.torch as rt
 
+        c.peak, c.remat = 0, None
+        rt.auto_checkpoint(c.model, budget)
+        try:
+            gc.collect()
+            t0 = time.perf_counter()
+            c.step()
+            profile_s = time.perf_counter() - t0
+            c.step()
+        except remat.BudgetError as error:
+            c.note = _infeasible(error, self.static)
+            return
+        except Exception as error:  # noqa: BLE001 - reported in the table
+            c.note = f"failed: {type(error).__name__}: {str(error)[:100]}"
+            return
+        control = rt.controller(c.model)
+        plan = control.plan
+        if self.static is None:
+            self.static = plan.static_bytes
+        c.remat = RematInfo(budget, plan, profile_s, control.entry().plan_seconds)
+        kept = "keeps everything (unhooked)" if plan.keeps_everything else (
+            f"{plan.count('recompute')} recomputed, {plan.count('offload')} offloaded")
+        c.note = f"{plan.strategy}: {kept}, predicted +{plan.overhead * 100:.1f}%"
+        c.peak = _measure_peak(c, self.case, self.device, warm_up=False)
+
+    def equal_memory(self, target: Contender, static: int) -> Contender:
+        """remat at ``target``'s measured peak. Memory the plan does not see (an op's
+        scratch) can take the measured peak above the predicted one; then it re-plans once,
+        lower by the excess, so that the pairing is at equal measured memory."""
+        budget = static + target.peak
+        c = self.contender(f"remat={target.method}", budget)
+        if c.peak > target.peak:
+            excess = c.peak - target.peak
+            self.plan(c, budget - excess)
+            if c.remat is not None:
+                c.remat.replanned = excess
+                c.note += f"; re-planned {excess / MiB:.2f} MiB lower"
+        c.pair = target.method
+        return c
+
+
+def _same_as(full: Contender, target: Contender) -> Contender:
+    """remat at ``target``'s measured peak when that is no less than remat@1.0's: the plan
+    that keeps everything fits, so the pairing is remat@1.0 itself (its steps, its times)."""
+    return dataclasses.replace(full, method=f"remat={target.method}", pair=target.method,
+                               alias=True, times=full.times, note=f"= {full.method}: {target.method} holds "
+                               f"no less than keeping everything")
+
+
+def _infeasible(error, static: int | None) -> str:
+    """The reason a budget has no plan, in the table's terms (bytes above the static ones)
+    when the static bytes are known."""
+    best, budget = getattr(error, "best_peak", None), getattr(error, "budget_bytes", None)
+    if best is None or budget is None:
+        return f"infeasible: {error}"
+    if static is None:
+        return (f"infeasible: remat's least peak is {best / MiB:.2f} MiB (static bytes "
+                f"included), above the budget's {budget / MiB:.2f} MiB")
+    return (f"infeasible: remat's least peak is {(best - static) / MiB:.2f} MiB, above the "
+            f"budget's {(budget - static) / MiB:.2f} MiB")
+
+
+class _Phases:
+    """Wall seconds per phase of a model's bench (summed over its visits)."""
+
+    def __init__(self, seconds: dict[str, float]):
+        self.seconds = seconds
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
         t0 = time.perf_counter()
         try:
-            plan = remat.plan(self.captured, budget, bandwidth=self.bandwidth,
-                              time_limit=self.time_limit)
-        except remat.BudgetError as error:
-            return Contender(method, lambda: None, note=f"infeasible: {error}")
-        plan_s = time.perf_counter() - t0
-        self.plan_s.append(plan_s)
-        step = rt.apply(self.captured, plan)
-        # Swapped-in values are made on the prefetch thread, out of the dispatch mode's
-        # sight: the interpreter reports what it holds too.
-        step.observer = _LIVE_OBSERVER
-        args = self.case.inputs
-
-        def planned():
-            _loss, grads = step(**args) if isinstance(args, dict) else step(*args)
-            return grads
-
-        bound = "-" if plan.lower_bound is None else f">= +{plan.lower_bound * 100:.0f}%"
-        note = (f"{plan.strategy}, predicted +{plan.overhead * 100:.0f}% (bound {bound})"
-                f"{', reordered' if plan.reorders else ''}; plan {plan_s * 1e3:.0f} ms; "
-                f"predicted peak {(plan.peak_bytes - self.static) / 2**20:.1f} MiB")
-        return Contender(method, planned, note=note, close=step.close)
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
-def _equal_memory(planner: _RematPlanner, target: Contender, case: Case, device) -> Contender:
-    """remat planned at ``target``'s measured peak. Memory the graph does not see (an op's
-    scratch) can take the measured peak above the plan's; then it re-plans once, lower by
-    the excess, so that the pairing is at equal measured memory."""
-    method = f"remat={target.method}"
-    budget = planner.measured_budget(target.peak)
-    c = planner.contender(method, budget)
-    if c.note.startswith("infeasible"):
-        return c
-    c.peak = _measure_peak(c, case, device)
-    if c.peak > target.peak:
-        c.close()
-        excess = c.peak - target.peak
-        c = planner.contender(method, budget - excess)
-        if c.note.startswith("infeasible"):
-            return c
-        c.peak = _measure_peak(c, case, device)
-        c.note += f"; re-planned {excess / 2**20:.1f} MiB lower"
-    c.pair = target.method
-    return c
+def _remat_contenders(case: Case, template, contenders: list[Contender], budgets: list[float],
+                      device, bandwidth, time_limit, info: dict) -> list[Contender]:
+    """remat@1.0, remat@f for each budget, then remat=X for each contender X that saves
+    memory, at X's measured peak."""
+    maker = _Remat(case, template, device, bandwidth, time_limit)
+    others = [c for c in contenders if c.method != "none" and c.peak > 0]
+    fractions = [1.0] + [f for f in budgets if f != 1.0]
+    planned = [maker.contender(f"remat@{f}", f) for f in fractions]
+    static = maker.static
+    info["static_bytes"] = static
+    if static is None:
+        return planned
+    full = planned[0]
+    for target in others:
+        if 0 < full.peak <= target.peak:
+            planned.append(_same_as(full, target))
+        else:
+            planned.append(maker.equal_memory(target, static))
+    return planned
 
 
 def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
                bandwidth: float | None = None,
                time_limit: float | None = None) -> tuple[list[Row], dict]:
+    # The collections between steps (reference cycles of checkpointing) would otherwise walk
+    # every object torch and transformers made at import, 0.5 s a time on a busy host: what
+    # is there now is left out of them until the case is done.
+    gc.collect()
+    gc.freeze()
+    try:
+        return _bench_case(case, budgets, runs, methods, bandwidth, time_limit)
+    finally:
+        gc.unfreeze()
+
+
+def _bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
+                bandwidth: float | None, time_limit: float | None) -> tuple[list[Row], dict]:
     model = case.model
     device = next(model.parameters()).device
-    info: dict = {}
-    # Host link the swaps are planned with: PCIe on CUDA. On CPU the "host" is the file
-    # store, whose copies take CPU time from the computation: on the 2-core host of the
-    # first runs, plans made at 2 GB/s (MuTWO swapping) ran 1.2-2.1x the no-checkpoint
-    # step, plans made at 0.1 GB/s (recomputing) 1.05-1.25x; hence 0.1 GB/s.
-    bandwidth = bandwidth or (32e9 if device.type == "cuda" else 0.1e9)
-
-    def eager():
-        _zero(model)
-        case.loss().backward()
-
+    info: dict = {"phases": {}}
+    phase = _Phases(info["phases"])
+    eager = _eager_step(case)
     eager()  # the first step pays for lazy initialisation: not anyone's time
+    _zero(model)
+    template = copy.deepcopy(model)  # remat's copies start from here, unwrapped, same weights
     contenders = [Contender("none", eager)]
     if "ckpt" in methods:
         contenders.append(Contender("ckpt-block", eager, case.enable_block_checkpoint,
                                     case.disable_block_checkpoint))
-    counter = [0]
-    if "compile" in methods:
-        torch._dynamo.reset()
-        contenders += _compile_contenders(case, budgets, counter)
-    compiled = counter[0]
-    for c in contenders:
-        if not c.note.startswith("failed"):
+    with phase("measure"):
+        # Before compiling: turning checkpointing on and off leaves attributes behind
+        # (transformers' flags) that would fail the compiled graphs' guards once.
+        for c in contenders:
             c.peak = _measure_peak(c, case, device)
+    counter = [0]
+    later = []
+    if "compile" in methods:
+        with phase("compile"):
+            torch._dynamo.reset()
+            later += _compile_contenders(case, budgets, counter)
+    compiled = counter[0]
+    if "offload" in methods:
+        later.append(_offload_contender(case, device))
+    with phase("measure"):
+        for c in later:
+            if not c.note.startswith("failed"):
+                c.peak = _measure_peak(c, case, device)
+    contenders += later
 
     if "remat" in methods:
-        planner = _RematPlanner(case, bandwidth, time_limit)
-        info.update(capture_s=planner.capture_s, nodes=planner.captured.num_nodes,
-                    trace_s=planner.captured.timings["trace_s"], plan_s=planner.plan_s)
-        checkpointing = [c for c in contenders if c.method != "none" and c.peak > 0]
-        for target in checkpointing:
-            contenders.append(_equal_memory(planner, target, case, device))
-        for f in budgets:
-            c = planner.contender(f"remat@{f}", planner.fraction_budget(f))
-            if not c.note.startswith("infeasible"):
-                c.peak = _measure_peak(c, case, device)
-            contenders.append(c)
+        with phase("remat"):
+            contenders += _remat_contenders(case, template, contenders, budgets, device,
+                                            bandwidth, time_limit, info)
 
-    timed = [c for c in contenders if c.peak > 0]
-    time_interleaved(timed, runs, device)
+    timed = [c for c in contenders if c.peak > 0 and not c.alias]
+    with phase("timing"):
+        time_interleaved(timed, runs, device)
     # Graphs compiled again after the first steps (each under its contender's budget).
     info["recompiles"] = counter[0] - compiled
-    for c in contenders:
-        c.close()
     torch._dynamo.reset()
     _zero(model)
     return _rows(case.name, contenders), info
@@ -529,14 +700,18 @@ def _rows(model: str, contenders: list[Contender]) -> list[Row]:
     rows = []
     for c in contenders:
         if not c.times:
-            rows.append(Row(model, c.method, 0, 0.0, c.note))
+            rows.append(Row(model, c.method, 0, 0.0, c.note, remat=c.remat))
             continue
-        row = Row(model, c.method, c.peak, statistics.median(c.times), c.note,
-                  ratio=_median_ratio(c.times, none.times)[0], pair=c.pair)
+        ratio, spread = _median_ratio(c.times, none.times)
+        row = Row(model, c.method, c.peak, statistics.median(c.times), c.note, ratio=ratio,
+                  ratio_spread=spread, pair=c.pair, remat=c.remat)
         if c.pair is not None:
             row.pair_ratio, row.pair_spread = _median_ratio(c.times, by_method[c.pair].times)
         rows.append(row)
     return rows
+
+
+# ---- reporting ----------------------------------------------------------------------------
 
 
 def format_table(rows: list[Row]) -> str:
@@ -552,9 +727,39 @@ def format_table(rows: list[Row]) -> str:
             continue
         mem_ratio = r.peak / b.peak if b and b.peak else float("nan")
         lines.append(
-            f"{r.model:<18} {r.method:<22} {r.peak / 2**20:>12.2f} {mem_ratio:>7.2f} "
+            f"{r.model:<18} {r.method:<22} {r.peak / MiB:>12.2f} {mem_ratio:>7.2f} "
             f"{r.step_s * 1e3:>9.1f} {r.ratio:>7.2f}  {r.note}"
         )
+    return "\n".join(lines)
+
+
+def format_remat_table(rows: list[Row]) -> str:
+    """Per remat contender: its budget, the strategy, the predicted activation peak against
+    the measured one, planning time and the profiled first step's time. Bytes are above the
+    step's static bytes, as the main table's are."""
+    base = {r.model: r for r in rows if r.method == "none"}
+    lines = [
+        f"{'remat':<22} {'budget MiB':>10} {'predicted':>9} {'measured':>9} "
+        f"{'recomp':>6} {'offl':>4} {'pred +%':>7} {'plan ms':>8} {'profile ms':>10} "
+        f"{'x none':>6}  strategy",
+    ]
+    for r in rows:
+        info = r.remat
+        if info is None:
+            if r.method.startswith("remat"):
+                lines.append(f"{r.method:<22} {r.note}")
+            continue
+        plan = info.plan
+        static = plan.static_bytes
+        b = base.get(r.model)
+        first = info.profile_s / b.step_s if b and b.step_s else float("nan")
+        measured = f"{r.peak / MiB:9.2f}" if r.peak else f"{'-':>9}"
+        lines.append(
+            f"{r.method:<22} {(plan.budget_bytes - static) / MiB:>10.2f} "
+            f"{(plan.predicted_peak - static) / MiB:>9.2f} {measured} "
+            f"{plan.count('recompute'):>6} {plan.count('offload'):>4} "
+            f"{plan.overhead * 100:>7.1f} {info.plan_s * 1e3:>8.0f} {info.profile_s * 1e3:>10.0f} "
+            f"{first:>6.1f}  {plan.strategy}")
     return "\n".join(lines)
 
 
@@ -576,7 +781,7 @@ def pairing_verdicts(rows: list[Row]) -> tuple[list[str], dict[str, bool]]:
         mem_ok = r.peak <= t.peak
         time_ok = r.pair_ratio <= 1 + r.pair_spread
         lines.append(
-            f"{r.model:<18} {target:<14} peak {t.peak / 2**20:8.2f} vs remat {r.peak / 2**20:8.2f} MiB "
+            f"{r.model:<18} {target:<14} peak {t.peak / MiB:8.2f} vs remat {r.peak / MiB:8.2f} MiB "
             f"({'<=' if mem_ok else '>'}), step {t.step_s * 1e3:8.1f} vs remat "
             f"{r.step_s * 1e3:8.1f} ms, remat/contender {r.pair_ratio:.2f} +- {r.pair_spread:.2f}"
             f"{'' if time_ok else '  SLOWER'}")
@@ -584,67 +789,144 @@ def pairing_verdicts(rows: list[Row]) -> tuple[list[str], dict[str, bool]]:
     return lines, met
 
 
+def full_budget_verdict(rows: list[Row]) -> list[str]:
+    """Per model, ``remat@1.0`` against ``none``: the median per-round ratio with its median
+    absolute deviation, within the goal when it is at most 1.02 + that noise."""
+    lines = []
+    for r in rows:
+        if r.method != "remat@1.0":
+            continue
+        if r.peak == 0:
+            lines.append(f"{r.model}: remat@1.0 did not run: {r.note}")
+            continue
+        goal = f"{FULL_BUDGET_GOAL - 1:.0%} of none"
+        if r.ratio <= FULL_BUDGET_GOAL:
+            verdict = f"within {goal}"
+        elif r.ratio <= FULL_BUDGET_GOAL + r.ratio_spread:
+            verdict = f"within {goal} only within the noise"
+        else:
+            verdict = f"NOT within {goal}"
+        how = ("unhooked, the plan keeps everything" if r.remat and r.remat.plan.keeps_everything
+               else "hooked")
+        lines.append(
+            f"{r.model}: full budget, remat@1.0 / none = {r.ratio:.3f} +- {r.ratio_spread:.3f} "
+            f"({how}): {verdict}")
+    return lines
+
+
 def _print_info(model: str, info: dict, total_s: float) -> None:
-    parts = [f"{model}: bench {total_s:.0f} s"]
-    if "capture_s" in info:
-        plans = ", ".join(f"{s * 1e3:.0f}" for s in info["plan_s"])
-        parts.append(f"capture {info['capture_s']:.1f} s (trace {info['trace_s']:.1f} s, "
-                     f"{info['nodes']} nodes), planning {plans} ms")
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in info.get("phases", {}).items())
+    parts = [f"{model}: bench {total_s:.0f} s ({phases})" if phases else
+             f"{model}: bench {total_s:.0f} s"]
+    if info.get("static_bytes") is not None:
+        parts.append(f"static bytes {info['static_bytes'] / MiB:.2f} MiB (parameters, buffers "
+                     "and inputs the step reads; remat=X budgets are these + X's measured peak)")
     if info.get("recompiles"):
         parts.append(f"{info['recompiles']} graphs recompiled after the first step (guards "
                      "failed; each under its own budget, in an untimed step)")
     print("; ".join(parts))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m remat.bench", description=__doc__.split("\n\n")[0])
+def _to_device(case: Case, device: torch.device) -> Case:
+    if device.type == "cpu":
+        return case
+    case.model.to(device)  # in place: the checkpointing toggles keep their modules
+    case.inputs = pytree.tree_map(
+        lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, case.inputs)
+    return case
+
+
+def _parse_args(argv: list[str] | None):
+    import remat
+
+    parser = argparse.ArgumentParser(prog="python -m remat.bench",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny configs, for a quick run")
-    parser.add_argument("--models", default="llama,gpt2,resnet50",
+    parser.add_argument("--models", default=",".join(MODELS),
                         help="comma-separated: " + ", ".join(MODELS))
-    parser.add_argument("--budgets", default="0.7,0.5,0.3",
-                        help="fractions of the no-checkpoint activation peak")
-    parser.add_argument("--methods", default="ckpt,compile,remat",
-                        help="comma-separated contenders besides `none`: ckpt, compile, remat")
+    parser.add_argument("--budgets", default=None,
+                        help="fractions of the no-checkpoint activation bytes, for compile@f "
+                             "and remat@f (default 0.7,0.5,0.3; 0.5 with --small); remat@1.0 "
+                             "always runs")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="comma-separated contenders besides `none`: " + ", ".join(METHODS))
     parser.add_argument("--bandwidth", default=None,
-                        help="host link for remat's swaps, e.g. 2GB/s (default: 32GB/s on "
-                             "CUDA, 0.1GB/s on CPU, where swaps go to files)")
+                        help="host link for remat's offload plans on CUDA, e.g. 25GB/s "
+                             "(default: measured); CPU plans recompute only")
     parser.add_argument("--runs", type=int, default=None,
                         help="timed rounds (one step of every contender each, after a "
                              "warm-up round); default 5, 2 with --small")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds remat's planner may search per plan (default: the "
-                             "planner's, 1 s up to 1,000 nodes, 1 ms per node above)")
+                             "planner's own; 0.25 with --small)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the models train: cpu (default) or cuda[:N]")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    names = [m for m in args.models.split(",") if m]
-    unknown = [m for m in names if m not in MODELS]
-    if unknown:
+    args.names = [m for m in args.models.split(",") if m]
+    unknown = [m for m in args.names if m not in MODELS]
+    if unknown or not args.names:
         parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
+    if args.budgets is None:
+        args.budgets = "0.5" if args.small else "0.7,0.5,0.3"
     try:
-        budgets = [float(b) for b in args.budgets.split(",") if b]
+        args.fractions = [float(b) for b in args.budgets.split(",") if b]
     except ValueError:
         parser.error(f"--budgets: `{args.budgets}` is not a list of fractions")
-    if any(not 0 < b <= 1 for b in budgets):
+    if any(not 0 < b <= 1 for b in args.fractions):
         parser.error("--budgets: each fraction must be in (0, 1]")
-    methods = {m for m in args.methods.split(",") if m}
-    if methods - {"ckpt", "compile", "remat"}:
-        parser.error(f"--methods: unknown {sorted(methods - {'ckpt', 'compile', 'remat'})}")
+    args.method_set = {m for m in args.methods.split(",") if m}
+    if args.method_set - set(METHODS):
+        parser.error(f"--methods: unknown {sorted(args.method_set - set(METHODS))}; known: "
+                     f"{', '.join(METHODS)}")
+    if args.bandwidth is not None:
+        try:
+            args.bandwidth = remat._native.parse_bandwidth(args.bandwidth, "--bandwidth")
+        except remat.RematError as error:
+            parser.error(str(error))
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device: {error}")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no CUDA device here")
+    if args.device.type not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device}: cpu or cuda")
     if args.runs is None:
         args.runs = 2 if args.small else 5
     if args.runs < 1:
         parser.error("--runs: at least 1 round")
+    if args.time_limit is None and args.small:
+        args.time_limit = 0.25
+    if args.time_limit is not None and not args.time_limit > 0:
+        parser.error("--time-limit: seconds must be positive")
+    if args.threads < 0:
+        parser.error("--threads: 0 (torch's default) or more")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    for name in names:
+    started = time.perf_counter()
+    for name in args.names:
         torch.manual_seed(args.seed)
-        case = MODELS[name](args.small)
+        case = _to_device(MODELS[name](args.small), args.device)
         print(f"# {case.name}: running ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        rows, info = bench_case(case, budgets, args.runs, methods, args.bandwidth,
-                                args.time_limit)
+        rows, info = bench_case(case, args.fractions, args.runs, args.method_set,
+                                args.bandwidth, args.time_limit)
         print(format_table(rows))
+        if any(r.method.startswith("remat") for r in rows):
+            print(f"remat's plans (MiB above the static bytes; predicted +%: the planner's "
+                  f"step-time overhead; profile: the first step, plain eager while profiled, "
+                  f"x none's step):")
+            print(format_remat_table(rows))
         _print_info(case.name, info, time.perf_counter() - t0)
+        for line in full_budget_verdict(rows):
+            print(line)
         lines, met = pairing_verdicts(rows)
         if lines:
             print(f"at equal measured memory (step times: medians of {args.runs} interleaved "
@@ -657,7 +939,8 @@ def main(argv: list[str] | None = None) -> int:
                            "does NOT meet the goal at every pairing (see above)")
                 print(f"{model}: remat {verdict}")
         print(flush=True)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{time.perf_counter() - started:.0f} s in all")
     return 0
 
 

@@ -1,15 +1,30 @@
-"""python -m remat.bench: a quick run of the table (tiny Llama, no torch.compile)."""
+"""python -m remat.bench: the table, its measurements and its verdicts, on tiny models and
+single rounds (remat's contenders through ``remat.torch.auto_checkpoint``)."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytest.importorskip("torchvision")
 
 import torch  # noqa: E402
 
 from remat import bench  # noqa: E402
+
+F = torch.nn.functional
+MiB = 2**20
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_live_bytes_counts_storages_not_views():
@@ -31,27 +46,114 @@ def test_live_bytes_counts_storages_not_views():
     assert live.live == 0
 
 
-def test_small_run_prints_a_table_with_every_contender(capsys):
-    torch.set_num_threads(1)
-    code = bench.main(["--small", "--models", "llama", "--budgets", "0.9,0.8",
-                       "--methods", "ckpt,remat", "--runs", "1"])
+class _Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self, d=32, blocks=6):
+        super().__init__()
+        self.embed = torch.nn.Linear(16, d)
+        self.blocks = torch.nn.ModuleList(_Block(d) for _ in range(blocks))
+        self.head = torch.nn.Linear(d, 10)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def _tiny_case() -> bench.Case:
+    """Residual MLP blocks, the loss outside the model (as the torchvision cases have it)."""
+    model = _Tiny().train()
+    x, y = torch.randn(256, 16), torch.randint(0, 10, (256,))
+    return bench.Case("tiny", model, (x, y), bench._classification_loss,
+                      *bench._block_checkpointing([model.blocks]))
+
+
+def test_case_measures_every_contender_and_leaves_the_model_alone():
+    torch.manual_seed(0)
+    case = _tiny_case()
+    rows, info = bench.bench_case(case, [0.5], 1, {"ckpt", "offload", "remat"})
+    by = {r.method: r for r in rows}
+    assert list(by) == ["none", "ckpt-block", "offload-all", "remat@1.0", "remat@0.5",
+                        "remat=ckpt-block", "remat=offload-all"], list(by)
+    none = by["none"]
+    assert none.peak > 0 and none.step_s > 0
+    # remat trained copies: the case's own model is not wrapped, nor left checkpointed.
+    assert not hasattr(case.model, "_remat_auto")
+    assert not any(isinstance(m, bench._Checkpointed) for m in case.model.blocks)
+    # On CPU, offload-all keeps every saved tensor where it is: the same bytes as none.
+    assert by["offload-all"].peak == none.peak and "saves nothing" in by["offload-all"].note
+    # At full budget the plan keeps everything and runs unhooked: none's bytes exactly.
+    full = by["remat@1.0"]
+    assert full.remat.plan.keeps_everything and full.peak == none.peak
+    half = by["remat@0.5"]
+    assert 0 < half.peak < none.peak and half.remat.plan.count("recompute") > 0
+    for r in (full, half):
+        # The predicted peak and the measured one count the same bytes (static ones apart).
+        predicted = r.remat.plan.predicted_peak - r.remat.plan.static_bytes
+        assert r.peak <= predicted, (r.method, r.peak, predicted)
+        assert r.remat.profile_s > 0 and r.remat.plan_s > 0
+    assert info["static_bytes"] == full.remat.plan.static_bytes > 0
+    # Planned at ckpt-block's measured peak: no more than it, or the reason it is not.
+    paired = by["remat=ckpt-block"]
+    assert paired.pair == "ckpt-block"
+    if paired.peak:
+        assert paired.peak <= by["ckpt-block"].peak
+        assert paired.remat.budget <= info["static_bytes"] + by["ckpt-block"].peak
+    else:
+        assert "least peak" in paired.note, paired.note
+    # offload-all holds what none does: its pairing is remat@1.0 itself, timed once.
+    alias = by["remat=offload-all"]
+    assert alias.note.startswith("= remat@1.0") and alias.step_s == full.step_s
+    assert alias.pair == "offload-all" and alias.pair_ratio > 0
+
+
+def test_small_run_prints_the_tables_and_verdicts(capsys):
+    code = bench.main(["--small", "--models", "bert", "--budgets", "0.8",
+                       "--methods", "ckpt,offload,remat", "--runs", "1", "--time-limit", "0.2"])
     assert code == 0
     out = capsys.readouterr().out
-    table = out.split("at equal measured memory")[0]
+    table = out.split("remat's plans")[0]
     rows = {line.split()[1]: line for line in table.splitlines()
-            if line.startswith("llama-") and len(line.split()) > 2}
-    assert {"none", "ckpt-block", "remat=ckpt-block", "remat@0.9", "remat@0.8"} <= rows.keys(), out
+            if line.startswith("bert-") and len(line.split()) > 2}
+    assert {"none", "ckpt-block", "offload-all", "remat@1.0", "remat@0.8", "remat=ckpt-block",
+            "remat=offload-all"} <= rows.keys(), out
     none_peak = float(rows["none"].split()[2])
-    for key in ("remat@0.9", "remat@0.8", "remat=ckpt-block"):
-        fields = rows[key].split()
-        assert fields[2] != "-", rows[key]
-        # remat's measured activation peak is below the no-checkpoint one.
-        assert float(fields[2]) < none_peak, out
-    # The equal-memory row holds no more than the contender it is paired with.
-    assert float(rows["remat=ckpt-block"].split()[2]) <= float(rows["ckpt-block"].split()[2]), out
-    assert "bound" in rows["remat=ckpt-block"], out
-    assert "capture" in out and "planning" in out
-    assert "at equal measured memory" in out and "llama-2x128: remat " in out, out
+    assert float(rows["remat@1.0"].split()[2]) == none_peak, out
+    assert float(rows["remat@0.8"].split()[2]) < none_peak, out
+    plans = out.split("remat's plans")[1].split("\n\n")[0]
+    assert "predicted" in plans and "measured" in plans and "profile ms" in plans, plans
+    assert any(line.startswith("remat@1.0") and line.endswith("keep")
+               for line in plans.splitlines()), plans
+    assert "full budget, remat@1.0 / none = " in out, out
+    assert "static bytes" in out and "at equal measured memory" in out, out
+    assert "bert-4x64-padded: remat " in out, out
+
+
+def test_every_model_builds_and_steps_with_and_without_block_checkpointing():
+    for name, make in bench.MODELS.items():
+        torch.manual_seed(0)
+        case = make(True)
+        torch.manual_seed(1)
+        plain = case.loss()
+        case.enable_block_checkpoint()
+        try:
+            torch.manual_seed(1)
+            checkpointed = case.loss()
+            checkpointed.backward()
+        finally:
+            case.disable_block_checkpoint()
+        assert torch.equal(plain, checkpointed), name
+        assert all(p.grad is not None for p in case.model.parameters() if p.requires_grad), name
 
 
 def test_rounds_interleave_contenders_and_drop_the_warm_up():
@@ -61,7 +163,12 @@ def test_rounds_interleave_contenders_and_drop_the_warm_up():
         return bench.Contender(name, lambda: order.append(name))
 
     cs = [contender("a"), contender("b"), contender("c")]
-    bench.time_interleaved(cs, 2, torch.device("cpu"))
+    gc.collect()
+    gc.freeze()  # each step's collection walks only what is new (as bench_case has it)
+    try:
+        bench.time_interleaved(cs, 2, torch.device("cpu"))
+    finally:
+        gc.unfreeze()
     assert all(len(c.times) == 2 for c in cs)
     # One step of each per round, the starting contender rotating.
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
@@ -71,6 +178,17 @@ def test_ratios_are_medians_of_per_round_ratios():
     # Round 2 ran slow for both (machine drift): the paired ratio does not see it.
     ratio, spread = bench._median_ratio([1.0, 4.0, 1.2, 0.8], [2.0, 8.0, 2.0, 2.0])
     assert ratio == 0.5 and spread == pytest.approx(0.05)
+
+
+def test_rows_take_ratios_per_round_and_aliases_share_times():
+    none = bench.Contender("none", lambda: None, peak=100, times=[1.0, 2.0, 1.0])
+    full = bench.Contender("remat@1.0", lambda: None, peak=100, times=[1.1, 2.0, 1.0])
+    offload = bench.Contender("offload-all", lambda: None, peak=100, times=[2.0, 2.0, 2.0])
+    alias = bench._same_as(full, offload)
+    assert alias.times is full.times and alias.alias
+    rows = {r.method: r for r in bench._rows("m", [none, full, offload, alias])}
+    assert rows["remat@1.0"].ratio == 1.0 and rows["remat@1.0"].ratio_spread == 0.0
+    assert rows["remat=offload-all"].pair_ratio == pytest.approx(0.55)
 
 
 def _row(method, peak, step_s, pair=None, pair_ratio=float("nan"), spread=0.0):
@@ -101,21 +219,41 @@ def test_verdict_needs_no_more_memory_and_no_slower_step():
     assert met == {"m": False} and "infeasible" in lines[0]
 
 
-def test_bad_arguments_are_named():
-    with pytest.raises(SystemExit):
-        bench.main(["--models", "vgg"])
-    with pytest.raises(SystemExit):
-        bench.main(["--budgets", "1.5"])
-    with pytest.raises(SystemExit):
-        bench.main(["--runs", "0"])
+def test_full_budget_verdict_is_two_percent_of_none_within_the_noise():
+    def full(ratio, spread):
+        return bench.Row("m", "remat@1.0", 100, 1.0, ratio=ratio, ratio_spread=spread)
+
+    assert "within 2%" in bench.full_budget_verdict([full(1.01, 0.0)])[0]
+    assert "NOT within" in bench.full_budget_verdict([full(1.05, 0.01)])[0]
+    noisy = bench.full_budget_verdict([full(1.05, 0.04)])[0]
+    assert "NOT within" not in noisy and "only within the noise" in noisy
+    line = bench.full_budget_verdict([bench.Row("m", "remat@1.0", 0, 0.0, "failed: x")])[0]
+    assert "did not run" in line and "failed: x" in line
 
 
-@pytest.mark.slow
-def test_compile_contender_runs():
-    torch.set_num_threads(1)
-    case = bench.llama(True)
-    rows, _ = bench.bench_case(case, [0.5, 0.1], 1, {"compile"})
+@pytest.mark.parametrize("argv, named", [
+    (["--models", "vgg"], "--models"),
+    (["--budgets", "1.5"], "--budgets"),
+    (["--budgets", "half"], "--budgets"),
+    (["--methods", "ckpt,sac"], "--methods"),
+    (["--bandwidth", "fast"], "--bandwidth"),
+    (["--runs", "0"], "--runs"),
+    (["--device", "nowhere"], "--device"),
+    (["--time-limit", "0"], "--time-limit"),
+])
+def test_bad_arguments_are_named(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(argv)
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_compile_contenders_keep_their_own_budgets():
+    torch.manual_seed(0)
+    case = _tiny_case()
+    rows, info = bench.bench_case(case, [0.5, 0.1], 1, {"compile"})
     compiled = {r.method: r for r in rows if r.method.startswith("compile@")}
     assert compiled["compile@0.5"].peak > 0, rows
     # Each compiled step keeps its own budget, though both are timed in the same rounds.
     assert compiled["compile@0.1"].peak < compiled["compile@0.5"].peak, rows
+    assert info["recompiles"] == 0, info

@@ -196,7 +196,9 @@ def test_a_rank_the_world_size_cannot_take_names_the_tensor(tmp_path):
         ({"preset": "fancy"}, "preset: unknown preset `fancy`"),
         ({"place": [("w", "sideways")]}, 'place: ("w", "sideways") is not (PATTERN, RULE)'),
         ({"place": ["w=shard(0)"]}, "place: 'w=shard(0)' is not a (PATTERN, RULE) pair"),
-        ({"max_buffer": "lots"}, "max_buffer `lots` is not a size like 256MiB"),
+        ({"max_buffer": "lots"}, "max_buffer lots: not a size"),
+        ({"max_buffer": -1}, "max_buffer -1: the value is negative"),
+        ({"max_buffer": 1 << 64}, "max_buffer 18446744073709551616: out of range"),
         ({"dry_run": True, "finalize": True}, "dry_run and finalize"),
     ],
 )

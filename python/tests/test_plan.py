@@ -80,6 +80,15 @@ def test_budget_forms_agree(graph_path):
     assert remat.plan(g, 0.7).budget_bytes == remat.plan(g, "0.7").budget_bytes == peak * 7 // 10
 
 
+@pytest.mark.parametrize(
+    "text, bytes_",
+    [("1GB", 10**9), ("1gb", 10**9), ("1GiB", 1 << 30), ("1.5gib", 3 << 29), ("7G", 7 * 10**9)],
+)
+def test_budget_units_mean_what_they_mean_everywhere(graph_path, text, bytes_):
+    # One meaning for every front end: GB is 10^9 bytes, GiB 2^30, units in any case.
+    assert remat.plan(graph_path, text).budget_bytes == bytes_
+
+
 def test_a_smaller_budget_never_gives_a_larger_peak(graph_path):
     g = remat.load_graph(graph_path)
     peaks = [remat.plan(g, f).peak_bytes for f in (1.0, 0.8, 0.6, 0.45)]

@@ -94,6 +94,16 @@ def test_a_dry_run_writes_nothing_and_predicts_the_write(source, tmp_path):
     assert sum(r["bytes_written"] for r in dry["ranks"]) == on_disk
 
 
+@pytest.mark.parametrize(
+    "text, bytes_",
+    [("1GB", 10**9), ("1gb", 10**9), ("1GiB", 1 << 30), ("1.5GB", 1_500_000_000), ("64k", 64_000)],
+)
+def test_max_buffer_units_mean_what_they_mean_everywhere(source, tmp_path, text, bytes_):
+    # One meaning for every front end: GB is 10^9 bytes (`remat reshard --max-buffer` too).
+    dry = remat.reshard(source, tmp_path / "dst", 3, dry_run=True, max_buffer=text)
+    assert dry["max_buffer"] == bytes_
+
+
 def test_placement_rules_and_presets_change_the_layout(source, tmp_path):
     default = remat.reshard(source, tmp_path / "a", 2, dry_run=True)["ranks"]
     replicated = remat.reshard(

@@ -16,7 +16,8 @@ use remat_engine::profile::median;
 use remat_engine::{
     Category, ExecContext, Graph, GraphObserver, MemoryPool, NodeEvent, Policy, Tensor,
 };
-use remat_report::{Layout, format_bytes, render};
+use remat_report::{Layout, render};
+use remat_units::human_bytes;
 
 use crate::error::{Result, failed};
 use crate::ratio::paired_median;
@@ -390,11 +391,11 @@ pub fn run(args: Args) -> Result<()> {
                 r.variant.label.clone(),
                 format!("{:.3}", r.seconds),
                 format!("{:.2}", r.ratio),
-                r.peak_activations.map_or("-".into(), format_bytes),
+                r.peak_activations.map_or("-".into(), human_bytes),
                 activations.map_or("-".into(), |(a, b)| {
                     format!("{:.3}", a as f64 / b.max(1) as f64)
                 }),
-                r.peak_total.map_or("-".into(), format_bytes),
+                r.peak_total.map_or("-".into(), human_bytes),
                 format!("{:.1}", flops / r.seconds / 1e9),
             ]
         })

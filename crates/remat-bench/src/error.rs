@@ -39,7 +39,7 @@ pub enum BenchError {
     #[error(transparent)]
     Multi(#[from] remat_planner::multi::MultiError),
     #[error(transparent)]
-    Flag(#[from] remat_planner::budget::ValueError),
+    Units(#[from] remat_units::UnitError),
     #[error(transparent)]
     Reshard(#[from] remat_reshard::ReshardError),
     #[error(transparent)]

@@ -15,8 +15,8 @@ use remat_engine::pipeline::driver::{Pipeline, StageResources, StepReport};
 use remat_engine::pipeline::staged_gpt::{StagedGpt, split_batch};
 use remat_engine::pipeline::{PipelineConfig, Schedule, Strategy};
 use remat_engine::{Category, MemoryPool};
-use remat_report::format_bytes;
 use remat_report::{Layout, render};
+use remat_units::{exact_bytes, human_bytes};
 
 use crate::error::{Result, bail, ensure, failed};
 
@@ -354,13 +354,10 @@ fn row(x: &Measured, base: &Measured, stages: usize, m: usize, budget: Option<u6
     };
     let strategy = match x.strategy {
         Strategy::MemoryBased { threshold_bytes } => {
-            format!(
-                "memory:{}",
-                format_bytes(threshold_bytes as u64).replace(' ', "")
-            )
+            format!("memory:{}", exact_bytes(threshold_bytes as u64))
         }
         Strategy::Auto => match x.budget {
-            Some(b) => format!("auto (budget {})", format_bytes(b).replace(' ', "")),
+            Some(b) => format!("auto (budget {})", exact_bytes(b)),
             None => "auto".into(),
         },
         s => s.to_string(),
@@ -376,7 +373,7 @@ fn row(x: &Measured, base: &Measured, stages: usize, m: usize, budget: Option<u6
         strategy,
         format!("{:.3} s", x.seconds),
         ratio(x.seconds, base.seconds),
-        format_bytes(x.max_peak()),
+        human_bytes(x.max_peak()),
         ratio(x.max_peak() as f64, base.max_peak() as f64),
         x.peaks
             .iter()
@@ -392,7 +389,7 @@ fn row(x: &Measured, base: &Measured, stages: usize, m: usize, budget: Option<u6
         format!("{:.3}", x.bubble),
         ratio(x.bubble, ideal),
         x.recomputes.to_string(),
-        format_bytes(x.max_total_peak),
+        human_bytes(x.max_total_peak),
         fits,
     ]
 }

@@ -23,11 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::strategy::{Planned, Problem, Strategy, registry};
 use remat_planner::{Graph, PlanError, synth};
 use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
 use crate::error::{BenchError, Context, Result, bail};
 
@@ -279,7 +279,7 @@ fn strategies(_args: &Args) -> Vec<Box<dyn Strategy>> {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let bandwidth = remat_planner::budget::parse_bandwidth(&args.bandwidth, "--bandwidth")?;
+    let bandwidth = remat_units::parse_bandwidth(&args.bandwidth, "--bandwidth")?;
     let options = ImportOptions {
         time_unit_s: args.time_unit,
     };

@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Buffer bound handed to the executor.
-    #[arg(long, default_value = "256MiB", value_parser = remat_reshard::run::parse_size)]
+    #[arg(long, default_value = "256MiB", value_parser = size_arg)]
     max_buffer: u64,
     /// Also verify every output against the source (streams everything once more).
     #[arg(long)]
@@ -43,6 +43,12 @@ pub struct Args {
     /// S3-compatible endpoint for --store (else AWS_ENDPOINT_URL and the usual AWS_*).
     #[arg(long)]
     endpoint: Option<String>,
+}
+
+/// `--max-buffer`: a size read by [`remat_units`] as `remat reshard --max-buffer` reads it
+/// (clap names the flag and the value, so the error gives only what is wrong).
+fn size_arg(text: &str) -> Result<u64, String> {
+    remat_units::parse_size(text, "").map_err(|e| e.problem.to_string())
 }
 
 /// One generated tensor: name, dtype, shape, placement on the 8 source ranks.

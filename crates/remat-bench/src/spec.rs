@@ -26,7 +26,8 @@ use remat_engine::spec::shipped::{MAMBA, QWEN3, QWEN3_MOE};
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
 use remat_engine::swap::HostStore;
-use remat_report::{Layout, human_bytes, print_table};
+use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
 use crate::error::Result;
 

@@ -19,7 +19,8 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{LayerChoice, Mode, ModelConfig, Plan, compile};
 use remat_engine::swap::HostStore;
-use remat_report::{Layout, human_bytes, print_table};
+use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
 use crate::error::{Context, Result};
 

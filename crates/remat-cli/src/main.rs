@@ -2,14 +2,14 @@
 //!
 //! Each subcommand lives in its own module under `cmd/` with its own `Args`, so that the
 //! commands grow independently; a command never imports another. What two commands share
-//! sits beside `cmd/`: `budget` (sizes, budgets and bandwidths on the command line),
-//! `fsutil` (output files), `specs` (spec files and mixes); the flow itself is in the
-//! libraries (`remat_engine::session`), tables and byte sizes in `remat_report`.
+//! sits beside `cmd/`: `units` (the size, budget and bandwidth flags), `fsutil` (output
+//! files), `specs` (spec files and mixes); the flow itself is in the libraries
+//! (`remat_engine::session`), tables in `remat_report`, sizes in `remat_units`.
 
-mod budget;
 mod cmd;
 mod fsutil;
 mod specs;
+mod units;
 
 use clap::{Parser, Subcommand};
 

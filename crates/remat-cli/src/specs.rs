@@ -8,7 +8,8 @@ use std::path::Path;
 use remat_engine::spec::mix::{self, Mix, MixModel, Profile, Tuned};
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{BlockSpec, ModelConfig};
-use remat_report::{Layout, human_bytes, print_table};
+use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
 /// Loads SPEC (a path or a shipped block name) and its config with overrides applied.
 pub fn load_spec_and_config(

@@ -108,8 +108,8 @@ fn unparsable_budgets_name_the_value() {
     let graph = write_graph(dir.path());
     let g = graph.to_str().expect("utf-8");
     for (budget, what) in [
-        ("abc", "`abc` is not a size"),
-        ("NaN", "`NaN` is not a size"),
+        ("abc", "--budget abc: not a size"),
+        ("NaN", "--budget NaN: not a size"),
         ("0.5,", "empty value"),
         ("1e-5", "0 bytes"),
         ("0.00000000001", "less than one byte"),

@@ -461,3 +461,44 @@ fn inspect_prints_the_mix_for_a_budget() {
     // Two layer rows, each naming the block.
     assert_eq!(out.matches("  mamba  ").count(), 2, "{out}");
 }
+
+/// A fraction `--memory-budget` is of the predicted peak with no budget (the fastest allowed
+/// mix, parameters and optimizer state included): 1.0 is that peak, which then fits.
+#[test]
+fn inspect_takes_a_fraction_of_the_peak_with_no_budget() {
+    let base = [
+        "spec",
+        "inspect",
+        "mamba",
+        "--set",
+        "num_hidden_layers=2",
+        "--set",
+        "seq_len=16",
+        "--memory-budget",
+    ];
+    let (ok, out, err) = remat(&[&base[..], &["1.0"]].concat());
+    assert!(ok, "{err}");
+    let prefix = "--memory-budget 1.0: 1.0 of the predicted peak with no budget (";
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no fraction line in {out}"));
+    // `REFERENCE) is BYTES (N bytes)`: all of the reference.
+    let (reference, rest) = line.split_once(") is ").expect("the reference");
+    let (bytes, n) = rest.split_once(" (").expect("the bytes");
+    assert_eq!(reference, bytes, "{line}");
+    let n: u64 = n
+        .strip_suffix(" bytes)")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert_eq!(remat_units::human_bytes(n), bytes, "{line}");
+    assert!(out.contains("mix for --memory-budget"), "{out}");
+    let (ok, _, err) = remat(&[&base[..], &["0.0000000001"]].concat());
+    assert!(
+        !ok && err.contains("of the predicted peak with no budget")
+            && err.contains("less than one byte"),
+        "{err}"
+    );
+    let (ok, _, err) = remat(&[&base[..], &["1.5"]].concat());
+    assert!(!ok && err.contains("a fraction must be in (0, 1]"), "{err}");
+}

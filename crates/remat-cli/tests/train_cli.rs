@@ -172,7 +172,7 @@ fn compare_applies_the_memory_budget_and_recompute_all_peaks_lowest() {
     assert!(row("store-all").contains("over budget"), "{stdout}");
     assert!(row("recompute-all").trim_end().ends_with("yes"), "{stdout}");
     assert!(
-        stdout.contains("over --memory-budget 200.0 KiB: store-all"),
+        stdout.contains("over --memory-budget 200.00 KiB: store-all"),
         "{stdout}"
     );
     assert!(
@@ -244,7 +244,7 @@ fn too_small_a_budget_is_an_out_of_memory_error_with_a_hint() {
 
     let bad = remat(&["train", "--memory-budget", "lots"]);
     assert!(!bad.status.success());
-    assert!(text(&bad).1.contains("not a number"), "{}", text(&bad).1);
+    assert!(text(&bad).1.contains("not a size"), "{}", text(&bad).1);
 }
 
 #[test]

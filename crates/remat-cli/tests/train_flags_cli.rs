@@ -67,6 +67,12 @@ fn policy_and_budget_messages_say_what_is_wrong() {
         &["--memory-budget", "18446744073709551616"],
         &["--memory-budget", "out of range"],
     );
+    // A fraction needs a reference peak; `remat train` measures none before the budget
+    // holds.
+    fails_with(
+        &["--memory-budget", "0.5"],
+        &["--memory-budget", "a fraction needs a reference peak"],
+    );
 }
 
 #[test]

@@ -14,7 +14,8 @@
 //! - [`lower`]: the shared lowering from per-tensor decisions to a schedule.
 //! - [`strategy`]: the [`Strategy`] trait, the [`registry`] and the strategies (baselines,
 //!   MuTWO; [`exact`] adds the exact ones).
-//! - [`budget`]: budgets, bandwidths and sizes as people write them (`8GiB`, `0.7`, `32GB/s`).
+//! - [`budget`]: a budget for a graph, bytes or a fraction of its store-all peak (`8GiB`,
+//!   `0.7`), read by `remat_units`.
 //! - [`request`]: one planning request as the front ends make it: a named strategy or the
 //!   search over all, with the infeasible case explained in bytes.
 //! - [`output`]: output files written all or nothing (checked first, temporary, synced, renamed).

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::budget::human_bytes;
 use crate::error::PlanError;
 use crate::ir::Graph;
 use crate::plot::{Chart, PlotError, Series};
@@ -19,6 +18,7 @@ use crate::solve::{self, Anytime, default_time_limit};
 use crate::strategy::{
     BestPlan, Planned, Problem, SearchProgress, Strategy, lookup, plan_best_within,
 };
+use remat_units::human_bytes;
 
 /// Why a request gave no plan.
 #[derive(Debug, Error, Clone, PartialEq)]

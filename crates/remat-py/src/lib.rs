@@ -11,6 +11,7 @@ mod errors;
 mod graph;
 mod plan;
 mod reshard;
+mod sim;
 
 use pyo3::prelude::*;
 
@@ -26,5 +27,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(reshard::reshard, m)?)?;
     m.add_function(wrap_pyfunction!(reshard::verify, m)?)?;
     m.add_function(wrap_pyfunction!(reshard::parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::plot_timelines, m)?)?;
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use remat_planner::budget::{self, ValueError};
+use remat_planner::budget;
 use remat_planner::output::{OutputError, check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, RequestError};
 use remat_planner::solve::bound::Bound;
@@ -27,24 +27,20 @@ pub fn strategies() -> Vec<String> {
 #[pyfunction]
 #[pyo3(signature = (text, graph, flag = "budget"))]
 pub fn parse_budget(py: Python<'_>, text: &str, graph: &PyGraph, flag: &str) -> PyResult<u64> {
-    budget::parse_budget(text, &graph.graph, flag).map_err(|e| value_error(py, "BudgetError", e))
+    budget::parse_budget(text, &graph.graph, flag).map_err(|e| plain(py, "BudgetError", e))
 }
 
 /// Bytes per second of `32GB/s`, `16GiB/s`, `1e9`; errors name `flag`.
 #[pyfunction]
 #[pyo3(signature = (text, flag = "bandwidth"))]
 pub fn parse_bandwidth(py: Python<'_>, text: &str, flag: &str) -> PyResult<f64> {
-    budget::parse_bandwidth(text, flag).map_err(|e| value_error(py, "ArgumentError", e))
+    remat_units::parse_bandwidth(text, flag).map_err(|e| plain(py, "ArgumentError", e))
 }
 
 /// Bytes as `remat` prints them (`1.50 MiB`).
 #[pyfunction]
 pub fn human_bytes(bytes: u64) -> String {
-    budget::human_bytes(bytes)
-}
-
-fn value_error(py: Python<'_>, class: &str, error: ValueError) -> PyErr {
-    plain(py, class, error)
+    remat_units::human_bytes(bytes)
 }
 
 /// Plans `graph` under `budget_bytes` with the strategy named `strategy`, or with the

@@ -11,11 +11,12 @@ use remat_reshard::{Format, NameRule, Preset, RankStats, ReshardError, TargetSpe
 
 use crate::errors::{plain, raise};
 
-/// A buffer bound such as `256MiB`, `1GiB`, `4096` (K/M/G are binary), as
-/// `remat reshard --max-buffer` reads it.
+/// A size such as `256MiB`, `1GiB`, `1.5GB`, `4096` (see `remat_units`: GB = 10^9 bytes,
+/// GiB = 2^30), as `remat reshard --max-buffer` reads it; errors name `field`.
 #[pyfunction]
-pub fn parse_size(py: Python<'_>, text: &str) -> PyResult<u64> {
-    run::parse_size(text).map_err(|e| plain(py, "ArgumentError", format!("max_buffer {e}")))
+#[pyo3(signature = (text, field = "max_buffer"))]
+pub fn parse_size(py: Python<'_>, text: &str, field: &str) -> PyResult<u64> {
+    remat_units::parse_size(text, field).map_err(|e| plain(py, "ArgumentError", e))
 }
 
 /// Reshards `src` into `dst` on `world_size` ranks (see `remat.reshard`).

@@ -340,59 +340,11 @@ pub fn verify_with(
     Ok(verify(ca, cb, progress)?)
 }
 
-/// A buffer size that cannot be read.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum SizeError {
-    #[error("`{0}` is not a size like 256MiB")]
-    NotASize(String),
-    #[error("`{text}`: unknown unit `{unit}`")]
-    UnknownUnit { text: String, unit: String },
-    #[error("`{0}` overflows")]
-    Overflow(String),
-}
-
-/// Parses `123`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB, K/M/G as binary units): a
-/// buffer bound.
-pub fn parse_size(s: &str) -> Result<u64, SizeError> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| SizeError::NotASize(s.into()))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => {
-            return Err(SizeError::UnknownUnit {
-                text: s.into(),
-                unit: unit.into(),
-            });
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| SizeError::Overflow(s.into()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dtype::Dtype;
     use crate::safetensors::{TensorData, write_file};
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert!(parse_size("12XB").is_err());
-        assert!(parse_size("MiB").is_err());
-        assert_eq!(
-            parse_size("99999999999999G").unwrap_err().to_string(),
-            "`99999999999999G` overflows"
-        );
-    }
 
     /// A one-file Hugging Face checkpoint with a [6, 4] f32 tensor `w` and a scalar `s`.
     fn source(dir: &Path) -> PathBuf {

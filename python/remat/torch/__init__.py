@@ -1,43 +1,31 @@
-"""remat for PyTorch: capture a training step, plan it with remat, run the plan.
+"""remat for PyTorch: plans run inside eager autograd, on the model as it is.
 
 ```python
-import remat, remat.torch
-captured = remat.torch.capture(model, (x, y), loss_fn=lambda m, x, y: F.cross_entropy(m(x), y))
-plan = remat.plan(captured, 0.5)          # half of the store-all peak
-step = remat.torch.apply(captured, plan)
-loss, grads = step(x, y)                  # same bits as without the plan
-step.set_grads(grads); optimizer.step()
+import remat.torch
+model = remat.torch.auto_checkpoint(model, memory_budget="8GiB")   # or 0.5 of activations
+for batch in loader:                       # the training loop does not change
+    loss = model(**batch).loss
+    loss.backward(); optimizer.step(); optimizer.zero_grad()
+print(remat.torch.controller(model).table())   # per module: kept / offloaded / recomputed
 ```
+
+``capture(model, inputs, loss_fn)`` traces a step as remat's graph for ``remat plan``
+(``captured.save("step.json")``); ``StorageTracker`` measures a step's peak on CPU.
 """
 
+from .auto import AutoCheckpoint, auto_checkpoint, controller
 from .capture import Captured, capture
-from .errors import CaptureError, ScheduleError
-from .executor import (
-    Step,
-    StepStats,
-    apply,
-    keep_everything_steps,
-    plan_steps,
-    set_grads,
-    simulated_peak,
-)
-from .sac import SelectivePolicy, selective_checkpoint_policy
-from .store import FileStore, PinnedStore
+from .errors import CaptureError, StepDivergedError
+from .memory import StorageTracker, peak_from_profiler
 
 __all__ = [
+    "AutoCheckpoint",
     "Captured",
     "CaptureError",
-    "FileStore",
-    "PinnedStore",
-    "ScheduleError",
-    "SelectivePolicy",
-    "Step",
-    "StepStats",
-    "apply",
+    "StepDivergedError",
+    "StorageTracker",
+    "auto_checkpoint",
     "capture",
-    "keep_everything_steps",
-    "plan_steps",
-    "selective_checkpoint_policy",
-    "set_grads",
-    "simulated_peak",
+    "controller",
+    "peak_from_profiler",
 ]

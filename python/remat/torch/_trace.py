@@ -6,8 +6,8 @@ in-place ops (``ReLU(inplace=True)``, ``x += y``) become out-of-place ones: a re
 then reruns a pure function of its inputs. Fake tensors also make data-dependent control
 flow (``if x.sum() > 0``) fail at trace time instead of being baked in for one input.
 
-Module hooks record which graph nodes each submodule's forward produced (for the
-selective-checkpoint export) and which module was running when tracing failed.
+Module hooks record which graph nodes each submodule's forward produced (reported per
+module) and which module was running when tracing failed.
 """
 
 from __future__ import annotations

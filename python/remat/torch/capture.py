@@ -34,7 +34,7 @@ class Captured:
 
     ``nodes`` are remat's IR nodes (fx ``call_function`` nodes in order, then ``end:step``);
     ``to_json()`` / ``save(path)`` write remat's graph JSON, which ``remat.plan`` and
-    ``remat plan`` read. ``apply(captured, plan)`` runs a plan of it.
+    ``remat plan`` read. Plans run in PyTorch through ``auto_checkpoint``.
     """
 
     def __init__(self, model, traced: Traced, nodes: list[IRNode], static_bytes: int,

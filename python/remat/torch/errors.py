@@ -17,6 +17,11 @@ class CaptureError(_Base):
         self.node = node
 
 
-class ScheduleError(_Base):
-    """A plan that does not fit the captured graph, or a schedule step that cannot run
-    (an input not on the device): names the step and node."""
+class StepDivergedError(_Base):
+    """A training step that ran other ops than the profiled one, where a saved tensor would
+    have to be rebuilt from them: names the module and op where it diverged."""
+
+    def __init__(self, message: str, *, op: str | None = None, module: str | None = None):
+        super().__init__(message)
+        self.op = op
+        self.module = module

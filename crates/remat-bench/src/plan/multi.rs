@@ -12,10 +12,10 @@
 
 use std::time::{Duration, Instant};
 
-use remat_planner::budget::human_bytes;
 use remat_planner::multi::{MultiPlanned, MultiRequest, Multiplexed, Order, plan, plan_each_alone};
 use remat_planner::synth::{TransformerParams, transformer};
 use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
 use crate::error::Result;
 

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, Outcome, ratio};
@@ -25,8 +24,9 @@ use remat_planner::strategy::{
 };
 use remat_planner::{Graph, PlanError};
 use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
-use crate::budget::{parse_bandwidth, parse_budget};
+use crate::units::{parse_bandwidth, parse_budget};
 
 #[derive(clap::Args)]
 pub struct Args {

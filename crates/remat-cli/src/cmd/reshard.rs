@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use remat_reshard::location::StoreOptions;
 use remat_reshard::run::{self, Action, DryRun, Event, Outcome, Request};
 use remat_reshard::{Format, NameRule, Preset, TargetSpec};
+use remat_units::human_bytes;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -43,8 +44,9 @@ pub struct Args {
     /// source; PATTERN a glob over tensor names (`layers.*.mlp.*`).
     #[arg(long = "place", value_name = "PATTERN=RULE", value_parser = parse_rule)]
     place: Vec<NameRule>,
-    /// Bound on buffered memory (e.g. 256MiB, 1GiB).
-    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    /// Bound on buffered memory, e.g. 256MiB, 1GiB, 1.5GB (GB = 10^9 bytes, GiB = 2^30,
+    /// units in any case).
+    #[arg(long, default_value = "256MiB", value_parser = crate::units::size_arg)]
     max_buffer: u64,
     /// Print per-rank bytes, files, read amplification and peak buffer; write nothing.
     #[arg(long)]
@@ -92,11 +94,6 @@ fn parse_rule(s: &str) -> Result<NameRule, String> {
             "`{s}` is not PATTERN=RULE with RULE one of shard(D), replicate, whole, rank:R, source"
         )
     })
-}
-
-/// Parses `123`, `64KiB`, `256MiB`, `1GiB` (also KB/MB/GB, K/M/G as binary units).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    run::parse_size(s).map_err(|e| e.to_string())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -173,12 +170,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bar.finish_and_clear();
             }
             println!(
-                "wrote {} files, {:.3} GB in {:.2} s: {:.2} GB/s (buffers peaked at {:.1} MiB)",
+                "wrote {} files, {:.3} GB in {:.2} s: {:.2} GB/s (buffers peaked at {})",
                 report.files_written,
                 report.bytes_written as f64 / 1e9,
                 report.seconds,
                 report.gb_per_s(),
-                report.buffer_bytes as f64 / (1u64 << 20) as f64
+                human_bytes(report.buffer_bytes)
             );
             if report.files_resumed > 0 {
                 println!(
@@ -190,8 +187,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 println!(
                     "read the source with {} ranged requests: {} requested for {} needed (read amplification {:.3})",
                     f.requests,
-                    human(f.bytes_requested),
-                    human(f.bytes_needed),
+                    human_bytes(f.bytes_requested),
+                    human_bytes(f.bytes_needed),
                     f.read_amplification()
                 );
             }
@@ -215,22 +212,6 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
-/// Bytes in the largest binary unit that keeps a number of at least one.
-fn human(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[unit])
-    }
-}
-
 fn print_dry_run(dry: &DryRun) {
     println!("| rank | files | write | read | read amplification | source files | runs |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
@@ -239,8 +220,8 @@ fn print_dry_run(dry: &DryRun) {
             "| {} | {} | {} | {} | {:.3} | {} | {} |",
             s.rank,
             s.files,
-            human(s.bytes_written),
-            human(s.bytes_read),
+            human_bytes(s.bytes_written),
+            human_bytes(s.bytes_read),
             s.read_amplification(),
             s.source_files,
             s.runs
@@ -248,8 +229,8 @@ fn print_dry_run(dry: &DryRun) {
     }
     println!(
         "peak buffer memory: {} (bound {}, {} worker threads)",
-        human(dry.peak_buffer),
-        human(dry.max_buffer),
+        human_bytes(dry.peak_buffer),
+        human_bytes(dry.max_buffer),
         dry.threads
     );
 }
@@ -294,27 +275,5 @@ fn run_verify(
             );
             Ok(())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{human, parse_size};
-
-    /// The units themselves are tested with `remat_reshard::run::parse_size`; here, that the
-    /// flag's parser hands over its value and its error message unchanged.
-    #[test]
-    fn the_size_flag_passes_the_library_answer_through() {
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert_eq!(
-            parse_size("99999999999999G"),
-            Err("`99999999999999G` overflows".to_string())
-        );
-    }
-
-    #[test]
-    fn human_sizes_read_well() {
-        assert_eq!(human(1000), "1000 B");
-        assert_eq!(human(3 << 19), "1.50 MiB");
     }
 }

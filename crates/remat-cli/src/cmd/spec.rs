@@ -4,10 +4,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use remat_engine::session::spec_mix::{StepFn, TUNE_ROUNDS, choose, mix_model, profile};
+use remat_engine::spec::mix::solve;
 use remat_engine::spec::{Disposition, LayerPlan, Mode, Operand, Plan, Prefetch, compile};
-use remat_report::{Layout, human_bytes, print_table};
+use remat_report::{Layout, print_table};
+use remat_units::{Amount, Budget, human_bytes};
 
 use crate::specs::{load_spec_and_config, print_mix, print_tuned};
+
+/// What a fraction `--memory-budget` is taken of: the peak of the fastest allowed mix.
+const REFERENCE: &str = "the predicted peak with no budget";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -60,13 +65,10 @@ pub struct InspectArgs {
     /// Profile the model (random weights, the config's batch and sequence length) and
     /// print the mix of keep, recompute and offload per layer that fits this many pool
     /// bytes (parameters and optimizer state included, as `remat train --memory-budget`)
-    /// at the least predicted step time, e.g. 40MiB.
-    #[arg(long, value_parser = parse_budget)]
-    memory_budget: Option<u64>,
-}
-
-fn parse_budget(s: &str) -> Result<u64, String> {
-    crate::budget::parse_bytes(s).map_err(|e| format!("{e:#}"))
+    /// at the least predicted step time: bytes (40MiB, 1.5GB) or a fraction in (0, 1] of
+    /// the predicted peak with no budget (0.5).
+    #[arg(long, value_parser = crate::units::budget_arg)]
+    memory_budget: Option<Budget>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -152,15 +154,16 @@ fn inspect(args: InspectArgs) -> anyhow::Result<()> {
         shown = next;
     }
     print_bytes(&plan);
-    if let Some(budget) = args.memory_budget {
+    if let Some(budget) = &args.memory_budget {
         inspect_mix(&plan, budget)?;
     }
     Ok(())
 }
 
 /// `--memory-budget`: builds the spec's model with random weights, profiles it and prints
-/// the chosen mix per layer.
-fn inspect_mix(plan: &Plan, budget: u64) -> anyhow::Result<()> {
+/// the chosen mix per layer. A fraction is of the predicted peak with no budget (the
+/// fastest allowed mix, parameters and optimizer state included).
+fn inspect_mix(plan: &Plan, budget: &Budget) -> anyhow::Result<()> {
     use remat_engine::models::mamba::Mamba;
     use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
     use remat_engine::spec::run::lora::LoraConfig;
@@ -225,6 +228,21 @@ profiling the model (random weights) for --memory-budget ..."
     );
     let profile = profile(&model, 3, step.as_ref())?;
     let base = 4 * params as u64 + 8 * trainable as u64;
+    let budget = match budget.amount() {
+        Amount::Bytes(bytes) => bytes,
+        Amount::Fraction { .. } => {
+            let unbudgeted = base + solve(&model, &profile, u64::MAX)?.peak;
+            let bytes = budget.of(unbudgeted, REFERENCE)?;
+            println!(
+                "--memory-budget {0}: {0} of {REFERENCE} ({1}) is {2} ({3} bytes)",
+                budget.text(),
+                human_bytes(unbudgeted),
+                human_bytes(bytes),
+                bytes
+            );
+            bytes
+        }
+    };
     let tuned = choose(&model, &profile, budget, base, TUNE_ROUNDS, step.as_ref())?;
     print_tuned(&tuned, base);
     println!("mix for --memory-budget {}:", human_bytes(budget));

@@ -82,13 +82,20 @@ pub enum StrategyParseError {
         value: String,
         what: &'static str,
     },
+    /// `memory:BYTES` whose bytes [`remat_units::parse_size`] cannot read.
+    #[error("stage policy `{policy}`: {problem}")]
+    Threshold {
+        policy: String,
+        problem: remat_units::Problem,
+    },
 }
 
 impl FromStr for Strategy {
     type Err = StrategyParseError;
 
-    /// `store-all`, `recompute-all`, `selective:N`, `memory:BYTES` (BYTES may carry a KiB, MiB,
-    /// GiB, KB, MB or GB suffix).
+    /// `store-all`, `recompute-all`, `selective:N`, `memory:BYTES` (BYTES a size as
+    /// [`remat_units`] reads it, e.g. `4096`, `64KiB`, `1.5GB`: the same as
+    /// `--memory-budget`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = |value: &str, what| StrategyParseError::BadValue {
             policy: s.to_string(),
@@ -106,39 +113,19 @@ impl FromStr for Strategy {
                 .filter(|&interval| interval > 0)
                 .map(|interval| Strategy::Selective { interval })
                 .ok_or_else(|| bad(n, "positive interval (keep every N-th, N >= 1)")),
-            Some(("memory", b)) => parse_bytes(b)
-                .map(|threshold_bytes| Strategy::MemoryBased { threshold_bytes })
-                .ok_or_else(|| bad(b, "byte count (e.g. 4096, 64KiB, 256MiB)")),
+            Some(("memory", b)) => {
+                let threshold = |problem| StrategyParseError::Threshold {
+                    policy: s.to_string(),
+                    problem,
+                };
+                let bytes = remat_units::parse_size(b, "").map_err(|e| threshold(e.problem))?;
+                let threshold_bytes = usize::try_from(bytes)
+                    .map_err(|_| threshold(remat_units::Problem::TooLarge))?;
+                Ok(Strategy::MemoryBased { threshold_bytes })
+            }
             _ => Err(StrategyParseError::Unknown(s.to_string())),
         }
     }
-}
-
-/// Parses `123`, `64KiB`, `256MiB`, `1GiB`, `1TiB`, `10KB`, `5MB`, `2GB`, `1TB` (also `B`;
-/// units in any case, as `remat train --memory-budget` reads them).
-pub fn parse_bytes(text: &str) -> Option<usize> {
-    const UNITS: [(&str, u64); 9] = [
-        ("kib", 1 << 10),
-        ("mib", 1 << 20),
-        ("gib", 1 << 30),
-        ("tib", 1 << 40),
-        ("kb", 1_000),
-        ("mb", 1_000_000),
-        ("gb", 1_000_000_000),
-        ("tb", 1_000_000_000_000),
-        ("b", 1),
-    ];
-    let lower = text.trim().to_ascii_lowercase();
-    let text = lower.as_str();
-    let (digits, scale) = UNITS
-        .iter()
-        .find_map(|&(unit, scale)| text.strip_suffix(unit).map(|d| (d, scale)))
-        .unwrap_or((text, 1));
-    digits
-        .trim()
-        .parse::<usize>()
-        .ok()?
-        .checked_mul(usize::try_from(scale).ok()?)
 }
 
 /// Manager errors; every one names the micro-batch.

@@ -294,7 +294,8 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "no plan fits a memory budget of 1048576 bytes (1.00 MiB): the smallest feasible \
-             budget is 3145728 bytes (3.00 MiB, reached by mutwo); static memory alone is 0.50 MiB"
+             budget is 3145728 bytes (3.00 MiB, reached by mutwo); static memory alone is \
+             512.00 KiB"
         );
     }
 }

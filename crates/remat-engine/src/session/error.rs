@@ -7,6 +7,7 @@ use crate::error::EngineError;
 use crate::plan_exec::PlanExecError;
 use crate::spec::mix::MixError;
 use crate::swap::SwapError;
+use remat_units::human_bytes;
 
 /// What can go wrong in a session.
 #[derive(Debug, thiserror::Error)]
@@ -35,10 +36,10 @@ pub enum SessionError {
     },
     /// No plan meets the memory budget: the smallest peak any plan reaches, and by which.
     #[error(
-        "no plan fits a memory budget of {budget} bytes ({} MiB): the smallest feasible budget is {best_peak} bytes ({} MiB, reached by {strategy}); static memory alone is {} MiB",
-        mib(*budget),
-        mib(*best_peak),
-        mib(*static_bytes)
+        "no plan fits a memory budget of {budget} bytes ({}): the smallest feasible budget is {best_peak} bytes ({}, reached by {strategy}); static memory alone is {}",
+        human_bytes(*budget),
+        human_bytes(*best_peak),
+        human_bytes(*static_bytes)
     )]
     NoPlanFits {
         budget: u64,
@@ -88,7 +89,8 @@ impl<T, E: Into<SessionError>> During<T> for std::result::Result<T, E> {
     }
 }
 
-/// Mebibytes with two decimals, as the auto plan's reports and errors give them.
+/// Bytes in MiB without the unit, for table columns headed in MiB (prose uses
+/// [`remat_units::human_bytes`]).
 pub fn mib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / (1024.0 * 1024.0))
 }

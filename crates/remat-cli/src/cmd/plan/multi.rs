@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use remat_planner::Graph;
-use remat_planner::budget::human_bytes;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::multi::{
     ModelStall, MultiPlanned, MultiRequest, Multiplexed, Order, SwapHiding, plan, plan_each_alone,
@@ -22,8 +21,9 @@ use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request;
 use remat_planner::strategy::Planned;
 use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
-use crate::budget::{parse_bandwidth, parse_budget};
+use crate::units::{parse_bandwidth, parse_budget};
 
 /// What `remat plan` was asked, for several graphs.
 pub struct MultiArgs<'a> {

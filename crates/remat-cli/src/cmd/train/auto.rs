@@ -16,7 +16,7 @@ use remat_engine::session::auto::{
 use remat_engine::session::task::Task;
 use remat_engine::{AdamW, AdamWConfig, ExecContext, MemoryPool, Policy};
 use remat_planner::multi::MultiPlanned;
-use remat_report::format_bytes;
+use remat_units::{human_bandwidth, human_bytes};
 
 use super::flags::{Args, first_unused_flag};
 
@@ -50,7 +50,7 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
         strategy
             .as_deref()
             .map_or(String::new(), |s| format!(":{s}")),
-        format_bytes(budget),
+        human_bytes(budget),
         args.threads(),
     );
     // Profiling runs the step keeping everything, which may not fit: the budget is enforced
@@ -161,15 +161,15 @@ pub fn summary(session: &AutoSession, reports: &[StepReport]) -> String {
     let g = &session.profile.graph;
     [
         format!(
-            "auto plan: strategy {} for a budget of {} MiB (static {} MiB, store-all peak {} MiB), bandwidth {:.1} GB/s, swaps cost {:.2} ms of compute per MiB",
+            "auto plan: strategy {} for a budget of {} (static {}, store-all peak {}), bandwidth {}, swaps cost {:.2} ms of compute per MiB",
             session.planned.plan.strategy,
-            mib(session.budget),
-            mib(g.static_bytes()),
-            mib(g.store_all_peak()),
-            session.bandwidth / 1e9,
+            human_bytes(session.budget),
+            human_bytes(g.static_bytes()),
+            human_bytes(g.store_all_peak()),
+            human_bandwidth(session.bandwidth),
             session.copy_cost * 1e3 * (1u64 << 20) as f64
         ),
-        format!("  forward outputs (activations) kept {} MiB, swapped {} MiB, recomputed {} MiB (each counted once)", mib(kept), mib(swapped), mib(recomputed)),
+        format!("  forward outputs (activations) kept {}, swapped {}, recomputed {} (each counted once)", human_bytes(kept), human_bytes(swapped), human_bytes(recomputed)),
         considered_line(session),
         format!("  {:<10} {:>12} {:>12}", "", "predicted", "measured"),
         format!("  {:<10} {:>12} {:>12}", "peak MiB", mib(r.peak_bytes), mib(peak)),

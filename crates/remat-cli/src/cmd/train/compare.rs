@@ -18,7 +18,8 @@ use remat_engine::session::task::Task;
 use remat_engine::{
     AdamW, AdamWConfig, Category, EngineError, ExecContext, MemoryPool, Policy, Tensor,
 };
-use remat_report::{Layout, format_bytes, render};
+use remat_report::{Layout, render};
+use remat_units::human_bytes;
 
 use super::flags::Args;
 
@@ -157,12 +158,12 @@ fn cells(ckpt: Checkpointing, outcome: &Outcome, base: &Row) -> Vec<String> {
     };
     vec![
         ckpt.to_string(),
-        format_bytes(r.peak_activations),
+        human_bytes(r.peak_activations),
         format!(
             "{:.2}",
             r.peak_activations as f64 / base.peak_activations.max(1) as f64
         ),
-        format_bytes(r.peak_total),
+        human_bytes(r.peak_total),
         format!("{:.2}", r.step_ms),
         format!("{:.2}", r.step_ms / base.step_ms.max(1e-9)),
         r.recomputed.to_string(),
@@ -191,7 +192,7 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         task.seq(),
         args.compare_steps,
         args.threads(),
-        budget.map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
+        budget.map_or(String::new(), |b| format!(" | budget {}", human_bytes(b))),
     );
     let bar = ProgressBar::new(policies.len() as u64);
     let mut outcomes = Vec::new();
@@ -236,7 +237,7 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         if !over.is_empty() {
             println!(
                 "over --memory-budget {}: {}",
-                format_bytes(b),
+                human_bytes(b),
                 over.join(", ")
             );
         }

@@ -52,10 +52,11 @@ pub struct Args {
     #[arg(long, default_value = "store-all", value_parser = parse_policy_choice)]
     pub policy: PolicyChoice,
     /// Byte budget of the memory pool (parameters, gradients, optimizer state,
-    /// activations, temporaries), e.g. 256MiB, 2GiB, 1048576.
+    /// activations, temporaries), e.g. 256MiB, 2GiB, 1.5GB, 1048576 (GB = 10^9 bytes, GiB =
+    /// 2^30, units in any case; no fraction: nothing is measured before the budget holds).
     // Hyphen values reach the parser, which says "negative" rather than clap's
     // "unexpected argument '-5'".
-    #[arg(long, value_parser = parse_budget, allow_hyphen_values = true)]
+    #[arg(long, value_parser = crate::units::train_budget_arg, allow_hyphen_values = true)]
     pub memory_budget: Option<u64>,
     /// Training steps.
     #[arg(long, default_value_t = 800)]
@@ -141,10 +142,6 @@ fn parse_lr(s: &str) -> Result<f64, String> {
 
 fn parse_lrs(s: &str) -> Result<PerModel<f64>, String> {
     per_model::parse_list(s, parse_lr)
-}
-
-fn parse_budget(s: &str) -> Result<u64, String> {
-    crate::budget::parse_bytes(s).map_err(|e| e.to_string())
 }
 
 impl Args {
@@ -313,16 +310,9 @@ fn parse_schedule(s: &str) -> Result<Schedule, String> {
         .map_err(|e: remat_engine::pipeline::schedule::ScheduleError| e.to_string())
 }
 
-/// `memory:BYTES` reads BYTES with --memory-budget's parser (TiB, any case, decimals), so
-/// the two flags accept the same sizes; the rest is the engine's parser.
+/// The engine's stage policy parser: `memory:BYTES` reads BYTES with `remat_units`, as
+/// `--memory-budget` does, so the two flags accept the same sizes.
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
-    if let Some(bytes) = s.strip_prefix("memory:") {
-        let bytes =
-            crate::budget::parse_bytes(bytes).map_err(|e| format!("stage policy `{s}`: {e}"))?;
-        let threshold_bytes = usize::try_from(bytes)
-            .map_err(|_| format!("stage policy `{s}`: {bytes} bytes is too large"))?;
-        return Ok(Strategy::MemoryBased { threshold_bytes });
-    }
     s.parse()
         .map_err(|e: remat_engine::pipeline::manager::StrategyParseError| e.to_string())
 }

@@ -6,7 +6,7 @@
 use remat_engine::models::gpt::Checkpointing;
 use remat_engine::session::task::Task;
 use remat_engine::{EngineError, MemoryPool};
-use remat_report::format_bytes;
+use remat_units::human_bytes;
 
 use super::flags::{Args, PolicyChoice};
 
@@ -72,24 +72,24 @@ pub fn for_budget(args: &Args, task: &Task, budget: u64) -> anyhow::Result<Strin
     let raise = match need {
         Some(need) => format!(
             "--policy {wanted} needs --memory-budget {} ({need} bytes)",
-            format_bytes(need)
+            human_bytes(need)
         ),
         None => format!(
             "--policy {wanted} needs more than {} (half the memory available here, the most \
              the hint measures with)",
-            format_bytes(cap)
+            human_bytes(cap)
         ),
     };
     Ok(match (best_fit, smallest) {
         (Some((ckpt, peak)), _) => format!(
             "--policy {ckpt} fits (peak {}); or {raise}",
-            format_bytes(*peak)
+            human_bytes(*peak)
         ),
         (None, Some((ckpt, peak))) => format!(
             "no built-in policy fits {}: the smallest peak is {} ({peak} bytes), under --policy {ckpt}; {raise}",
-            format_bytes(budget),
-            format_bytes(*peak)
+            human_bytes(budget),
+            human_bytes(*peak)
         ),
-        (None, None) => format!("no built-in policy fits {}; {raise}", format_bytes(budget)),
+        (None, None) => format!("no built-in policy fits {}; {raise}", human_bytes(budget)),
     })
 }

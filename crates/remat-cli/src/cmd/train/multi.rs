@@ -24,7 +24,8 @@ use remat_engine::session::auto::{AutoSession, AutoSettings, fixed_policies, fix
 use remat_engine::session::models::{Members, Models, limit_fuse_width, narrower_fusions};
 use remat_engine::session::task::Task;
 use remat_engine::{ExecContext, MemoryPool, Policy};
-use remat_report::{Layout, format_bytes, render};
+use remat_report::{Layout, render};
+use remat_units::human_bytes;
 
 use super::auto::summary;
 use super::flags::{Args, PolicyChoice, first_unused_flag};
@@ -70,9 +71,9 @@ pub fn check_budget(members: &Members, budget: Option<u64>) -> anyhow::Result<()
             "--memory-budget {} is below the floor of the {} models together: their \
              parameters and optimizer state alone take {} ({need} bytes), before any \
              activation or gradient",
-            format_bytes(b),
+            human_bytes(b),
             members.len(),
-            format_bytes(need)
+            human_bytes(need)
         ),
         _ => Ok(()),
     }
@@ -178,7 +179,7 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
         policy_name(&args.policy),
         args.threads(),
         args.memory_budget
-            .map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
+            .map_or(String::new(), |b| format!(" | budget {}", human_bytes(b))),
     );
     let fuse = !args.no_fuse;
     let mut set = members.set(args.batch, task.seq(), fuse);
@@ -233,7 +234,7 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
         "step time {:.2} ms for {models} models, {:.1} samples/s over all models, pool peak {}",
         step * 1e3,
         (models * args.batch) as f64 / step.max(1e-12),
-        format_bytes(run.peak)
+        human_bytes(run.peak)
     );
     Ok(())
 }

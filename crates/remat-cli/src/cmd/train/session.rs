@@ -7,7 +7,8 @@ use anyhow::Context;
 use remat_engine::models::gpt::hf;
 use remat_engine::session::task::Task;
 use remat_engine::{Category, EngineError, MemoryPool};
-use remat_report::{Layout, format_bytes, render};
+use remat_report::{Layout, render};
+use remat_units::human_bytes;
 
 use super::fixed::{Trained, train};
 use super::flags::Args;
@@ -38,7 +39,7 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         args.batch,
         task.seq(),
         args.threads(),
-        budget.map_or(String::new(), |b| format!(" | budget {}", format_bytes(b))),
+        budget.map_or(String::new(), |b| format!(" | budget {}", human_bytes(b))),
     );
     let pool = match budget {
         Some(b) => MemoryPool::with_budget(b),
@@ -93,10 +94,10 @@ fn print_summary(args: &Args, task: &Task, t: &Trained) {
     }
     let rows: Vec<Vec<String>> = Category::ALL
         .iter()
-        .map(|&c| vec![c.to_string(), format_bytes(t.pool.category(c).peak)])
+        .map(|&c| vec![c.to_string(), human_bytes(t.pool.category(c).peak)])
         .chain([vec![
             "total (peak of the sum)".into(),
-            format_bytes(t.pool.peak),
+            human_bytes(t.pool.peak),
         ]])
         .collect();
     print!("{}", render(Layout::Aligned, &["memory", "peak"], &rows));

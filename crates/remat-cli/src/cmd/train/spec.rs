@@ -28,7 +28,8 @@ use remat_engine::spec::run::ops::Act;
 use remat_engine::spec::shipped::{HYBRID_CONFIG_FILE, HYBRID_CONFIG_TEXT};
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Value, compile};
 use remat_engine::swap::HostStore;
-use remat_report::{Layout, human_bytes, print_table};
+use remat_report::{Layout, print_table};
+use remat_units::human_bytes;
 
 use super::flags::{Args, PolicyChoice, SpecArgs, parse_policy};
 use crate::specs::{load_spec_and_config, print_mix, print_tuned};

@@ -412,8 +412,24 @@ fn strategies_parse_and_print() {
         "keep".parse::<Strategy>(),
         Err(StrategyParseError::Unknown(_))
     ));
-    assert!("memory:-1".parse::<Strategy>().is_err());
-    assert_eq!(parse_bytes("18446744073709551615GiB"), None);
+    assert_eq!(
+        "memory:-1".parse::<Strategy>().unwrap_err().to_string(),
+        "stage policy `memory:-1`: the value is negative; give a number of bytes"
+    );
+    assert!(
+        "memory:18446744073709551615GiB"
+            .parse::<Strategy>()
+            .unwrap_err()
+            .to_string()
+            .contains("out of range")
+    );
+    // One meaning of units: GB is 10^9, decimals round to whole bytes, any case.
+    assert_eq!(
+        "memory:1.5gb".parse::<Strategy>().unwrap(),
+        Strategy::MemoryBased {
+            threshold_bytes: 1_500_000_000
+        }
+    );
 }
 
 #[test]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use remat_engine::pipeline::driver::StepReport;
 use remat_engine::{Category, PoolStats};
-use remat_report::format_bytes;
 use remat_report::{Layout, render};
+use remat_units::human_bytes;
 
 /// What one stage did in one step (on one replica).
 pub struct StageStep {
@@ -109,8 +109,8 @@ impl Totals {
                 vec![
                     s.to_string(),
                     format!("{}..{}", r.start, r.end),
-                    format_bytes(self.peak[s]),
-                    format_bytes(self.peak_activations[s]),
+                    human_bytes(self.peak[s]),
+                    human_bytes(self.peak_activations[s]),
                     format!("{:.3} s", self.busy[s].as_secs_f64()),
                     format!("{:.1}%", 100.0 * self.busy[s].as_secs_f64() / capacity),
                     self.recomputes[s].to_string(),

@@ -1,0 +1,129 @@
+//! The one error of this crate: which field, which text, and what is wrong with it.
+
+use std::fmt;
+
+use thiserror::Error;
+
+use crate::print::human_bytes;
+
+/// The units a size may carry, as error messages list them.
+pub const UNITS: &str = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB";
+
+/// What kind of value a field takes: it decides what an empty value is told to give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Size,
+    Budget,
+    Bandwidth,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Size => "bytes, e.g. 256MiB or 1e9",
+            Kind::Budget => "bytes (8GiB) or a fraction of the reference peak (0.7)",
+            Kind::Bandwidth => "bytes per second, e.g. 32GB/s",
+        })
+    }
+}
+
+/// What is wrong with a text, without naming where it came from (see [`UnitError`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum Problem {
+    #[error("an empty value; give {0}")]
+    Empty(Kind),
+    #[error(
+        "not a number (expected digits with an optional decimal point and exponent, e.g. 0.7, 1234, 1e9)"
+    )]
+    NotANumber,
+    #[error("not a size: give a number with an optional unit ({UNITS}), e.g. 8GiB or 1e9")]
+    NotASize,
+    #[error("the value is negative; give a number of bytes")]
+    Negative,
+    #[error("too many digits")]
+    TooManyDigits,
+    #[error("unknown unit `{0}` (use {UNITS}, in any case)")]
+    UnknownUnit(String),
+    #[error("out of range: more than 2^64 - 1 bytes")]
+    TooLarge,
+    #[error("comes to 0 bytes; a budget must be at least 1 byte")]
+    ZeroBudget,
+    #[error("a fraction must be in (0, 1]; give bytes with a unit (8GiB) or an integer")]
+    FractionRange,
+    #[error("a fraction has at most 19 digits after the point")]
+    FractionDigits,
+    #[error(
+        "{fraction} of {reference} ({}) is less than one byte",
+        human_bytes(*reference_bytes)
+    )]
+    BelowOneByte {
+        fraction: String,
+        reference: String,
+        reference_bytes: u64,
+    },
+    #[error("a fraction needs a reference peak, and {0}; give bytes with a unit, e.g. 256MiB")]
+    NoReference(String),
+    #[error(
+        "comes to 0 bytes per second; the bandwidth is in bytes per second (32GB/s, 16GiB/s, 1e9) and must be at least 1 B/s"
+    )]
+    ZeroBandwidth,
+}
+
+/// A size, budget or bandwidth that cannot be used: `{field} {text}: {problem}`, e.g.
+/// `--budget 7x: unknown unit `x` (...)` (the text left out when it is empty, the field
+/// when none is given).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("{}", located(.field, .text, .problem))]
+pub struct UnitError {
+    /// The flag, argument or field the text came from (`--budget`, `max_buffer`).
+    pub field: String,
+    /// The text as given, trimmed.
+    pub text: String,
+    pub problem: Problem,
+}
+
+impl UnitError {
+    pub(crate) fn new(field: &str, text: &str, problem: Problem) -> UnitError {
+        UnitError {
+            field: field.to_string(),
+            text: text.trim().to_string(),
+            problem,
+        }
+    }
+}
+
+/// `{field} {text}: {problem}`, leaving out what is empty.
+fn located(field: &str, text: &str, problem: &Problem) -> String {
+    let what = [field, text]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if what.is_empty() {
+        problem.to_string()
+    } else {
+        format!("{what}: {problem}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_field_and_the_text_and_skip_what_is_empty() {
+        let e = |field, text| UnitError::new(field, text, Problem::Negative).to_string();
+        assert_eq!(
+            e("--budget", " -3 "),
+            "--budget -3: the value is negative; give a number of bytes"
+        );
+        assert_eq!(
+            UnitError::new("budget", "", Problem::Empty(Kind::Budget)).to_string(),
+            "budget: an empty value; give bytes (8GiB) or a fraction of the reference peak (0.7)"
+        );
+        assert_eq!(
+            e("", "-3"),
+            "-3: the value is negative; give a number of bytes"
+        );
+    }
+}

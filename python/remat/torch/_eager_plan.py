@@ -1,0 +1,661 @@
+"""Planning an eager step: the profiled ops as remat's graph, the planner's decisions as
+keep / offload / recompute per saved value, and the schedule eager autograd will really run
+under them, judged by remat's simulator.
+
+The graph has one node per aten op of the step (forward and backward, in the order eager
+ran them) and a final ``end:step`` node. A node's output is the storages its op made; its
+inputs are the values its op read, plus two *lifetime reads* per value: the op before its
+python death and the op before its expiry, so that with nothing changed the simulator holds
+every storage exactly as long as the unplanned step did. The order is fixed (random ops draw
+from one generator stream in that order) and backward nodes are pinned (autograd runs each
+once).
+
+Notes:
+
+1. The planner may propose what eager cannot do (recompute during the forward, free a value
+   the model's code still holds). Its plan is only a proposal: :func:`eager_schedule`
+   writes down what the runtime will do under the decisions taken from it, and the
+   simulator's peak of *that* schedule is the predicted peak. Planning retries at lower
+   planner budgets until that peak fits.
+2. A recompute rebuilds a value from *anchors* (values the runtime holds from the forward
+   until their last use in a recompute) and static tensors, replaying every op in between
+   (its recipe). Anchors are the planner's ``from`` tensors that it keeps.
+3. Offload is only planned where a host copy runs beside compute (CUDA), or where the
+   caller names a bandwidth; on CPU the host is the device's own memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Optional
+
+from .._plan import Graph, as_graph, plan as rust_plan
+from .. import _native
+from ..errors import BudgetError
+from ._eager_profile import OpRecord, Profile, TensorRef
+
+TIME_UNIT_S = 1e-6
+KEEP, RECOMPUTE, OFFLOAD = "keep", "recompute", "offload"
+
+
+@dataclasses.dataclass
+class Recipe:
+    """How to rebuild one saved value: replay ``ops`` (ascending) on rebuilt arguments."""
+
+    ops: list[int]
+    anchors: list[int]  # values read as they are held (never rebuilt)
+
+
+@dataclasses.dataclass
+class EagerPlan:
+    """Decisions for one profiled step, with the simulator's report of the schedule the
+    runtime will run."""
+
+    decisions: dict[int, str]  # saved value -> keep / recompute / offload
+    recipes: dict[int, Recipe]
+    anchors: set[int]
+    prefetch_at: dict[int, int]  # offloaded value -> op position of its prefetch
+    predicted_peak: int
+    store_all_peak: int
+    budget_bytes: int
+    static_bytes: int
+    overhead: float  # predicted (recompute + stalls) / step time
+    strategy: str
+    report: dict
+    steps: list
+    unplanned: Optional[dict] = None  # the simulator's report of the unplanned eager step
+
+    @property
+    def keeps_everything(self) -> bool:
+        return all(d == KEEP for d in self.decisions.values())
+
+    def count(self, kind: str) -> int:
+        return sum(1 for d in self.decisions.values() if d == kind)
+
+
+class StepGraph:
+    """The profiled step as remat's graph (see the module notes).
+
+    Node ``op_node[i]`` is op ``i``; after an op at which some values' lifetime reads fall,
+    a zero-cost *hold* node reads them (kept apart from the op, so that replaying the op
+    never needs them), and ``end`` reads what outlives the step.
+    """
+
+    def __init__(self, profile: Profile, static_bytes: int):
+        self.profile = profile
+        self.static_bytes = static_bytes
+        ops = profile.ops
+        self.n = len(ops)
+        values = profile.values
+        reads: list[set[int]] = [set() for _ in range(self.n)]
+        for op in ops:
+            for ref in _refs(op.leaves):
+                if ref.value >= 0 and values[ref.value].nbytes > 0:
+                    c = values[ref.value].op
+                    if c < op.index:
+                        reads[op.index].add(c)
+        holds: list[set[int]] = [set() for _ in range(self.n + 1)]
+        for value in values:
+            if value.nbytes == 0:
+                continue
+            for position in (value.python_death, value.expiry):
+                if position is not None and position - 1 > value.op:
+                    holds[min(position - 1, self.n)].add(value.op)
+        self.op_node: list[int] = []
+        self.hold_node: dict[int, int] = {}
+        names, inputs, kinds = [], [], []
+        for i in range(self.n):
+            self.op_node.append(len(names))
+            names.append(i)
+            kinds.append("op")
+            inputs.append(reads[i])
+            if holds[i]:
+                self.hold_node[i] = len(names)
+                names.append(i)
+                kinds.append("hold")
+                inputs.append(holds[i])
+        self.end = len(names)
+        names.append(self.n)
+        kinds.append("end")
+        inputs.append(holds[self.n])
+        self.node_op = names
+        self.kinds = kinds
+        self.inputs = [sorted(self.op_node[c] for c in s) for s in inputs]
+        self.bytes = [0] * len(names)
+        for value in values:
+            self.bytes[self.op_node[value.op]] += value.nbytes
+        self._graph: Optional[Graph] = None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_op)
+
+    def node_name(self, node: int) -> str:
+        kind = self.kinds[node]
+        if kind == "end":
+            return "end:step"
+        op = self.profile.ops[self.node_op[node]]
+        label = f"{op.index}:{op.name.removeprefix('aten::')}@{op.where}"
+        return label if kind == "op" else "hold:" + label
+
+    def to_dict(self) -> dict:
+        ops = self.profile.ops
+        nodes = []
+        for node in range(self.num_nodes):
+            kind = self.kinds[node]
+            if kind == "op":
+                op = ops[self.node_op[node]]
+                phase, seconds = op.phase, op.seconds
+                pinned = op.phase == "backward" or not op.replayable
+            else:
+                i = self.node_op[node]
+                phase = ops[i].phase if i < self.n else "backward"
+                seconds, pinned = 0.0, True
+            entry = {
+                "name": self.node_name(node),
+                "phase": phase,
+                "compute_time": round(seconds / TIME_UNIT_S, 3),
+                "output_bytes": self.bytes[node],
+                "inputs": self.inputs[node],
+            }
+            if pinned:
+                entry["pinned"] = True
+            nodes.append(entry)
+        return {
+            "format": "remat-graph",
+            "version": 1,
+            "name": "eager-step",
+            "time_unit_s": TIME_UNIT_S,
+            "static_bytes": self.static_bytes,
+            "fixed_order": True,
+            "nodes": nodes,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            self._graph = as_graph(self.to_json())
+        return self._graph
+
+
+def _refs(leaves) -> list[TensorRef]:
+    return [x for x in leaves if isinstance(x, TensorRef)]
+
+
+# ---- which values can be rebuilt ---------------------------------------------------------
+
+
+def mark_recomputable(profile: Profile) -> None:
+    """Sets ``Value.recomputable`` / ``why_not``: a saved value can be rebuilt only when
+    every op of its history is a forward aten op that may run again, its packs all saw one
+    version, and no static it reads is written later in the forward."""
+    forward = profile.forward_ops
+    written_statics: dict[int, int] = {}  # static -> last forward op writing it
+    for op in profile.ops[:forward]:
+        for p in op.written:
+            ref = op.leaves[p]
+            if isinstance(ref, TensorRef) and ref.value < 0 and p not in op.stats:
+                written_statics[ref.static] = op.index
+    versions: dict[int, set[int]] = {}
+    for pack in profile.packs:
+        if pack.ref.value >= 0:
+            versions.setdefault(pack.ref.value, set()).add(pack.ref.version)
+    for value in profile.values:
+        reason = ""
+        history = [value.op, *value.writers]
+        if value.op >= forward:
+            reason = "made in the backward"
+        elif any(w >= forward for w in value.writers):
+            reason = "written in place during the backward"
+        elif len(versions.get(value.id, ())) > 1:
+            reason = "saved at several versions"
+        elif value.id in versions and min(versions[value.id]) < 1 + len(value.writers):
+            reason = "written in place after autograd saved it"
+        else:
+            for i in history:
+                op = profile.ops[i]
+                if not op.replayable:
+                    reason = f"made by {op.name}, which is not replayed"
+                    break
+                if op.random and _has_generator(op):
+                    reason = f"{op.name} draws from a generator given as an argument"
+                    break
+                for ref in _refs(op.leaves):
+                    if ref.value < 0 and written_statics.get(ref.static, -1) > i:
+                        reason = (f"{op.name} reads `{profile.statics[ref.static]}`, which is "
+                                  "written in place later in the forward")
+                        break
+                if reason:
+                    break
+        value.recomputable = not reason
+        value.why_not = reason
+
+
+def _has_generator(op: OpRecord) -> bool:
+    return any(type(x).__name__ == "Generator" for x in op.leaves)
+
+
+def recipe(profile: Profile, vid: int, anchors: set[int]) -> Optional[Recipe]:
+    """The ops that rebuild value ``vid`` (at the version its packs saw) from ``anchors``
+    and statics, or None when some value on the way cannot be rebuilt. Explicit stack."""
+    values = profile.values
+    version = _saved_version(profile, vid)
+    # The rebuild runs at the value's first unpack: a static freed by then (FSDP2's
+    # resharded parameters) cannot be read, so no path through an op reading it; an anchor
+    # freed by then is rebuilt instead of read.
+    absent = values[vid].absent_statics
+    absent_anchors = values[vid].absent_values
+    need: set[int] = set()
+    used_anchors: set[int] = set()
+    stack = [(vid, version)]
+    seen = set()
+    while stack:
+        v, k = stack.pop()
+        if (v, k) in seen:
+            continue
+        seen.add((v, k))
+        value = values[v]
+        if not value.recomputable:
+            return None
+        history = [value.op, *value.writers][:k]
+        for i in history:
+            if i in need:
+                continue
+            need.add(i)
+            for ref in _refs(profile.ops[i].leaves):
+                if ref.value < 0:
+                    if ref.static in absent:
+                        return None
+                    continue
+                u = values[ref.value]
+                if ref.value == v:
+                    continue  # the value being rebuilt, at an earlier version
+                final = 1 + len(u.writers)
+                if (ref.value in anchors and ref.version == final
+                        and ref.value not in absent_anchors):
+                    used_anchors.add(ref.value)
+                else:
+                    stack.append((ref.value, ref.version))
+    return Recipe(ops=sorted(need), anchors=sorted(used_anchors))
+
+
+def _saved_version(profile: Profile, vid: int) -> int:
+    for pack in profile.packs:
+        if pack.ref.value == vid:
+            return pack.ref.version
+    return 1 + len(profile.values[vid].writers)
+
+
+# ---- the schedule the runtime runs ---------------------------------------------------------
+
+
+def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, Recipe],
+                   prefetch_at: dict[int, int]) -> list[tuple[str, int]]:
+    """The steps eager autograd takes under ``decisions`` (see the module notes), in the
+    simulator's language. A value's bytes belong to its op's node; positions are ops."""
+    profile = sg.profile
+    values = profile.values
+    n = sg.n
+    by_op: dict[int, list[int]] = {}
+    for value in values:
+        by_op.setdefault(value.op, []).append(value.id)
+    last_anchor_use: dict[int, int] = {}
+    for vid, r in recipes.items():
+        if decisions.get(vid) != RECOMPUTE:
+            continue
+        at = values[vid].first_unpack
+        for a in r.anchors:
+            last_anchor_use[a] = max(last_anchor_use.get(a, 0), at)
+    release: dict[int, int] = {}  # op -> position it leaves the device for good
+    early: dict[int, int] = {}  # op -> position it leaves the device after the forward
+    back_at: dict[int, list[tuple[str, int]]] = {}  # position -> (how, op) coming back
+    for op, vids in by_op.items():
+        expiry = max(values[v].expiry for v in vids)
+        anchor_until = max((last_anchor_use.get(v, -1) + 1 for v in vids), default=-1)
+        release[op] = max(expiry, anchor_until)
+        kinds = {decisions.get(v, KEEP) for v in vids}
+        moved = kinds & {RECOMPUTE, OFFLOAD}
+        if not moved or KEEP in kinds or any(v in last_anchor_use for v in vids):
+            continue
+        if len(moved) > 1:
+            continue
+        death = max(values[v].python_death for v in vids)
+        comeback = min(values[v].first_unpack for v in vids if decisions.get(v) in moved)
+        if death >= comeback:
+            continue
+        early[op] = death
+        if OFFLOAD in moved:
+            at = min(prefetch_at.get(v, comeback) for v in vids if v in prefetch_at)
+            back_at.setdefault(max(at, death), []).append(("swap_in", op))
+        else:
+            back_at.setdefault(comeback, []).append(("recompute", op))
+    frees_at: dict[int, list[int]] = {}
+    for op, p in release.items():
+        if p < n:
+            frees_at.setdefault(p, []).append(op)
+    early_at: dict[int, list[int]] = {}
+    for op, p in early.items():
+        early_at.setdefault(p, []).append(op)
+    node = sg.op_node
+    steps: list[tuple[str, int]] = []
+    resident: set[int] = set()  # ops whose node is on the device
+    for p in range(n):
+        # What is gone by position p left before anything comes back at p: a value
+        # expires at p when the node that read it last released its saved tensors, and
+        # autograd does that before the next node unpacks (which is what triggers a
+        # rebuild or waits on a prefetch). Freeing after the comebacks would charge a
+        # rebuild with the bytes of the node before it (the last saved value of a stem,
+        # rebuilt while the next one is still counted).
+        for op in early_at.get(p, ()):
+            if op in resident:
+                steps.append(("free", node[op]))
+                resident.discard(op)
+        for op in frees_at.get(p, ()):
+            if op in resident:
+                steps.append(("free", node[op]))
+                resident.discard(op)
+        for how, op in sorted(back_at.get(p, ()), key=lambda x: x[1]):
+            if how == "swap_in":
+                steps.append(("swap_in", node[op]))
+            else:
+                _recompute_steps(sg, op, by_op[op], recipes, steps, resident)
+            resident.add(op)
+        steps.append(("compute", node[p]))
+        resident.add(p)
+        if p in early and any(decisions.get(v) == OFFLOAD for v in by_op[p]):
+            steps.append(("swap_out", node[p]))
+        if sg.bytes[node[p]] == 0:
+            # Owns nothing (a view, an in-place write): no residency, and a rebuild may run it
+            # again.
+            steps.append(("free", node[p]))
+            resident.discard(p)
+        if p in sg.hold_node:
+            steps.append(("compute", sg.hold_node[p]))
+            steps.append(("free", sg.hold_node[p]))
+    steps.append(("compute", sg.end))
+    return steps
+
+
+def _recompute_steps(sg: StepGraph, op: int, vids: list[int], recipes, steps, resident):
+    """Steps of one rebuild: the recipe's ops in order, then every transient freed."""
+    ops: set[int] = set()
+    for v in vids:
+        r = recipes.get(v)
+        if r is not None:
+            ops.update(r.ops)
+    ops.add(op)
+    transient = []
+    for i in sorted(ops):
+        if i in resident:
+            continue
+        steps.append(("compute", sg.op_node[i]))
+        resident.add(i)
+        if i != op:
+            transient.append(i)
+    for i in transient:
+        steps.append(("free", sg.op_node[i]))
+        resident.discard(i)
+
+
+# ---- planning -----------------------------------------------------------------------------
+
+
+def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optional[float],
+              time_limit: Optional[float], strategy: Optional[str] = None) -> EagerPlan:
+    """Plans the profiled step under ``budget`` (bytes of the step's peak, or a float
+    fraction of its activation bytes: the store-all peak above the static bytes and the
+    parameters' gradients).
+
+    ``bandwidth``: host copies per second for offload, None for recompute only.
+    """
+    mark_recomputable(profile)
+    sg = StepGraph(profile, static_bytes)
+    graph = sg.graph
+    store_all = graph.store_all_peak
+    # Gradients that outlive the step (the parameters' .grad) are no activations: a fraction
+    # budget leaves them whole.
+    kept_grads = sum(v.nbytes for v in profile.values
+                     if v.op >= profile.forward_ops and v.expiry == len(profile.ops))
+    budget_bytes = _budget_bytes(budget, store_all, static_bytes + kept_grads)
+    keep_all = _evaluate(sg, {}, {}, {}, bandwidth, budget_bytes, "keep", store_all)
+    keep_all.unplanned = keep_all.report
+    if keep_all.predicted_peak <= budget_bytes:
+        return keep_all
+    keep_all.decisions = {v.id: KEEP for v in profile.values
+                          if v.saved and v.first_unpack is not None}
+    best: Optional[EagerPlan] = None
+    tried: list[EagerPlan] = [keep_all]
+    link = bandwidth if bandwidth else 1.0
+    floor = graph.memory_floor
+    # Proposals at decreasing planner budgets: the eager schedule holds more than the
+    # planner's where the planner uses what eager cannot (note 1), so ask for less by the
+    # excess; where the planner finds nothing, bisect toward the last budget it met.
+    high, target = budget_bytes, budget_bytes
+    low = floor
+    step = max(1, (budget_bytes - static_bytes) // 100)
+    for _ in range(8):
+        if target < floor:
+            break
+        try:
+            proposal = rust_plan(graph, int(target), strategy=strategy, bandwidth=link,
+                                 time_limit=time_limit)
+        except BudgetError:
+            low = target
+            target = (low + high) // 2
+            if high - low <= step:
+                break
+            continue
+        candidate = _from_proposal(sg, proposal, bandwidth, budget_bytes, store_all)
+        tried.append(candidate)
+        if candidate.predicted_peak <= budget_bytes:
+            best = candidate
+            break
+        high = target
+        target = max(low, min(target - (candidate.predicted_peak - budget_bytes),
+                              target - step))
+    lowest = None
+    if best is None:
+        lowest = _recompute_everything(sg, bandwidth, budget_bytes, store_all)
+        if lowest.predicted_peak <= budget_bytes:
+            best = lowest
+    if best is None:
+        start = min(tried + [lowest], key=lambda p: p.predicted_peak)
+        lowest = _descend(sg, start, bandwidth, budget_bytes, store_all)
+        if lowest.predicted_peak <= budget_bytes:
+            best = lowest
+    if best is not None:
+        best.unplanned = keep_all.report
+    if best is None:
+        raise BudgetError(
+            f"memory_budget {_native.human_bytes(budget_bytes)}: the least peak an eager "
+            f"plan of this step reaches is {_native.human_bytes(lowest.predicted_peak)} "
+            f"(by {lowest.strategy}; the unplanned step "
+            f"peaks at {_native.human_bytes(store_all)}, its static bytes are "
+            f"{_native.human_bytes(static_bytes)})",
+            budget_bytes=budget_bytes, best_peak=lowest.predicted_peak,
+            floor_bytes=lowest.predicted_peak,
+        )
+    return best
+
+
+def _budget_bytes(budget, store_all: int, static_bytes: int) -> int:
+    """Bytes of a budget; a fraction is of the activation bytes: the unplanned peak above
+    ``static_bytes`` (static tensors and the gradients the step leaves)."""
+    if isinstance(budget, bool):
+        raise BudgetError(f"memory_budget {budget!r}: give bytes, a fraction or text")
+    if isinstance(budget, float):
+        if not 0.0 < budget <= 1.0:
+            raise BudgetError(
+                f"memory_budget {budget!r}: a float is a fraction of the step's activation "
+                "bytes and must be in (0, 1]; give bytes as an int or text (\"8GiB\")")
+        activations = store_all - static_bytes
+        return static_bytes + int(activations * budget)
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise BudgetError(f"memory_budget {budget}: bytes must be positive")
+        return budget
+    if isinstance(budget, str):
+        text = budget.strip()
+        try:
+            fraction = float(text)
+        except ValueError:
+            fraction = None
+        if fraction is not None and 0.0 < fraction <= 1.0 and "." in text:
+            return _budget_bytes(fraction, store_all, static_bytes)
+        return _native.parse_size(text)
+    raise BudgetError(
+        f"memory_budget: give bytes (int), a fraction (float) or text, not {type(budget).__name__}")
+
+
+def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) -> EagerPlan:
+    profile = sg.profile
+    decisions_by_node = proposal.decisions
+    decisions: dict[int, str] = {}
+    anchors: set[int] = set()
+    prefetch: dict[int, int] = {}
+    by_op: dict[int, list[int]] = {}
+    for value in profile.values:
+        by_op.setdefault(value.op, []).append(value.id)
+    for value in profile.values:
+        if not value.saved or value.first_unpack is None:
+            continue
+        d = decisions_by_node[sg.op_node[value.op]]
+        kind = d.get("kind")
+        if kind == "recompute" and value.recomputable:
+            decisions[value.id] = RECOMPUTE
+            for src in d.get("from", ()):
+                # A source the planner keeps is held from the forward (an anchor); one it
+                # recomputes itself is rebuilt on the way (or found rebuilt already).
+                if (sg.kinds[src] == "op" and sg.node_op[src] < profile.forward_ops
+                        and decisions_by_node[src].get("kind") == "keep"):
+                    anchors.update(by_op.get(sg.node_op[src], ()))
+        elif kind == "swap" and bandwidth:
+            decisions[value.id] = OFFLOAD
+            at = sg.node_op[int(d.get("prefetch_at", sg.op_node[value.first_unpack]))]
+            prefetch[value.id] = min(at, value.first_unpack)
+        else:
+            decisions[value.id] = KEEP
+    # Anchors are held, never rebuilt; a value both anchor and recompute stays an anchor.
+    for a in list(anchors):
+        if decisions.get(a) == RECOMPUTE:
+            decisions[a] = KEEP
+    # Saved values that stay are held by autograd anyway: rebuilds start from them too.
+    anchors.update(v for v, d in decisions.items() if d == KEEP)
+    recipes = _recipes(profile, decisions, anchors)
+    return _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes,
+                     proposal.strategy, store_all, anchors)
+
+
+def _recipes(profile, decisions, anchors) -> dict[int, Recipe]:
+    recipes = {}
+    for vid, kind in list(decisions.items()):
+        if kind != RECOMPUTE:
+            continue
+        r = recipe(profile, vid, anchors)
+        if r is None:
+            decisions[vid] = KEEP
+        else:
+            recipes[vid] = r
+    return recipes
+
+
+def _recompute_everything(sg, bandwidth, budget_bytes, store_all) -> EagerPlan:
+    """The least-memory recompute-only plan of a simple family: every ``k``-th saved value
+    (in forward order) held as an anchor, every other one rebuilt from the anchors before
+    it, for several ``k`` (every saved value rebuilt from the statics among them). Used where
+    the planner's proposals do not fit, and to name the least peak reachable."""
+    profile = sg.profile
+    saved = [v for v in profile.values if v.saved and v.first_unpack is not None]
+    rebuildable = [v for v in saved if v.recomputable]
+    best: Optional[EagerPlan] = None
+    strides = sorted({2, 3, 4, 6, 8, max(2, int(len(rebuildable) ** 0.5)), len(saved) + 1})
+    for k in strides:
+        decisions, anchors = {}, set()
+        for i, value in enumerate(rebuildable):
+            if i % k == k - 1:
+                decisions[value.id] = KEEP
+                anchors.add(value.id)
+            else:
+                decisions[value.id] = RECOMPUTE
+        for value in saved:
+            if not value.recomputable:
+                decisions[value.id] = KEEP
+                anchors.add(value.id)
+        recipes = _recipes(profile, decisions, anchors)
+        plan = _evaluate(sg, decisions, recipes, {}, bandwidth, budget_bytes,
+                         f"eager-segments:{k}", store_all, anchors)
+        if best is None or (plan.predicted_peak, plan.overhead) < (best.predicted_peak,
+                                                                   best.overhead):
+            best = plan
+    return best
+
+
+def _descend(sg, plan: EagerPlan, bandwidth, budget_bytes, store_all,
+             rounds: int = 64) -> EagerPlan:
+    """Lowers a plan's peak one saved value at a time: at the simulated peak, the largest
+    kept value that only autograd holds there is rebuilt instead, while that lowers the
+    peak. Every candidate is judged by the simulator on the eager schedule."""
+    profile = sg.profile
+    values = profile.values
+    current = plan
+    for _ in range(rounds):
+        if current.predicted_peak <= budget_bytes:
+            break
+        at = positions_of(sg, current)[current.report["peak_step"]]
+        pool = [v for v in values
+                if current.decisions.get(v.id) == KEEP and v.recomputable and v.saved
+                and v.first_unpack is not None and v.python_death <= at < v.expiry]
+        pool.sort(key=lambda v: -v.nbytes)
+        improved = False
+        for value in pool[:12]:
+            decisions = dict(current.decisions)
+            decisions[value.id] = RECOMPUTE
+            anchors = {u for u, d in decisions.items() if d == KEEP}
+            recipes = _recipes(profile, decisions, anchors)
+            candidate = _evaluate(sg, decisions, recipes, current.prefetch_at, bandwidth,
+                                  budget_bytes, current.strategy + "+descent", store_all,
+                                  anchors)
+            if candidate.predicted_peak < current.predicted_peak:
+                current = candidate
+                improved = True
+                break
+        if not improved:
+            break
+    return current
+
+
+def positions_of(sg, plan: EagerPlan) -> list[int]:
+    """For each schedule step, the op position it belongs to (the last op computed for the
+    first time at or before it)."""
+    out = [0] * len(plan.steps)
+    seen: set[int] = set()
+    position = 0
+    for i, (op, node) in enumerate(plan.steps):
+        if op == "compute" and node not in seen:
+            seen.add(node)
+            if sg.kinds[node] == "op":
+                position = sg.node_op[node]
+        out[i] = position
+    return out
+
+
+def _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strategy, store_all,
+              anchors=frozenset()) -> EagerPlan:
+    used = set()
+    for vid, r in recipes.items():
+        if decisions.get(vid) == RECOMPUTE:
+            used.update(r.anchors)
+    steps = eager_schedule(sg, decisions, recipes, prefetch)
+    report = _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0))
+    base = report["base_time"]
+    overhead = (report["total_time"] - base) / base if base > 0 else 0.0
+    return EagerPlan(
+        decisions=dict(decisions), recipes=recipes, anchors=used, prefetch_at=prefetch,
+        predicted_peak=int(report["peak_bytes"]), store_all_peak=store_all,
+        budget_bytes=budget_bytes, static_bytes=sg.static_bytes, overhead=overhead,
+        strategy=strategy, report=report, steps=steps,
+    )

@@ -1,0 +1,522 @@
+"""Profiling one eager training step, as PyTorch's autograd really runs it.
+
+The model's own forward runs under a ``TorchDispatchMode`` (every aten op, its arguments and
+outputs, its time) and ``saved_tensors_hooks`` (every tensor autograd saves for backward).
+During the backward that follows, hooks on the autograd nodes push the same mode around each
+node's ``apply``, so the backward's ops and the gradients they make are seen too, in
+autograd's own order. Nothing is traced, decomposed or re-run: the profiled step is the
+user's step, and its results are the user's.
+
+Bytes are counted per storage (a *value*): views own nothing, aliases count once. Each
+value's life is read off the storage itself:
+
+1. ``born``: the op that made the storage.
+2. ``python_death``: the first op position at which nothing but autograd's saved-tensor
+   handles holds it (the model's code dropped its last reference). Only forward values.
+3. ``expiry``: the first op position at which the storage is gone, in the unplanned step
+   (our handles hold saved storages exactly as long as autograd holds its saved tensors).
+
+A position is an index into the step's op list: "at position p" means after op p-1 ran
+and before op p runs; ``len(ops)`` is the end of the step.
+
+Notes on invariants the planner and the runtime rely on:
+
+1. A tensor argument of an op is a :class:`TensorRef`: the value (storage) it views, its
+   size / stride / offset / dtype, and the number of in-place writes the storage had before
+   (its *version* in this step). Rebuilding a reference is ``set_`` on the storage, never a
+   replayed view op.
+2. A value's contents at version ``k`` are its creation op followed by the first ``k - 1``
+   ops that wrote into it in place, each replayed on rebuilt arguments.
+3. A static tensor (parameter, buffer, the step's inputs, anything made outside the
+   profiled forward) is never a value: it is resident for the whole step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Batch-norm kernels update running statistics in place without saying so in their schema;
+# a replay must not apply the update a second time. Value: argument positions.
+STATS_IN_PLACE = {
+    "aten::native_batch_norm": (3, 4),
+    "aten::_native_batch_norm_legit": (3, 4),
+    "aten::_native_batch_norm_legit_functional": (3, 4),
+    "aten::cudnn_batch_norm": (3, 4),
+    "aten::miopen_batch_norm": (3, 4),
+    "aten::_batch_norm_with_update": (3, 4),
+}
+
+# Ops whose outputs cannot be rebuilt by replaying them: they change storages behind the
+# dispatcher's back, read host state, or talk to other processes.
+_NOT_REPLAYABLE = {
+    "aten::set_",
+    "aten::resize_",
+    "aten::_local_scalar_dense",
+    "aten::record_stream",
+    "aten::_assert_async",
+    "aten::_assert_tensor_metadata",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRef:
+    """A tensor, as a view of a value's storage (or of a static tensor)."""
+
+    value: int  # value id, or -1 for a static tensor
+    static: int  # index into Profile.statics when value == -1, else -1
+    size: tuple
+    stride: tuple
+    offset: int
+    dtype: torch.dtype
+    version: int  # in-place writes into the value before this reference (1 = as made)
+
+
+@dataclasses.dataclass
+class OpRecord:
+    index: int
+    func: Any  # torch._ops.OpOverload
+    spec: pytree.TreeSpec  # of (args, kwargs)
+    leaves: list  # TensorRef for tensors, the constant otherwise
+    outputs: list  # TensorRef per output tensor leaf (None for non-tensors)
+    new_values: list[int]  # values this op made
+    phase: str  # "forward" or "backward"
+    where: str  # the module (forward) or autograd node (backward) it ran in
+    seconds: float
+    random: bool
+    written: list[int]  # leaf positions the op writes in place
+    static_writes: tuple[int, ...]  # leaf positions of statics it writes (replay on copies)
+    stats: tuple[int, ...]  # of those, batch-norm running statistics (not read for output)
+    replayable: bool
+
+    @property
+    def name(self) -> str:
+        return self.func._schema.name
+
+
+@dataclasses.dataclass
+class Value:
+    id: int
+    op: int  # creation op
+    nbytes: int
+    device: torch.device
+    writers: list[int] = dataclasses.field(default_factory=list)  # in-place writes, in order
+    python_death: int | None = None
+    expiry: int | None = None
+    saved: bool = False
+    first_unpack: int | None = None
+    recomputable: bool = True
+    why_not: str = ""  # why it cannot be recomputed
+    # Statics and values whose storage was gone (resized below what it held when first
+    # seen) at this value's first unpack, where a rebuild of it runs: FSDP2 frees a module's
+    # unsharded parameters after its forward and gathers them again only when its backward
+    # begins. A rebuild must not read them there.
+    absent_statics: frozenset = frozenset()
+    absent_values: frozenset = frozenset()
+
+
+@dataclasses.dataclass
+class PackRecord:
+    """One tensor autograd saved, in pack order."""
+
+    ordinal: int
+    ref: TensorRef
+    at: int  # op position when it was packed
+    where: str
+    unpacks: list[int] = dataclasses.field(default_factory=list)
+
+
+class Profile:
+    """Everything one profiled step showed. Filled by :class:`Profiler`."""
+
+    def __init__(self):
+        self.ops: list[OpRecord] = []
+        self.values: list[Value] = []
+        self.packs: list[PackRecord] = []
+        self.statics: list[str] = []  # a name per static tensor (parameter name or "input")
+        self.static_nbytes: list[int] = []  # its storage's bytes when first seen
+        self.static_bytes = 0
+        self.forward_ops = 0  # ops [0, forward_ops) ran in the forward
+        self.complete = False  # the backward finished
+        self.device = torch.device("cpu")
+        self.signature: tuple = ()
+
+    def value_of(self, ref: TensorRef) -> Value | None:
+        return self.values[ref.value] if ref.value >= 0 else None
+
+
+def _written_positions(func, args, kwargs, leaves_of) -> list[int]:
+    """Leaf positions (into the flattened (args, kwargs)) of the tensors ``func`` writes."""
+    schema = func._schema
+    positions: list[int] = []
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is None or not info.is_write:
+            continue
+        if i < len(args):
+            positions.extend(leaves_of(("args", i)))
+        elif arg.name in kwargs:
+            positions.extend(leaves_of(("kwargs", arg.name)))
+    return positions
+
+
+def _leaf_index(args, kwargs):
+    """Maps ("args", i) / ("kwargs", name) to the leaf positions of that argument."""
+    table: dict[tuple, list[int]] = {}
+    start = 0
+    for i, a in enumerate(args):
+        n = len(pytree.tree_leaves(a))
+        table[("args", i)] = list(range(start, start + n))
+        start += n
+    for k, v in kwargs.items():
+        n = len(pytree.tree_leaves(v))
+        table[("kwargs", k)] = list(range(start, start + n))
+        start += n
+    return lambda key: table.get(key, [])
+
+
+class _Live:
+    """A value's storage while the step runs: a weak reference, and our own holders."""
+
+    __slots__ = ("weak", "ours")
+
+    def __init__(self, weak: int):
+        self.weak = weak
+        self.ours = 0  # tensors our handles hold (1 for a saved value)
+
+
+class _Handle:
+    """What the profiled step's saved-tensor hook returns: the saved tensor, through one
+    alias per value (a distinct TensorImpl, so storage use counts tell the model's own
+    references apart from ours)."""
+
+    __slots__ = ("record", "tensor")
+
+    def __init__(self, record: PackRecord, tensor: torch.Tensor):
+        self.record = record
+        self.tensor = tensor
+
+
+class Profiler(TorchDispatchMode):
+    """Records one step into a :class:`Profile`. Used by ``auto_checkpoint``'s first
+    training step: ``begin_forward`` / ``end_forward`` around the model's forward, then the
+    backward hooks installed by ``end_forward``."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, sync):
+        super().__init__()
+        self.profile = Profile()
+        self.profile.device = device
+        self.sync = sync
+        self.live: dict[int, _Live] = {}  # storage cdata -> live record (value or static)
+        self.value_by_cdata: dict[int, int] = {}
+        self.static_by_cdata: dict[int, int] = {}
+        self.names = {}
+        for name, p in model.named_parameters():
+            self.names.setdefault(_cdata(p), name)
+        for name, b in model.named_buffers():
+            self.names.setdefault(_cdata(b), name)
+        self.module_names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+        self.module_stack: list[str] = [type(model).__name__]
+        self.phase = "forward"
+        self.node_name = ""
+        self.node_hooks: list = []
+        self.depth = 0
+        self.internal = False
+        self.static_seen: dict[int, int] = {}
+        self._module_hooks = []
+        self.on_complete = None
+
+    # ---- module tracking (for messages) -------------------------------------------------
+    def _push_module(self, module, *_):
+        self.module_stack.append(self.module_names.get(id(module), type(module).__name__))
+
+    def _pop_module(self, *_):
+        if len(self.module_stack) > 1:
+            self.module_stack.pop()
+
+    def begin_forward(self):
+        from torch.nn.modules import module as nn_module
+
+        self._module_hooks = [
+            nn_module.register_module_forward_pre_hook(self._push_module),
+            nn_module.register_module_forward_hook(self._pop_module),
+        ]
+        self.__enter__()
+
+    def end_forward(self, outputs) -> None:
+        self.__exit__(None, None, None)
+        for h in self._module_hooks:
+            h.remove()
+        self._module_hooks = []
+        self.profile.forward_ops = len(self.profile.ops)
+        self._poll()
+        self._hook_backward(outputs)
+
+    # ---- the dispatch mode ------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.internal or self.profile.complete:
+            return func(*args, **kwargs)  # our own bookkeeping, or a mode left on a thread
+        self._poll()
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        refs = [self._ref(x) if isinstance(x, torch.Tensor) else x for x in leaves]
+        written = _written_positions(func, args, kwargs, _leaf_index(args, kwargs))
+        name = func._schema.name
+        stats = [p for p in STATS_IN_PLACE.get(name, ()) if p < len(args)]
+        stats_leaves = set()
+        for p in stats:
+            stats_leaves.update(_leaf_index(args, kwargs)(("args", p)))
+        static_writes = set(stats_leaves)
+        self.sync()
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        self.sync()
+        seconds = time.perf_counter() - start
+        index = len(self.profile.ops)
+        for p in written:
+            ref = refs[p]
+            if not isinstance(ref, TensorRef):
+                continue
+            if ref.value >= 0:
+                writers = self.profile.values[ref.value].writers
+                if not writers or writers[-1] != index:
+                    writers.append(index)
+            else:
+                static_writes.add(p)
+        outputs, new_values = [], []
+        for t in pytree.tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                outputs.append(None)
+                continue
+            key = _cdata(t)
+            if key is not None and key not in self.live:
+                new_values.append(self._new_value(t, key, index))
+            outputs.append(self._ref(t))
+        replayable = func.namespace == "aten" and name not in _NOT_REPLAYABLE
+        record = OpRecord(
+            index=index,
+            func=func,
+            spec=spec,
+            leaves=refs,
+            outputs=outputs,
+            new_values=new_values,
+            phase=self.phase,
+            where=self.module_stack[-1] if self.phase == "forward" else self.node_name,
+            seconds=seconds,
+            random=torch.Tag.nondeterministic_seeded in func.tags,
+            written=written,
+            static_writes=tuple(sorted(static_writes)),
+            stats=tuple(sorted(stats_leaves)),
+            replayable=replayable,
+        )
+        self.profile.ops.append(record)
+        return out
+
+    # ---- storages -----------------------------------------------------------------------
+    def _new_value(self, t: torch.Tensor, key: int, index: int) -> int:
+        storage = t.untyped_storage()
+        vid = len(self.profile.values)
+        self.profile.values.append(
+            Value(id=vid, op=index, nbytes=storage.nbytes(), device=t.device)
+        )
+        self.live[key] = _Live(storage._weak_ref())
+        self.value_by_cdata[key] = vid
+        return vid
+
+    def _ref(self, t: torch.Tensor) -> TensorRef:
+        key = _cdata(t)
+        vid = self.value_by_cdata.get(key, -1) if key is not None else -1
+        if vid >= 0:
+            value = self.profile.values[vid]
+            version = 1 + len(value.writers)
+            return TensorRef(vid, -1, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                             t.dtype, version)
+        sid = self.static_by_cdata.get(key) if key is not None else None
+        if sid is None and key is not None and self.phase == "backward":
+            # A gradient autograd made between nodes: a value from here on.
+            vid = self._new_value(t, key, len(self.profile.ops))
+            return TensorRef(vid, -1, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                             t.dtype, 1)
+        if sid is None:
+            sid = len(self.profile.statics)
+            self.profile.statics.append(self.names.get(key, "input"))
+            self.profile.static_nbytes.append(0)
+            if key is not None:
+                self.static_by_cdata[key] = sid
+                storage = t.untyped_storage()
+                self.profile.static_bytes += storage.nbytes()
+                self.profile.static_nbytes[sid] = storage.nbytes()
+                # A static's storage stays alive in our table for the step (it is resident).
+                self.live[key] = _Live(storage._weak_ref())
+        return TensorRef(-1, sid, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                         t.dtype, 0)
+
+    def _poll(self) -> None:
+        """Marks python deaths and expiries at the current position."""
+        position = len(self.profile.ops)
+        forward = self.phase == "forward"
+        gone = []
+        for key, live in self.live.items():
+            vid = self.value_by_cdata.get(key)
+            if vid is None:
+                if torch._C._storage_Use_Count(live.weak) == 0:
+                    gone.append(key)  # a static that died: its address may come back
+                continue
+            value = self.profile.values[vid]
+            uses = torch._C._storage_Use_Count(live.weak)
+            if uses == 0:
+                gone.append(key)
+                value.expiry = position
+                if value.python_death is None:
+                    value.python_death = position
+                continue
+            # One use is the storage's own Python object (kept while the storage lives),
+            # ``live.ours`` are our handles' aliases: anything above is the model's.
+            if forward and value.python_death is None and uses <= 1 + live.ours:
+                value.python_death = position
+        for key in gone:
+            live = self.live.pop(key)
+            torch.UntypedStorage._free_weak_ref(live.weak)
+            self.value_by_cdata.pop(key, None)
+            self.static_by_cdata.pop(key, None)
+
+    # ---- saved tensors ------------------------------------------------------------------
+    def pack(self, t: torch.Tensor):
+        ref = self._ref(t)
+        record = PackRecord(len(self.profile.packs), ref, len(self.profile.ops),
+                            self.module_stack[-1])
+        self.profile.packs.append(record)
+        tensor = t
+        if ref.value >= 0:
+            self.profile.values[ref.value].saved = True
+            # Our own TensorImpl over the storage, counted, so that use counts tell the
+            # model's references apart from ours.
+            self.internal = True
+            try:
+                with torch.no_grad():
+                    tensor = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                        t.untyped_storage(), ref.offset, ref.size, ref.stride)
+            finally:
+                self.internal = False
+            self.live[_cdata(t)].ours += 1
+        return _Handle(record, tensor)
+
+    def unpack(self, handle: _Handle) -> torch.Tensor:
+        record = handle.record
+        position = len(self.profile.ops)
+        record.unpacks.append(position)
+        if record.ref.value >= 0:
+            value = self.profile.values[record.ref.value]
+            if value.first_unpack is None:
+                value.absent_statics, value.absent_values = self._absent_storages()
+            if value.first_unpack is None or position < value.first_unpack:
+                value.first_unpack = position
+            # Autograd skips its version check when hooks are set: ours, from the writes
+            # this mode saw.
+            now = 1 + len(value.writers)
+            if now != record.ref.version:
+                raise RuntimeError(version_message(record, record.ref.version, now))
+        return handle.tensor
+
+    def _absent_storages(self) -> tuple[frozenset, frozenset]:
+        """Statics and values alive whose storage now holds fewer bytes than when first seen
+        (freed by ``resize_``, which no dispatch mode sees). One that died is no concern:
+        the runtime holds what a rebuild reads."""
+        statics, values = [], []
+        for key, live in self.live.items():
+            vid = self.value_by_cdata.get(key)
+            sid = self.static_by_cdata.get(key) if vid is None else None
+            if vid is None and sid is None:
+                continue
+            storage = torch.UntypedStorage._new_with_weak_ptr(live.weak)
+            if storage is None:
+                continue
+            if vid is not None and storage.nbytes() < self.profile.values[vid].nbytes:
+                values.append(vid)
+            elif sid is not None and storage.nbytes() < self.profile.static_nbytes[sid]:
+                statics.append(sid)
+        return frozenset(statics), frozenset(values)
+
+    # ---- the backward -------------------------------------------------------------------
+    def _hook_backward(self, outputs) -> None:
+        """Pushes this mode around every autograd node of the forward's graph, and finishes
+        the profile when the backward ends."""
+        roots = [t.grad_fn for t in pytree.tree_leaves(outputs)
+                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        seen, stack = set(), list(roots)
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            self.node_hooks.append(
+                node.register_prehook(lambda grads, n=node: self._node_start(n)))
+            self.node_hooks.append(node.register_hook(self._node_end))
+            stack.extend(n for n, _ in node.next_functions)
+
+    def _node_start(self, node):
+        if self.profile.complete:
+            return  # a node that outlived the profiled step (DDP keeps grad accumulators)
+        if self.phase == "forward":
+            self.phase = "backward"
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        self.node_name = node.name()
+        # Autograd restores its thread-local state around every node, so the mode is pushed
+        # per node; what autograd makes between nodes (gradient sums, the loss's seed) is
+        # seen where a node's op first reads it (``_ref``).
+        self.__enter__()
+        self.depth += 1
+
+    def _node_end(self, grad_inputs, grad_outputs):
+        if self.depth > 0:
+            self.depth -= 1
+            self.__exit__(None, None, None)
+
+    def _finish(self):
+        self._poll()
+        end = len(self.profile.ops)
+        for value in self.profile.values:
+            if value.expiry is None:
+                value.expiry = end
+            if value.python_death is None:
+                value.python_death = min(value.expiry, self.profile.forward_ops)
+        for live in self.live.values():
+            torch.UntypedStorage._free_weak_ref(live.weak)
+        self.live.clear()
+        self.value_by_cdata.clear()
+        self.profile.complete = True
+        for h in self.node_hooks:
+            h.remove()
+        self.node_hooks = []
+        if self.on_complete is not None:
+            self.on_complete(self.profile)
+
+
+def _cdata(t: torch.Tensor) -> int | None:
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse, nested, meta without storage
+        return None
+    if storage.nbytes() == 0 and storage.device.type == "meta":
+        return None
+    return storage._cdata
+
+
+def _view(flat: torch.Tensor, ref: TensorRef) -> torch.Tensor:
+    """The tensor ``ref`` describes, as a view of the storage ``flat`` covers."""
+    with torch.no_grad():
+        return torch.empty(0, dtype=ref.dtype, device=flat.device).set_(
+            flat.untyped_storage(), ref.offset, ref.size, ref.stride)
+
+
+def version_message(record: PackRecord, saved: int, now: int) -> str:
+    return (
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: a tensor of shape {list(record.ref.size)} saved in "
+        f"`{record.where}` is at version {now}; expected version {saved} instead"
+    )

@@ -1,0 +1,482 @@
+"""Running an eager plan: the model's own forward, with saved-tensor hooks that keep,
+offload or drop each saved tensor as the plan says, and a rebuild in the backward that
+replays the recorded aten ops (eager's own kernels, on the same arguments).
+
+Notes on what keeps the result bit-identical to plain eager:
+
+1. Every op of the forward is checked against the profiled one (the op and its output
+   shapes); the ops a rebuild will replay are also checked for the exact tensors they read.
+   A step that diverges keeps everything it saves from there on, and a saved tensor whose
+   rebuild would need an op past the divergence is refused at unpack with an error naming
+   the module and op: never a wrong gradient.
+2. A random op that a rebuild replays has its generator state recorded before it runs and
+   restored around the replay (``fork_rng``), so the replay draws the same numbers and the
+   generator ends where eager leaves it.
+3. Replays run under ``no_grad`` with autocast disabled: the recorded ops are already the
+   ones autocast chose (its casts are ops of their own), so replaying them as they are gives
+   the same dtypes.
+4. A rebuilt tensor is a view of a fresh storage with the recorded size, stride and offset;
+   the ops that made it wrote that storage in the same order as the forward did.
+5. Offload (CUDA): the copy to pinned host memory runs on a side stream after an event on
+   the compute stream; the device block is marked used by that stream (``record_stream``),
+   so the allocator cannot hand it out before the copy ends. The copy back runs on another
+   side stream and the unpack makes the compute stream wait on its event; nothing
+   synchronizes the device.
+6. Lifetimes: a dropped or offloaded tensor is held by nothing of ours; a rebuilt one is
+   held by the handles autograd keeps, so it goes when its last backward node has run.
+   Anchors (tensors rebuilds start from) are held by the rebuilds that need them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan
+from ._eager_profile import Profile, TensorRef, _cdata, version_message
+from .errors import StepDivergedError
+
+CAPTURE, REGISTER, CREATE, ANCHOR = 1, 2, 4, 8
+
+
+class RuntimePlan:
+    """Per-op flags and lookups derived once from a plan."""
+
+    def __init__(self, profile: Profile, plan: EagerPlan, device: torch.device):
+        self.profile = profile
+        self.plan = plan
+        self.device = device
+        n = profile.forward_ops
+        self.flags = [0] * n
+        self.recipe_max: dict[int, int] = {}
+        read_by_recipes: set[int] = set()
+        for vid, kind in plan.decisions.items():
+            value = profile.values[vid]
+            if kind in (RECOMPUTE, OFFLOAD):
+                self.flags[value.op] |= CREATE | REGISTER
+            if kind == RECOMPUTE:
+                r = plan.recipes[vid]
+                self.recipe_max[vid] = max(r.ops)
+                for i in r.ops:
+                    self.flags[i] |= CAPTURE
+                    for ref in profile.ops[i].leaves:
+                        if isinstance(ref, TensorRef) and ref.value >= 0:
+                            read_by_recipes.add(ref.value)
+        for vid in read_by_recipes:
+            self.flags[profile.values[vid].op] |= REGISTER
+        for vid in plan.anchors:
+            self.flags[profile.values[vid].op] |= ANCHOR | REGISTER
+        # Offloaded values are prefetched at the unpack that comes at or before their
+        # planned position (the backward is seen only through unpacks).
+        self.prefetch_after: dict[int, list[int]] = {}
+        log = sorted((p, k) for k, pack in enumerate(profile.packs) for p in pack.unpacks)
+        for vid, position in plan.prefetch_at.items():
+            trigger = 0
+            for c, (p, _) in enumerate(log):
+                if p <= position:
+                    trigger = c
+            self.prefetch_after.setdefault(trigger, []).append(vid)
+        self.refused = False  # a rebuild refused (a static or anchor freed): profile again
+        self.streams = None
+        if device.type == "cuda" and any(k == OFFLOAD for k in plan.decisions.values()):
+            self.streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+
+
+class StepState:
+    """One planned forward and the backward that follows it."""
+
+    def __init__(self, rt: RuntimePlan):
+        self.rt = rt
+        self.op = 0
+        self.packs = 0
+        self.unpacks = 0
+        self.static_args: dict[int, dict[int, torch.Tensor]] = {}
+        self.rng: dict[int, tuple] = {}
+        self.anchors: dict[int, torch.UntypedStorage] = {}
+        self.values: dict[int, "_Value"] = {}
+        self.cdata: dict[int, int] = {}  # value -> storage cdata, while the forward runs
+        self.weak: list[int] = []
+        self.offloaded: dict[int, weakref.ref] = {}
+        self.diverged_at: Optional[int] = None
+        self.divergence = ""
+        self.internal = False
+        self.materialized: dict[int, weakref.ref] = {}
+        self.pending = sorted((c, v) for c, vids in rt.prefetch_after.items() for v in vids)
+        self.next_prefetch = 0
+
+    def diverge(self, at: int, what: str) -> None:
+        if self.diverged_at is None:
+            self.diverged_at = at
+            self.divergence = what
+
+    def end_forward(self) -> None:
+        profile = self.rt.profile
+        if self.diverged_at is None and self.op != profile.forward_ops:
+            self.diverge(self.op, f"the forward ran {self.op} ops, the profiled one "
+                                  f"{profile.forward_ops}")
+        for value in self.values.values():
+            value.seal(self)
+        self.values = {}
+        self.anchors = {}
+        self.cdata = {}
+        for w in self.weak:
+            torch.UntypedStorage._free_weak_ref(w)
+        self.weak = []
+
+
+class _Kept:
+    __slots__ = ("tensor", "version", "pack")
+
+    def __init__(self, tensor, pack):
+        self.tensor = tensor
+        self.version = tensor._version
+        self.pack = pack
+
+
+class _Saved:
+    __slots__ = ("value", "ref")
+
+    def __init__(self, value, ref):
+        self.value = value
+        self.ref = ref
+
+
+class _Value:
+    """A saved storage the plan moved off the device: rebuilt or fetched on first unpack."""
+
+    __slots__ = ("vid", "kind", "state", "anchors", "storage", "host", "event", "fetched",
+                 "__weakref__")
+
+    def __init__(self, vid: int, kind: str, state: StepState):
+        self.vid = vid
+        self.kind = kind
+        self.state = state
+        self.anchors: dict[int, torch.UntypedStorage] = {}
+        self.storage: Optional[torch.UntypedStorage] = None
+        self.host = None
+        self.event = None
+        self.fetched = None
+
+    def seal(self, state: StepState) -> None:
+        if self.kind == RECOMPUTE:
+            r = state.rt.plan.recipes[self.vid]
+            self.anchors = {a: state.anchors[a] for a in r.anchors if a in state.anchors}
+
+    # ---- offload (CUDA) -------------------------------------------------------------------
+    def offload(self, storage: torch.UntypedStorage) -> None:
+        d2h, _ = self.state.rt.streams
+        device = storage.device
+        raw = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+        self.host = torch.empty(raw.numel(), dtype=torch.uint8, pin_memory=True)
+        d2h.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(d2h):
+            self.host.copy_(raw, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(d2h)
+        raw.record_stream(d2h)
+
+    def prefetch(self) -> None:
+        if self.fetched is not None or self.kind != OFFLOAD:
+            return
+        _, h2d = self.state.rt.streams
+        device = self.state.rt.device
+        current = torch.cuda.current_stream(device)
+        raw = torch.empty(self.host.numel(), dtype=torch.uint8, device=device)
+        h2d.wait_stream(current)
+        h2d.wait_event(self.event)
+        with torch.cuda.stream(h2d):
+            raw.copy_(self.host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(h2d)
+        raw.record_stream(h2d)
+        self.fetched = (raw, event)
+
+    # ---- the storage, back on the device ------------------------------------------------
+    def materialize(self) -> torch.UntypedStorage:
+        if self.storage is not None:
+            return self.storage
+        if self.kind == OFFLOAD:
+            self.prefetch()
+            raw, event = self.fetched
+            torch.cuda.current_stream(raw.device).wait_event(event)
+            self.storage = raw.untyped_storage()
+            self.host = self.fetched = None
+            return self.storage
+        self.storage = self._rebuild()
+        self.state.materialized[self.vid] = weakref.ref(self)
+        self.anchors = {}
+        self.state = None  # the rebuild's captured arguments go with it
+        return self.storage
+
+    def _rebuild(self) -> torch.UntypedStorage:
+        state = self.state
+        rt = state.rt
+        profile = rt.profile
+        if state.diverged_at is not None and rt.recipe_max[self.vid] >= state.diverged_at:
+            op = profile.ops[min(state.diverged_at, len(profile.ops) - 1)]
+            made = profile.ops[profile.values[self.vid].op]
+            raise StepDivergedError(
+                f"this step diverged from the profiled one at op {state.diverged_at} "
+                f"({state.divergence}; profiled there: {op.name} in `{op.where}`), and a "
+                f"tensor made by {made.name} in `{made.where}` would be rebuilt from ops "
+                "past that point; remat refuses rather than give other gradients than eager. "
+                "The next step is profiled again.",
+                op=op.name, module=op.where)
+        recipe = rt.plan.recipes[self.vid]
+        # Values of the recipe that an earlier rebuild of this step left on the device (held
+        # by their own handles) are used as they are, as the planner's schedule does.
+        env: dict[int, torch.UntypedStorage] = {}
+        for u, ref in state.materialized.items():
+            other = ref()
+            if (other is not None and other.storage is not None and u != self.vid
+                    and not profile.values[u].writers):
+                env[u] = other.storage
+        device_type = rt.device.type
+        cached = set(env)
+        with torch.no_grad(), torch.autocast(device_type=device_type, enabled=False):
+            for i in recipe.ops:
+                rec = profile.ops[i]
+                if cached and _already_made(rec, cached):
+                    continue
+                statics = state.static_args.get(i, {})
+                leaves = []
+                for p, leaf in enumerate(rec.leaves):
+                    if not isinstance(leaf, TensorRef):
+                        leaves.append(leaf)
+                    elif leaf.value < 0:
+                        t = statics[p]
+                        if t.untyped_storage().nbytes() < _extent_bytes(leaf):
+                            rt.refused = True
+                            raise _freed(profile, rec, leaf, t.untyped_storage())
+                        leaves.append(t.clone() if p in rec.static_writes else t)
+                    else:
+                        storage = env.get(leaf.value)
+                        if storage is None:
+                            storage = self.anchors[leaf.value]
+                            # Checked before ``set_``, which would grow a freed storage
+                            # back with whatever bytes the allocator hands out.
+                            if storage.nbytes() < _extent_bytes(leaf):
+                                rt.refused = True
+                                raise _freed(profile, rec, leaf, storage)
+                        leaves.append(_view(storage, leaf))
+                args, kwargs = pytree.tree_unflatten(leaves, rec.spec)
+                if rec.random:
+                    out = _replay_random(rec.func, args, kwargs, state.rng[i], rt.device)
+                else:
+                    out = rec.func(*args, **kwargs)
+                if rec.new_values:
+                    for ref, t in zip(rec.outputs, pytree.tree_leaves(out)):
+                        if ref is not None and ref.value in rec.new_values:
+                            env.setdefault(ref.value, t.untyped_storage())
+        return env[self.vid]
+
+
+def _extent_bytes(ref: TensorRef) -> int:
+    """Bytes of storage the tensor ``ref`` describes reaches into."""
+    if any(n == 0 for n in ref.size):
+        return 0
+    last = ref.offset + sum((n - 1) * s for n, s in zip(ref.size, ref.stride))
+    return (last + 1) * ref.dtype.itemsize
+
+
+def _freed(profile: Profile, rec, ref: TensorRef, storage) -> Exception:
+    """A static or anchor a rebuild reads has lost its storage since the forward
+    (``resize_``, as FSDP2 frees parameters), which the profiled step did not show at this
+    point (the planner avoids what it showed): refuse rather than read freed memory."""
+    if ref.value < 0:
+        what = f"`{profile.statics[ref.static]}`"
+    else:
+        made = profile.ops[profile.values[ref.value].op]
+        what = f"a tensor made by {made.name} in `{made.where}`"
+    return StepDivergedError(
+        f"rebuilding a saved tensor replays {rec.name} in `{rec.where}`, which reads {what}; "
+        f"its storage holds {storage.nbytes()} bytes now, {_extent_bytes(ref)} are needed "
+        "(freed since the forward, unlike in the profiled step); remat refuses rather than "
+        "give other gradients than eager. The next step is profiled again.",
+        op=rec.name, module=rec.where)
+
+
+def _already_made(rec, cached: set) -> bool:
+    """Whether op ``rec`` only makes or writes values found rebuilt already."""
+    made = rec.new_values or [
+        rec.leaves[p].value for p in rec.written
+        if isinstance(rec.leaves[p], TensorRef) and rec.leaves[p].value >= 0]
+    return bool(made) and all(v in cached for v in made)
+
+
+def _view(storage: torch.UntypedStorage, ref: TensorRef) -> torch.Tensor:
+    return torch.empty(0, dtype=ref.dtype, device=storage.device).set_(
+        storage, ref.offset, ref.size, ref.stride)
+
+
+def _rng_state(device: torch.device) -> tuple:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _replay_random(func, args, kwargs, states, device):
+    cpu, cuda = states
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
+        return func(*args, **kwargs)
+
+
+class RunMode(TorchDispatchMode):
+    """The planned forward's dispatch mode: checks each op against the profile and keeps
+    what rebuilds need (see the module notes)."""
+
+    def __init__(self, state: StepState):
+        super().__init__()
+        self.state = state
+        rt = state.rt
+        self.ops = rt.profile.ops
+        self.flags = rt.flags
+        self.n = rt.profile.forward_ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        st = self.state
+        if st.internal:
+            return func(*args, **kwargs)  # an offload's copy: not the model's
+        i = st.op
+        st.op = i + 1
+        if st.diverged_at is not None:
+            return func(*args, **kwargs)
+        if i >= self.n or self.ops[i].func is not func:
+            expected = self.ops[i].name if i < self.n else "the end of the forward"
+            st.diverge(i, f"ran {func._schema.name}, expected {expected}")
+            return func(*args, **kwargs)
+        rec = self.ops[i]
+        flags = self.flags[i]
+        if flags & CAPTURE:
+            if not self._capture(i, rec, args, kwargs):
+                return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if type(out) is torch.Tensor:
+            if rec.outputs and rec.outputs[0] is not None and out.shape != rec.outputs[0].size:
+                st.diverge(i, f"{rec.name} made shape {tuple(out.shape)}, profiled "
+                              f"{rec.outputs[0].size}")
+                return out
+            if flags & (REGISTER | CREATE | ANCHOR):
+                self._made(rec, flags, [out])
+        elif flags & (REGISTER | CREATE | ANCHOR) or rec.outputs:
+            leaves = pytree.tree_leaves(out)
+            for ref, t in zip(rec.outputs, leaves):
+                if ref is not None and isinstance(t, torch.Tensor) and tuple(t.shape) != ref.size:
+                    st.diverge(i, f"{rec.name} made shape {tuple(t.shape)}, profiled {ref.size}")
+                    return out
+            if flags & (REGISTER | CREATE | ANCHOR):
+                self._made(rec, flags, leaves)
+        return out
+
+    def _capture(self, i, rec, args, kwargs) -> bool:
+        """Keeps the statics op ``i`` reads (and its generator state), after checking that
+        it reads the very tensors the profile saw."""
+        st = self.state
+        leaves = pytree.tree_leaves((args, kwargs))
+        statics = {}
+        for p, ref in enumerate(rec.leaves):
+            if not isinstance(ref, TensorRef):
+                continue
+            t = leaves[p] if p < len(leaves) else None
+            if not isinstance(t, torch.Tensor):
+                st.diverge(i, f"{rec.name} argument {p} is no longer a tensor")
+                return False
+            if ref.value >= 0:
+                if st.cdata.get(ref.value) != _cdata(t):
+                    st.diverge(i, f"{rec.name} reads another tensor than the profiled step")
+                    return False
+            else:
+                statics[p] = t
+        st.static_args[i] = statics
+        if rec.random:
+            st.rng[i] = _rng_state(st.rt.device)
+        return True
+
+    def _made(self, rec, flags, leaves) -> None:
+        st = self.state
+        plan = st.rt.plan
+        for ref, t in zip(rec.outputs, leaves):
+            if ref is None or ref.value not in rec.new_values or ref.value in st.cdata:
+                continue
+            storage = t.untyped_storage()
+            st.cdata[ref.value] = storage._cdata
+            st.weak.append(storage._weak_ref())
+            vid = ref.value
+            if flags & ANCHOR and vid in plan.anchors:
+                st.anchors[vid] = storage
+            kind = plan.decisions.get(vid)
+            if flags & CREATE and kind in (RECOMPUTE, OFFLOAD):
+                value = _Value(vid, kind, st)
+                st.values[vid] = value
+                if kind == OFFLOAD:
+                    st.internal = True
+                    try:
+                        value.offload(storage)
+                    finally:
+                        st.internal = False
+                    st.offloaded[vid] = weakref.ref(value)
+
+
+def make_hooks(state: StepState):
+    """The pack / unpack pair for one planned step."""
+    rt = state.rt
+    packs = rt.profile.packs
+    decisions = rt.plan.decisions
+
+    def pack(t: torch.Tensor):
+        k = state.packs
+        state.packs = k + 1
+        if state.diverged_at is not None or k >= len(packs):
+            if state.diverged_at is None:
+                state.diverge(state.op, "autograd saved more tensors than in the profile")
+            return _Kept(t, None)
+        ref = packs[k].ref
+        if tuple(t.shape) != ref.size or t.dtype != ref.dtype:
+            state.diverge(state.op, f"saved tensor {k} has shape {tuple(t.shape)} "
+                                    f"{t.dtype}, profiled {ref.size} {ref.dtype}")
+            return _Kept(t, None)
+        vid = ref.value
+        if vid < 0 or decisions.get(vid, KEEP) == KEEP:
+            return _Kept(t, packs[k])
+        value = state.values.get(vid)
+        if value is None or state.cdata.get(vid) != _cdata(t):
+            state.diverge(state.op, f"saved tensor {k} is not the profiled one")
+            return _Kept(t, None)
+        return _Saved(value, ref)
+
+    def unpack(handle):
+        c = state.unpacks
+        state.unpacks = c + 1
+        if state.pending:
+            _prefetch(state, c)
+        if type(handle) is _Kept:
+            t = handle.tensor
+            if t._version != handle.version:
+                if handle.pack is not None:
+                    raise RuntimeError(version_message(handle.pack, handle.version, t._version))
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified "
+                    f"by an inplace operation: shape {list(t.shape)}, version {t._version}, "
+                    f"expected {handle.version}")
+            return t
+        return _view(handle.value.materialize(), handle.ref)
+
+    return pack, unpack
+
+
+def _prefetch(state: StepState, count: int) -> None:
+    pending = state.pending
+    while state.next_prefetch < len(pending) and pending[state.next_prefetch][0] <= count:
+        ref = state.offloaded.get(pending[state.next_prefetch][1])
+        state.next_prefetch += 1
+        value = ref() if ref is not None else None
+        if value is not None:
+            value.prefetch()

@@ -1,0 +1,356 @@
+"""``auto_checkpoint``: remat inside PyTorch's own autograd, for an unmodified model.
+
+```python
+model = remat.torch.auto_checkpoint(model, memory_budget="8GiB")   # or 0.5
+for batch in loader:                   # the loop does not change
+    loss = model(**batch).loss
+    loss.backward(); opt.step(); opt.zero_grad()
+```
+
+The first training step with a given input signature runs as plain eager while it is
+profiled (every aten op, saved tensor and storage; see ``_eager_profile``); the planner then
+chooses, for every tensor autograd saves, keep / offload / recompute under the budget, and
+every later step with that signature runs the model's own forward under saved-tensor hooks
+that do it (``_eager_run``). Loss, gradients, buffers and the random state are bit-identical
+to plain eager. Outside training (``model.eval()``, ``torch.no_grad()``) nothing is hooked.
+
+The budget: bytes mean the step's peak (static tensors, activations and gradients; on CUDA as
+``torch.cuda.max_memory_allocated`` reports it); a float in (0, 1] is a fraction of the
+step's *activation* bytes (the unplanned peak above the static bytes). On a CPU device the
+host is the device's own memory, so plans there recompute only.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import time
+import types
+import warnings
+from typing import Any, Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _native
+from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, plan_step
+from ._eager_profile import Profile, Profiler
+from ._eager_run import RunMode, RuntimePlan, StepState, make_hooks
+from .errors import CaptureError
+
+_ATTR = "_remat_auto"
+
+
+class _Entry:
+    """One input signature: its profile (once complete) and plan."""
+
+    def __init__(self):
+        self.profile: Optional[Profile] = None
+        self.static_bytes = 0
+        self.plan: Optional[EagerPlan] = None
+        self.runtime: Optional[RuntimePlan] = None
+        self.pending: Optional[Profiler] = None
+        self.stale = False
+        self.steps = 0
+        self.plan_seconds = 0.0
+
+
+class AutoCheckpoint:
+    """The controller ``auto_checkpoint`` attaches to a model (``remat.torch.controller``)."""
+
+    def __init__(self, model: torch.nn.Module, memory_budget, *, offload: Optional[bool],
+                 bandwidth: Optional[float], time_limit: Optional[float],
+                 max_plans: int, strategy: Optional[str]):
+        self.model = model
+        self.memory_budget = memory_budget
+        self.offload = offload
+        self.bandwidth = bandwidth
+        self.time_limit = time_limit
+        self.strategy = strategy
+        self.max_plans = max_plans
+        self.entries: collections.OrderedDict[tuple, _Entry] = collections.OrderedDict()
+        self.forward = model.forward
+        self.enabled = True
+        self.reprofiles = 0
+        self._warned_compile = False
+
+    # ---- the forward --------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if not self._active():
+            return self.forward(*args, **kwargs)
+        key = _signature(self.model, args, kwargs)
+        entry = self.entries.get(key)
+        if entry is None or entry.stale or (entry.runtime is not None
+                                            and entry.runtime.refused):
+            if entry is not None:
+                self.reprofiles += 1
+            entry = _Entry()
+            self.entries[key] = entry
+            while len(self.entries) > self.max_plans:
+                self.entries.popitem(last=False)
+        self.entries.move_to_end(key)
+        if entry.plan is None and entry.profile is not None:
+            self._plan(entry)
+        if entry.plan is None:
+            return self._profile(entry, args, kwargs)
+        entry.steps += 1
+        if entry.plan.keeps_everything:
+            return self.forward(*args, **kwargs)
+        return self._run(entry, args, kwargs)
+
+    def _active(self) -> bool:
+        if not (self.enabled and self.model.training and torch.is_grad_enabled()):
+            return False
+        if torch.compiler.is_compiling():
+            if not self._warned_compile:
+                warnings.warn("remat.torch.auto_checkpoint does not plan inside "
+                              "torch.compile: the compiled model runs as compiled, without "
+                              "remat's plan (use torch.compile's activation_memory_budget "
+                              "there)", stacklevel=3)
+                self._warned_compile = True
+            return False
+        return True
+
+    def _profile(self, entry: _Entry, args, kwargs):
+        device = _device_of(self.model)
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else _nothing
+        profiler = Profiler(self.model, device, sync)
+        entry.pending = profiler
+        baseline = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+
+        def complete(profile: Profile) -> None:
+            if entry.pending is profiler:
+                entry.profile = profile
+                entry.static_bytes = baseline if baseline is not None else profile.static_bytes
+                entry.pending = None
+
+        profiler.on_complete = complete
+        profiler.begin_forward()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(profiler.pack, profiler.unpack):
+                out = self.forward(*args, **kwargs)
+        except BaseException:
+            profiler.__exit__(None, None, None)
+            raise
+        finally:
+            for h in profiler._module_hooks:
+                h.remove()
+        profiler.end_forward(out)
+        return out
+
+    def _plan(self, entry: _Entry) -> None:
+        device = entry.profile.device
+        bandwidth = self._bandwidth(device)
+        start = time.perf_counter()
+        entry.plan = plan_step(entry.profile, entry.static_bytes, self.memory_budget,
+                               bandwidth=bandwidth, time_limit=self.time_limit,
+                               strategy=self.strategy)
+        entry.plan_seconds = time.perf_counter() - start
+        entry.runtime = RuntimePlan(entry.profile, entry.plan, device)
+
+    def _bandwidth(self, device: torch.device) -> Optional[float]:
+        if self.offload is False:
+            return None
+        if device.type != "cuda":
+            return None  # the host is this device's own memory: recompute only
+        if self.bandwidth is not None:
+            return float(self.bandwidth)
+        return _measure_copy_bandwidth(device)
+
+    def _run(self, entry: _Entry, args, kwargs):
+        state = StepState(entry.runtime)
+        pack, unpack = make_hooks(state)
+        mode = RunMode(state)
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), mode:
+            out = self.forward(*args, **kwargs)
+        state.end_forward()
+        if state.diverged_at is not None:
+            entry.stale = True
+            warnings.warn(f"remat: this step diverged from the profiled one at op "
+                          f"{state.diverged_at} ({state.divergence}); the next step with "
+                          "these input shapes is profiled again", stacklevel=3)
+        return out
+
+    # ---- inspection ---------------------------------------------------------------------
+    @property
+    def plan(self) -> Optional[EagerPlan]:
+        """The plan of the latest input signature, once planned."""
+        for entry in reversed(self.entries.values()):
+            if entry.plan is not None:
+                return entry.plan
+        return None
+
+    def entry(self) -> Optional[_Entry]:
+        for entry in reversed(self.entries.values()):
+            if entry.plan is not None:
+                return entry
+        return None
+
+    def table(self) -> str:
+        """Per module: bytes kept, offloaded and recomputed, and the predicted peak."""
+        entry = self.entry()
+        if entry is None:
+            return "remat: no plan yet (the first training step profiles the model)"
+        return plan_table(entry.profile, entry.plan)
+
+    def plot(self, path) -> None:
+        """Draws the planned step's memory over time against the unplanned step's and the
+        budget (``.svg`` or ``.png``), as ``remat plan --plot`` does; written atomically."""
+        entry = self.entry()
+        if entry is None:
+            raise CaptureError("no plan yet: run two training steps first")
+        plan = entry.plan
+        unit = 1e-6  # the step graph's time unit (microseconds)
+
+        def points(report):
+            return [(t * unit, float(b)) for _, t, b in report["timeline"]]
+
+        series = [("unplanned", points(plan.unplanned or plan.report))]
+        if not plan.keeps_everything:
+            series.append((f"remat ({plan.strategy})", points(plan.report)))
+        _native.plot_timelines(os.fspath(path), f"eager step: predicted peak "
+                               f"{_native.human_bytes(plan.predicted_peak)}", series,
+                               plan.budget_bytes)
+
+    def graph(self) -> StepGraph:
+        """The profiled step as remat's graph (``.to_json()`` is what ``remat plan``
+        reads)."""
+        entry = self.entry() or next((e for e in reversed(self.entries.values())
+                                      if e.profile is not None), None)
+        if entry is None or entry.profile is None:
+            raise CaptureError("no profiled step yet: run one training step first")
+        return StepGraph(entry.profile, entry.static_bytes)
+
+
+def plan_table(profile: Profile, plan: EagerPlan) -> str:
+    rows: dict[str, list[int]] = collections.OrderedDict()
+    seen: set[int] = set()
+    for pack in profile.packs:
+        vid = pack.ref.value
+        if vid < 0 or vid in seen:
+            continue
+        seen.add(vid)
+        row = rows.setdefault(pack.where, [0, 0, 0])
+        kind = plan.decisions.get(vid, KEEP)
+        row[{KEEP: 0, OFFLOAD: 1, RECOMPUTE: 2}[kind]] += profile.values[vid].nbytes
+    h = _native.human_bytes
+    width = max([len("module")] + [len(m) for m in rows])
+    lines = [f"{'module':<{width}}  {'kept':>12}  {'offloaded':>12}  {'recomputed':>12}"]
+    total = [0, 0, 0]
+    for module, (k, o, r) in rows.items():
+        lines.append(f"{module:<{width}}  {h(k):>12}  {h(o):>12}  {h(r):>12}")
+        total = [total[0] + k, total[1] + o, total[2] + r]
+    lines.append(f"{'total':<{width}}  {h(total[0]):>12}  {h(total[1]):>12}  {h(total[2]):>12}")
+    lines.append(
+        f"predicted peak {h(plan.predicted_peak)} (budget {h(plan.budget_bytes)}, unplanned "
+        f"{h(plan.store_all_peak)}, static {h(plan.static_bytes)}), predicted overhead "
+        f"{100 * plan.overhead:.2f}%, from {plan.strategy}")
+    return "\n".join(lines)
+
+
+def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
+                    offload: Optional[bool] = None, bandwidth: Optional[float] = None,
+                    time_limit: Optional[float] = None, max_plans: int = 8,
+                    strategy: Optional[str] = None) -> torch.nn.Module:
+    """Plans keep / offload / recompute for ``model``'s training steps under
+    ``memory_budget`` and runs the plan inside eager autograd. Returns ``model`` itself
+    (same parameters, ``state_dict`` keys and attributes), its ``forward`` wrapped.
+
+    memory_budget: int bytes or text ("8GiB", "1.5GB": the step's peak, static tensors and
+        gradients included), or a float in (0, 1]: that fraction of the step's activation
+        bytes.
+    offload: False plans recompute only; None (default) offloads on CUDA where the planner
+        finds it faster, never on CPU (the host is the same memory there).
+    bandwidth: host copy bytes per second for the planner (default: measured on CUDA).
+    time_limit: seconds the planner may take per input signature (default: its own).
+    max_plans: input signatures (shapes) whose plans are cached, least recent dropped.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise CaptureError(f"auto_checkpoint needs an nn.Module, got {type(model).__name__}")
+    if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
+        raise CaptureError(f"max_plans must be a positive int, got {max_plans!r}")
+    _check_budget(memory_budget)
+    existing = getattr(model, _ATTR, None)
+    if existing is not None:
+        existing.memory_budget = memory_budget
+        existing.entries.clear()
+        return model
+    controller = AutoCheckpoint(model, memory_budget, offload=offload, bandwidth=bandwidth,
+                                time_limit=time_limit, max_plans=max_plans, strategy=strategy)
+    object.__setattr__(model, _ATTR, controller)
+
+    @functools.wraps(controller.forward)
+    def forward(*args, **kwargs):
+        return controller(*args, **kwargs)
+
+    object.__setattr__(model, "forward", forward)
+    return model
+
+
+def controller(model: torch.nn.Module) -> AutoCheckpoint:
+    """The :class:`AutoCheckpoint` of a model given to ``auto_checkpoint``."""
+    c = getattr(model, _ATTR, None)
+    if c is None:
+        raise CaptureError(f"{type(model).__name__} was not given to auto_checkpoint")
+    return c
+
+
+def _check_budget(budget) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        raise CaptureError(f"memory_budget: give bytes (int), a fraction (float) or text "
+                           f"(\"8GiB\"), not {type(budget).__name__}")
+    if isinstance(budget, float) and not 0.0 < budget <= 1.0:
+        from ..errors import BudgetError
+
+        raise BudgetError(f"memory_budget {budget!r}: a float is a fraction of the step's "
+                          "activation bytes and must be in (0, 1]")
+    if isinstance(budget, int) and budget <= 0:
+        from ..errors import BudgetError
+
+        raise BudgetError(f"memory_budget {budget}: bytes must be positive")
+
+
+def _signature(model, args, kwargs) -> tuple:
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    parts = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            parts.append(("t", tuple(x.shape), x.dtype, x.device, x.requires_grad))
+        elif x is None or isinstance(x, (bool, int, float, str)):
+            parts.append(("c", type(x).__name__, x))
+        else:
+            parts.append(("o", type(x).__name__))
+    device = _device_of(model)
+    autocast = (torch.is_autocast_enabled(device.type),
+                torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
+                else None)
+    return (str(spec), tuple(parts), autocast)
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _nothing() -> None:
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _measure_copy_bandwidth(device: torch.device) -> float:
+    """Pinned host -> device bytes per second, measured once per device (32 MiB, median of
+    three copies)."""
+    n = 32 << 20
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    times = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dev.copy_(host, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return n / max(sorted(times)[1], 1e-9)

@@ -1,0 +1,322 @@
+"""remat.torch.auto_checkpoint: plans run inside eager autograd, bit-identical to plain eager.
+
+Every case trains a copy of one model two ways, plain eager and under ``auto_checkpoint``,
+for three AdamW steps from the same random state, and compares losses, gradients,
+parameters, buffers and the generator state bit for bit. CPU, one thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import remat  # noqa: E402
+import remat.torch as rt  # noqa: E402
+
+F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, p):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+        self.drop = torch.nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.norm(x)))))
+
+
+class Net(torch.nn.Module):
+    """Residual MLP blocks, a tied embedding / head, loss inside the forward."""
+
+    def __init__(self, d=32, layers=4, p=0.1, vocab=50):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(Block(d, p) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, ids, labels):
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(x)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+class ConvNet(torch.nn.Module):
+    """BatchNorm (running statistics updated in place) and in-place ReLU, in residual
+    blocks."""
+
+    def __init__(self, blocks=4, width=8):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, width, 3, padding=1)
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Conv2d(width, width, 3, padding=1) for _ in range(blocks))
+        self.norms = torch.nn.ModuleList(torch.nn.BatchNorm2d(width) for _ in range(blocks))
+        self.fc = torch.nn.Linear(width, 5)
+
+    def forward(self, x, y):
+        h = self.stem(x)
+        for conv, norm in zip(self.convs, self.norms):
+            h = h + F.relu(norm(conv(h)), inplace=True)
+        h = h.relu_()
+        return F.cross_entropy(self.fc(h.mean((2, 3))), y)
+
+
+def net_batch(seed=0, seq=64):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50, (8, seq), generator=g)
+    return (ids, torch.roll(ids, 1, 1)), {}
+
+
+def conv_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 5, (8,), generator=g)), {}
+
+
+def train(model, batches, *, steps=3, seed=1, autocast=False):
+    """Three AdamW steps; returns everything that must match."""
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, grads = [], []
+    for i in range(steps):
+        args, kwargs = batches[i % len(batches)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(*args, **kwargs)
+        loss = out if isinstance(out, torch.Tensor) else out.loss
+        loss.backward()
+        losses.append(loss.detach().clone())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()
+                      if p.grad is not None})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {
+        "losses": losses,
+        "grads": grads,
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "opt": [{k: v.clone() for k, v in s.items() if isinstance(v, torch.Tensor)}
+                for s in opt.state.values()],
+        "rng": torch.get_rng_state(),
+    }
+
+
+def assert_identical(a, b):
+    assert len(a["losses"]) == len(b["losses"])
+    for x, y in zip(a["losses"], b["losses"]):
+        assert torch.equal(x, y), (x, y)
+    for ga, gb in zip(a["grads"], b["grads"]):
+        assert ga.keys() == gb.keys()
+        for k in ga:
+            assert torch.equal(ga[k], gb[k]), f"gradient of {k} differs"
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        assert torch.equal(a["state"][k], b["state"][k]), f"state {k} differs"
+    for sa, sb in zip(a["opt"], b["opt"]):
+        for k in sa:
+            assert torch.equal(sa[k], sb[k])
+    assert torch.equal(a["rng"], b["rng"])
+
+
+def compare(make, batches, budget, *, autocast=False, steps=3):
+    torch.manual_seed(0)
+    base = make()
+    eager = train(copy.deepcopy(base), batches, autocast=autocast, steps=steps)
+    model = rt.auto_checkpoint(copy.deepcopy(base), budget)
+    planned = train(model, batches, autocast=autocast, steps=steps)
+    assert_identical(eager, planned)
+    return rt.controller(model)
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.8, 0.6])
+def test_dropout_tied_weights_identical_at_every_budget(budget):
+    c = compare(Net, [net_batch()], budget)
+    plan = c.plan
+    assert plan is not None
+    assert plan.predicted_peak <= plan.budget_bytes
+    if budget < 1.0:
+        assert plan.count("recompute") > 0, c.table()
+    else:
+        assert plan.keeps_everything
+
+
+def measured_peak(model, batch):
+    """The step's peak as the storage tracker sees it, plus the static bytes."""
+    args, kwargs = batch
+
+    def step():
+        model(*args, **kwargs).backward()
+        model.zero_grad(set_to_none=True)
+
+    with rt.StorageTracker() as tracker:
+        step()
+    entry = rt.controller(model).entry()
+    return tracker.peak_bytes + entry.static_bytes, step
+
+
+def test_measured_peak_within_predicted_and_lower_budgets_measure_lower():
+    torch.manual_seed(0)
+    base = Net(d=64, layers=4)
+    batch = net_batch(seq=64)
+    measured = []
+    for budget in (1.0, 0.8, 0.6):
+        model = rt.auto_checkpoint(copy.deepcopy(base), budget)
+        args, _ = batch
+        for _ in range(2):
+            model(*args).backward()
+            model.zero_grad(set_to_none=True)
+        peak, step = measured_peak(model, batch)
+        plan = rt.controller(model).plan
+        # Tolerance: none on CPU; the tracker counts storages the step's ops make.
+        assert peak <= plan.predicted_peak, (budget, peak, plan.predicted_peak)
+        assert plan.predicted_peak <= plan.budget_bytes
+        measured.append(peak)
+    assert measured == sorted(measured, reverse=True), measured
+    assert measured[-1] < 0.8 * measured[0]
+
+
+def test_storage_tracker_agrees_with_torch_profiler():
+    torch.manual_seed(0)
+    model = Net(d=64)
+    (ids, labels), _ = net_batch(seq=64)
+
+    def step():
+        model(ids, labels).backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    with rt.StorageTracker() as tracker:
+        step()
+    assert tracker.peak_bytes == rt.peak_from_profiler(step)
+
+
+def test_batchnorm_and_inplace_relu_identical():
+    c = compare(ConvNet, [conv_batch()], 0.8)
+    assert c.plan.count("recompute") > 0
+
+
+def test_autocast_bf16_identical():
+    c = compare(Net, [net_batch()], 0.6, autocast=True)
+    assert c.plan.count("recompute") > 0
+
+
+def test_new_shape_is_profiled_again_and_stays_identical():
+    batches = [net_batch(0, seq=64), net_batch(1, seq=48), net_batch(2, seq=64)]
+    c = compare(Net, batches, 0.6, steps=5)
+    assert len(c.entries) == 2
+
+
+def test_eval_and_no_grad_run_unhooked():
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(), 0.3)
+    (ids, labels), _ = net_batch()
+    with torch.no_grad():
+        model(ids, labels)
+    model.eval()
+    model(ids, labels)
+    assert not rt.controller(model).entries
+
+
+def test_same_parameters_and_state_dict_keys():
+    torch.manual_seed(0)
+    base = Net()
+    keys = list(base.state_dict())
+    model = rt.auto_checkpoint(base, "1MiB")
+    assert model is base
+    assert list(model.state_dict()) == keys
+
+
+class Branchy(torch.nn.Module):
+    """Data-dependent control flow: which op runs depends on the input's values."""
+
+    def __init__(self, layers=6):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 64)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(layers))
+        self.c = torch.nn.Linear(64, 1)
+
+    def forward(self, x):
+        h = self.a(x)
+        if bool(x.sum() > 0):
+            h = torch.tanh(h)
+        else:
+            h = torch.sigmoid(h)
+        for layer in self.layers:
+            h = torch.tanh(layer(h))
+        return self.c(h).square().mean()
+
+
+def test_divergence_never_gives_other_gradients():
+    torch.manual_seed(0)
+    base = Branchy()
+    x_pos = torch.randn(512, 16).abs()
+    x_neg = -x_pos
+    model = rt.auto_checkpoint(copy.deepcopy(base), 0.8)
+    ref = copy.deepcopy(base)
+    for x in (x_pos, x_pos, x_neg, x_neg):
+        ref.zero_grad()
+        ref(x).backward()
+        model.zero_grad()
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            try:
+                model(x).backward()
+            except rt.StepDivergedError as error:
+                assert error.module and error.op
+                continue
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.equal(p.grad, q.grad), n
+    # The diverging input was profiled again.
+    assert rt.controller(model).reprofiles >= 1
+
+
+def test_budget_errors_name_the_budget():
+    with pytest.raises(remat.BudgetError, match="memory_budget"):
+        rt.auto_checkpoint(Net(), 1.5)
+    with pytest.raises(remat.RematError):
+        rt.auto_checkpoint(Net(), [1])
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(), 1000)  # bytes: below anything reachable
+    (ids, labels), _ = net_batch()
+    model(ids, labels).backward()
+    with pytest.raises(remat.BudgetError, match="least peak"):
+        model(ids, labels)
+
+
+def test_table_names_modules():
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(), 0.6)
+    (ids, labels), _ = net_batch()
+    for _ in range(2):
+        model(ids, labels).backward()
+    table = rt.controller(model).table()
+    assert "blocks.0" in table and "predicted peak" in table
+
+
+def test_plot_draws_the_planned_and_unplanned_timelines(tmp_path):
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(), 0.6)
+    (ids, labels), _ = net_batch()
+    for _ in range(2):
+        model(ids, labels).backward()
+    c = rt.controller(model)
+    c.plot(tmp_path / "memory.svg")
+    svg = (tmp_path / "memory.svg").read_text()
+    assert "unplanned" in svg and "budget" in svg and "remat" in svg
+    with pytest.raises(remat.ArgumentError, match="svg or .png"):
+        c.plot(tmp_path / "memory.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.svg"]
