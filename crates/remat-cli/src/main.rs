@@ -1,10 +1,15 @@
 //! `remat`: one binary in front of the engine, the planner and the resharder.
 //!
 //! Each subcommand lives in its own module under `cmd/` with its own `Args`, so that the
-//! commands grow independently.
+//! commands grow independently; a command never imports another. What two commands share
+//! sits beside `cmd/`: `units` (the size, budget and bandwidth flags), `fsutil` (output
+//! files), `specs` (spec files and mixes); the flow itself is in the libraries
+//! (`remat_engine::session`), tables in `remat_report`, sizes in `remat_units`.
 
 mod cmd;
 mod fsutil;
+mod specs;
+mod units;
 
 use clap::{Parser, Subcommand};
 

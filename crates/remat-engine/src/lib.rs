@@ -111,6 +111,7 @@ pub mod policy;
 pub mod pool;
 pub mod profile;
 pub mod rng;
+pub mod session;
 pub mod spec;
 pub mod swap;
 pub mod tensor;

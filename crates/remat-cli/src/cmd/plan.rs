@@ -7,11 +7,12 @@
 //! swapped and recomputed, and writes it with `--out`; `--compare` prints one table of every strategy at each budget; `--plot`
 //! draws the plan's memory timeline against store-all's and the budget line.
 
+mod multi;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use remat_planner::budget;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, Outcome, ratio};
@@ -22,7 +23,10 @@ use remat_planner::strategy::{
     Planned, Problem, SearchProgress, Strategy, calibrate, registry, skipped_in_search,
 };
 use remat_planner::{Graph, PlanError};
+use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
+
+use crate::units::{parse_bandwidth, parse_budget};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -78,7 +82,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 vec![s.name(), kind.to_string(), s.summary().to_string()]
             })
             .collect();
-        print_table(&["strategy", "kind", "what it does"], &rows);
+        print_table(
+            Layout::Markdown,
+            &["strategy", "kind", "what it does"],
+            &rows,
+        );
         println!("parameterized: {PARAMETERIZED}");
         return Ok(());
     }
@@ -188,7 +196,7 @@ fn run_multi(
             refused.join(" and ")
         );
     }
-    super::plan_multi::run(super::plan_multi::MultiArgs {
+    multi::run(multi::MultiArgs {
         graphs,
         budget: &args.budget,
         strategy: args.strategy.as_deref(),
@@ -314,7 +322,7 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64, limit: Duration) -> a
             ));
         }
     }
-    print_table(&header, &rows);
+    print_table(Layout::Markdown, &header, &rows);
     for (i, note) in notes.iter().enumerate() {
         println!("[{}] {note}", i + 1);
     }
@@ -376,49 +384,6 @@ fn ratio_cell(part: u64, whole: u64, decimals: usize) -> String {
     ratio(part, whole).map_or_else(|| "-".to_string(), |x| format!("{x:.decimals$}"))
 }
 
-/// Prints rows under a header, columns padded to their widest cell.
-pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            if i < widths.len() {
-                widths[i] = widths[i].max(cell.chars().count());
-            }
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("| {} |", padded.join(" | "));
-    };
-    line(header.to_vec());
-    println!(
-        "|{}|",
-        widths
-            .iter()
-            .map(|w| "-".repeat(w + 2))
-            .collect::<Vec<_>>()
-            .join("|")
-    );
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-}
-
-/// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`, `1e9` (bytes): see
-/// [`budget::parse_budget`] and, for the units, [`remat_units`].
-pub fn parse_budget(text: &str, graph: &Graph) -> anyhow::Result<u64> {
-    Ok(budget::parse_budget(text, graph, "--budget")?)
-}
-
-/// `32GB/s`, `16GiB/s`, `1e9`: bytes per second (see [`remat_units`]).
-pub fn parse_bandwidth(text: &str) -> anyhow::Result<f64> {
-    Ok(remat_units::parse_bandwidth(text, "--bandwidth")?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,25 +398,5 @@ mod tests {
     fn plot_needs_a_known_extension_before_anything_runs() {
         assert_eq!(plot_format(Path::new("x.svg")).unwrap(), ImageFormat::Svg);
         assert!(plot_format(Path::new("x.jpg")).is_err());
-    }
-
-    #[test]
-    fn budget_and_bandwidth_errors_name_the_flags() {
-        let err = |r: anyhow::Result<f64>| format!("{:#}", r.expect_err("an error"));
-        assert!(err(parse_bandwidth("0.4")).starts_with("--bandwidth 0.4: "));
-        let node = remat_planner::ir::Node {
-            name: "a".into(),
-            phase: remat_planner::ir::Phase::Forward,
-            compute_time: 1.0,
-            output_bytes: 10,
-            inputs: vec![],
-        };
-        let g = Graph::new("g", vec![node], 0, 1.0).unwrap();
-        assert_eq!(parse_budget("0.5", &g).unwrap(), 5);
-        let text = format!("{:#}", parse_budget("1.5", &g).expect_err("above 1"));
-        assert!(
-            text.starts_with("--budget 1.5: a fraction must be in (0, 1]"),
-            "{text}"
-        );
     }
 }

@@ -46,7 +46,7 @@ pub struct Args {
     place: Vec<NameRule>,
     /// Bound on buffered memory, e.g. 256MiB, 1GiB, 1.5GB (GB = 10^9 bytes, GiB = 2^30,
     /// units in any case).
-    #[arg(long, default_value = "256MiB", value_parser = super::units::size_arg)]
+    #[arg(long, default_value = "256MiB", value_parser = crate::units::size_arg)]
     max_buffer: u64,
     /// Print per-rank bytes, files, read amplification and peak buffer; write nothing.
     #[arg(long)]

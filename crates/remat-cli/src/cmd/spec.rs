@@ -3,12 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use remat_engine::session::spec_mix::{StepFn, TUNE_ROUNDS, choose, mix_model, profile};
 use remat_engine::spec::mix::solve;
-use remat_engine::spec::shipped::ShippedBlock;
-use remat_engine::spec::{
-    BlockSpec, Disposition, LayerPlan, Mode, ModelConfig, Operand, Plan, Prefetch, compile,
-};
+use remat_engine::spec::{Disposition, LayerPlan, Mode, Operand, Plan, Prefetch, compile};
+use remat_report::{Layout, print_table};
 use remat_units::{Amount, Budget, human_bytes};
+
+use crate::specs::{load_spec_and_config, print_mix, print_tuned};
 
 /// What a fraction `--memory-budget` is taken of: the peak of the fastest allowed mix.
 const REFERENCE: &str = "the predicted peak with no budget";
@@ -66,7 +67,7 @@ pub struct InspectArgs {
     /// bytes (parameters and optimizer state included, as `remat train --memory-budget`)
     /// at the least predicted step time: bytes (40MiB, 1.5GB) or a fraction in (0, 1] of
     /// the predicted peak with no budget (0.5).
-    #[arg(long, value_parser = super::units::budget_arg)]
+    #[arg(long, value_parser = crate::units::budget_arg)]
     memory_budget: Option<Budget>,
 }
 
@@ -119,30 +120,6 @@ fn derive(args: DeriveArgs) -> anyhow::Result<()> {
 /// `crate::fsutil`).
 fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     crate::fsutil::write_atomically("--out", path, bytes)
-}
-
-/// Loads SPEC (a path or a shipped block name) and its config with overrides applied.
-pub fn load_spec_and_config(
-    spec: &str,
-    config: Option<&Path>,
-    overrides: &[String],
-) -> anyhow::Result<(BlockSpec, ModelConfig)> {
-    let shipped = ShippedBlock::by_name(spec);
-    let block = match shipped {
-        Some(b) if !Path::new(spec).exists() => b.spec()?,
-        _ => BlockSpec::load(Path::new(spec))?,
-    };
-    let mut model = match (config, shipped) {
-        (Some(path), _) => ModelConfig::load(path)?,
-        (None, Some(b)) => b.config()?,
-        (None, None) => anyhow::bail!(
-            "spec {spec}: no --config given (needed for every spec but the shipped qwen3 and qwen3-moe)"
-        ),
-    };
-    for assignment in overrides {
-        model.apply_override(assignment)?;
-    }
-    Ok((block, model))
 }
 
 fn inspect(args: InspectArgs) -> anyhow::Result<()> {
@@ -204,7 +181,7 @@ fn inspect_mix(plan: &Plan, budget: &Budget) -> anyhow::Result<()> {
     let lora_mode = plan.mode == Mode::Lora;
     let name = &plan.spec().name;
     let plan = compile(plan.spec(), &config, plan.mode)?;
-    let (step, params, trainable): (Box<super::spec_mix::StepFn>, usize, usize) =
+    let (step, params, trainable): (Box<StepFn<anyhow::Error>>, usize, usize) =
         match BlockKind::of_spec(name) {
             Some(kind) => {
                 let mut m = Qwen3::new(kind, &plan.config, 0)?;
@@ -244,13 +221,12 @@ fn inspect_mix(plan: &Plan, budget: &Budget) -> anyhow::Result<()> {
             }
         };
     let layers = plan.layers.len();
-    let model =
-        super::spec_mix::mix_model(std::slice::from_ref(&plan), vec![0; layers], plan.mode)?;
+    let model = mix_model(std::slice::from_ref(&plan), vec![0; layers], plan.mode)?;
     println!(
         "
 profiling the model (random weights) for --memory-budget ..."
     );
-    let profile = super::spec_mix::profile(&model, 3, step.as_ref())?;
+    let profile = profile(&model, 3, step.as_ref())?;
     let base = 4 * params as u64 + 8 * trainable as u64;
     let budget = match budget.amount() {
         Amount::Bytes(bytes) => bytes,
@@ -267,17 +243,10 @@ profiling the model (random weights) for --memory-budget ..."
             bytes
         }
     };
-    let tuned = super::spec_mix::choose(
-        &model,
-        &profile,
-        budget,
-        base,
-        super::spec_mix::TUNE_ROUNDS,
-        step.as_ref(),
-    )?;
-    super::spec_mix::print_tuned(&tuned, base);
+    let tuned = choose(&model, &profile, budget, base, TUNE_ROUNDS, step.as_ref())?;
+    print_tuned(&tuned, base);
     println!("mix for --memory-budget {}:", human_bytes(budget));
-    super::spec_mix::print_mix(&model, &profile, tuned.mix(), base);
+    print_mix(&model, &profile, tuned.mix(), base);
     Ok(())
 }
 
@@ -339,7 +308,11 @@ fn print_layer(plan: &Plan, layer: &LayerPlan) {
             ]
         })
         .collect();
-    print_table(&["#", "op", "inputs", "outputs", "policy", "lora"], &rows);
+    print_table(
+        Layout::Indented,
+        &["#", "op", "inputs", "outputs", "policy", "lora"],
+        &rows,
+    );
     let slot_rows: Vec<Vec<String>> = layer
         .slots
         .iter()
@@ -358,6 +331,7 @@ fn print_layer(plan: &Plan, layer: &LayerPlan) {
         })
         .collect();
     print_table(
+        Layout::Indented,
         &["slot", "shape", "dtype", "disposition", "bytes", "buffer"],
         &slot_rows,
     );
@@ -384,6 +358,7 @@ fn print_bytes(plan: &Plan) {
         human_bytes(plan.offloaded_bytes()),
     ]);
     print_table(
+        Layout::Indented,
         &["layer", "saved (device)", "recomputed", "offloaded (host)"],
         &rows,
     );
@@ -407,35 +382,4 @@ fn print_bytes(plan: &Plan) {
         human_bytes(plan.shared_buffer_bytes()),
         human_bytes(plan.device_bytes())
     );
-}
-
-/// Prints left-aligned columns separated by two spaces, with a rule under the header.
-pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("  {}", padded.join("  ").trim_end());
-    };
-    line(headers.to_vec());
-    line(
-        widths
-            .iter()
-            .map(|w| "-".repeat(*w))
-            .collect::<Vec<_>>()
-            .iter()
-            .map(String::as_str)
-            .collect(),
-    );
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
 }

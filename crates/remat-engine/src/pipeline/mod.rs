@@ -6,12 +6,14 @@
 //! - [`runner`]: one thread per stage driving a [`StageWork`] through a schedule.
 //! - [`transport`]: activations forward and gradients backward between neighbouring stages.
 //! - [`wire`]: those messages as bytes, for a transport between processes.
+//! - [`limits`]: the most stages and micro-batches remat runs.
 //! - `mpi` (cargo feature `mpi`): stages as MPI ranks, with data-parallel replicas.
 
 pub mod activation;
 pub mod auto;
 pub mod driver;
 pub mod graph_stage;
+pub mod limits;
 pub mod manager;
 #[cfg(feature = "mpi")]
 pub mod mpi;

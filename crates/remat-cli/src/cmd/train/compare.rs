@@ -14,14 +14,14 @@ use std::time::Instant;
 
 use indicatif::ProgressBar;
 use remat_engine::models::gpt::{Checkpointing, Gpt};
+use remat_engine::session::task::Task;
 use remat_engine::{
     AdamW, AdamWConfig, Category, EngineError, ExecContext, MemoryPool, Policy, Tensor,
 };
-
-use super::Args;
-use super::table;
-use super::task::Task;
+use remat_report::{Layout, render};
 use remat_units::human_bytes;
+
+use super::flags::Args;
 
 /// Seconds of timed steps each policy runs at least (more steps when they are short).
 const MIN_TIMED_S: f64 = 0.4;
@@ -226,7 +226,7 @@ pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
         "recomputes",
         "grads bit-identical",
     ];
-    print!("{}", table::render(&header, &rows));
+    print!("{}", render(Layout::Aligned, &header, &rows));
     if let Some(b) = budget {
         let over: Vec<String> = policies
             .iter()

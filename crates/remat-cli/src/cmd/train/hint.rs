@@ -4,11 +4,11 @@
 //! under the same policy peaks at the same byte count).
 
 use remat_engine::models::gpt::Checkpointing;
+use remat_engine::session::task::Task;
 use remat_engine::{EngineError, MemoryPool};
-
-use super::Args;
-use super::task::Task;
 use remat_units::human_bytes;
+
+use super::flags::{Args, PolicyChoice};
 
 /// The most a probe may allocate: half of the memory the system reports available (the
 /// failed run's memory is already freed), or 1 GiB when that cannot be read. A probe
@@ -36,13 +36,13 @@ pub fn measure_peak(
     let mut files = args.files.clone();
     files.dump_grads = None;
     let probe = Args {
-        policy: crate::cmd::train_auto::PolicyChoice::Fixed(ckpt),
+        policy: PolicyChoice::Fixed(ckpt),
         steps: 1,
         files,
         log_every: Some(u64::MAX),
         ..args.clone()
     };
-    match super::session::train(&probe, task, &pool, true) {
+    match super::fixed::train(&probe, task, &pool, true) {
         Ok(_) => Ok(Some(pool.stats().peak)),
         Err(err) => match err.downcast_ref::<EngineError>() {
             Some(EngineError::OutOfMemory { .. }) => Ok(None),
