@@ -87,10 +87,19 @@ class Case:
     loss_fn: Callable | None  # loss_fn(model, *inputs) for positional inputs
     enable_block_checkpoint: Callable[[], None]
     disable_block_checkpoint: Callable[[], None]
+    autocast: torch.dtype | None = None  # the forward under torch.autocast to this dtype
 
     def loss(self, model: torch.nn.Module | None = None):
-        """The step's loss from ``model`` (default: the case's own model)."""
+        """The step's loss from ``model`` (default: the case's own model), under autocast
+        when the case asks for it."""
         model = self.model if model is None else model
+        if self.autocast is None:
+            return self._loss(model)
+        device = next(model.parameters()).device.type
+        with torch.autocast(device, dtype=self.autocast):
+            return self._loss(model)
+
+    def _loss(self, model: torch.nn.Module):
         if isinstance(self.inputs, dict):
             return model(**self.inputs).loss
         return self.loss_fn(model, *self.inputs)
@@ -129,6 +138,23 @@ def llama(small: bool) -> Case:
     model = transformers.LlamaForCausalLM(config).train()
     ids = torch.randint(0, vocab, (batch, seq))
     return Case(f"llama-{layers}x{d}", model, {"input_ids": ids, "labels": ids}, None,
+                *_hf_checkpointing(model))
+
+
+def llama_large(small: bool) -> Case:
+    """A Llama where activations dominate, the size the GPU rows are measured at: 16 layers,
+    hidden 2048, sequence 4096, one sequence per step (``--small``: 4 layers, hidden 256,
+    sequence 512). Meant for ``--device cuda --autocast bf16``; on a CPU it is slow."""
+    import transformers
+
+    layers, d, ffn, heads, vocab, batch, seq = (
+        (4, 256, 688, 4, 1024, 1, 512) if small else (16, 2048, 5504, 16, 32000, 1, 4096))
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq)
+    model = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, vocab, (batch, seq))
+    return Case(f"llama-{layers}x{d}-s{seq}", model, {"input_ids": ids, "labels": ids}, None,
                 *_hf_checkpointing(model))
 
 
@@ -224,7 +250,11 @@ def vit(small: bool) -> Case:
                 *_block_checkpointing([model.encoder.layers]))
 
 
-MODELS = {"llama": llama, "gpt2": gpt2, "bert": bert, "resnet50": resnet50, "vit": vit}
+MODELS = {"llama": llama, "gpt2": gpt2, "bert": bert, "resnet50": resnet50, "vit": vit,
+          "llama-large": llama_large}
+# What runs when --models is not given (llama-large is for a GPU).
+AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_MODELS = ("llama", "gpt2", "bert", "resnet50", "vit")
 METHODS = ("ckpt", "compile", "offload", "remat")
 
 
@@ -376,6 +406,9 @@ def _measure_peak(c: Contender, case: Case, device, warm_up: bool = True) -> int
         if warm_up:
             c.step()  # lazy initialisation is not anyone's memory
         if device.type == "cuda":
+            # The step starts by dropping the last step's gradients: they are not above the
+            # base, the new ones are.
+            _zero(c.model or case.model)
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
@@ -398,12 +431,17 @@ def _measure_peak(c: Contender, case: Case, device, warm_up: bool = True) -> int
         return live.peak
     finally:
         c.leave()
+        _zero(c.model or case.model)
 
 
-def time_interleaved(contenders: list[Contender], rounds: int, device) -> None:
+def time_interleaved(contenders: list[Contender], rounds: int, device,
+                     model: torch.nn.Module | None = None) -> None:
     """Times ``rounds`` rounds of one step of each contender (the first untimed, a warm-up),
     rotating the order each round, so that drift of the shared machine (other processes,
-    frequency) falls on all of them alike; appends each step's seconds to ``times``."""
+    frequency) falls on all of them alike; appends each step's seconds to ``times``. After
+    each step (untimed) the gradients of the contender's model (``model`` for those that
+    train the case's own) are dropped, so that a GPU holds one set of them, not one per
+    copy."""
     n = len(contenders)
     for r in range(rounds + 1):
         for k in range(n):
@@ -416,8 +454,74 @@ def time_interleaved(contenders: list[Contender], rounds: int, device) -> None:
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
             c.leave()
+            if c.model is not None or model is not None:
+                _zero(c.model if c.model is not None else model)
             if r > 0:
                 c.times.append(elapsed)
+
+
+@dataclasses.dataclass
+class Overlap:
+    """Host-device copies of one CUDA step against its compute kernels, from the profiler's
+    device timeline: ``copy_s`` the copies' time, ``hidden_s`` the part of it during which
+    some kernel ran (the copy overlapped compute), ``kernel_s`` the kernels' busy time."""
+
+    copies: int
+    copy_s: float
+    hidden_s: float
+    kernel_s: float
+
+    def describe(self) -> str:
+        if not self.copies:
+            return "no host copies seen"
+        share = self.hidden_s / self.copy_s if self.copy_s else 1.0
+        return (f"{self.copies} copies, {self.copy_s * 1e3:.1f} ms copying, {share:.0%} of it under compute; kernels busy "
+                f"{self.kernel_s * 1e3:.1f} ms")
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _covered(span: tuple[int, int], union: list[tuple[int, int]]) -> int:
+    return sum(max(0, min(span[1], e) - max(span[0], s)) for s, e in union)
+
+
+def copy_overlap(c: Contender, model: torch.nn.Module) -> Overlap | str:
+    """One step of ``c`` under ``torch.profiler`` with CUDA activity: how much of its
+    host-device copy time ran while a compute kernel did (the offload's overlap)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        c.enter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            c.step()
+            torch.cuda.synchronize()
+        c.leave()
+        _zero(c.model if c.model is not None else model)
+        events = prof.profiler.kineto_results.events()
+    except Exception as error:  # noqa: BLE001 - reported, the bench goes on
+        return f"profiler failed: {type(error).__name__}: {error}"
+    kernels, copies = [], []
+    for e in events:
+        if e.device_type() != torch.autograd.DeviceType.CUDA:
+            continue
+        span = (e.start_ns(), e.start_ns() + e.duration_ns())
+        name = e.name()
+        if name.startswith("Memcpy DtoH") or name.startswith("Memcpy HtoD"):
+            copies.append(span)
+        elif not name.startswith("Memcpy") and not name.startswith("Memset"):
+            kernels.append(span)
+    busy = _union(kernels)
+    return Overlap(len(copies), sum(e - s for s, e in copies) / 1e9,
+                   sum(_covered(sp, busy) for sp in copies) / 1e9,
+                   sum(e - s for s, e in busy) / 1e9)
 
 
 def _median_ratio(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -686,7 +790,12 @@ def _bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
 
     timed = [c for c in contenders if c.peak > 0 and not c.alias]
     with phase("timing"):
-        time_interleaved(timed, runs, device)
+        time_interleaved(timed, runs, device, model)
+    if device.type == "cuda":
+        with phase("overlap"):
+            info["overlap"] = [(c.method, copy_overlap(c, model)) for c in timed
+                               if c.method == "offload-all" or
+                               (c.remat is not None and c.remat.plan.count("offload"))]
     # Graphs compiled again after the first steps (each under its contender's budget).
     info["recompiles"] = counter[0] - compiled
     torch._dynamo.reset()
@@ -821,6 +930,9 @@ def _print_info(model: str, info: dict, total_s: float) -> None:
     if info.get("static_bytes") is not None:
         parts.append(f"static bytes {info['static_bytes'] / MiB:.2f} MiB (parameters, buffers "
                      "and inputs the step reads; remat=X budgets are these + X's measured peak)")
+    for method, overlap in info.get("overlap", []):
+        text = overlap if isinstance(overlap, str) else overlap.describe()
+        parts.append(f"{method} copy/compute overlap: {text}")
     if info.get("recompiles"):
         parts.append(f"{info['recompiles']} graphs recompiled after the first step (guards "
                      "failed; each under its own budget, in an untimed step)")
@@ -842,8 +954,12 @@ def _parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="python -m remat.bench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny configs, for a quick run")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help="comma-separated: " + ", ".join(MODELS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help="comma-separated: " + ", ".join(MODELS) + " (default: all but "
+                             "llama-large, which is sized for a GPU)")
+    parser.add_argument("--autocast", default="none", choices=("none", "bf16", "fp16"),
+                        help="run every contender's forward under torch.autocast to this "
+                             "dtype (default none: float32)")
     parser.add_argument("--budgets", default=None,
                         help="fractions of the no-checkpoint activation bytes, for compile@f "
                              "and remat@f (default 0.7,0.5,0.3; 0.5 with --small); remat@1.0 "
@@ -914,6 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.names:
         torch.manual_seed(args.seed)
         case = _to_device(MODELS[name](args.small), args.device)
+        case.autocast = AUTOCAST[args.autocast]
         print(f"# {case.name}: running ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         rows, info = bench_case(case, args.fractions, args.runs, args.method_set,

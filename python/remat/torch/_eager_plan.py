@@ -22,6 +22,12 @@ Notes:
    (its recipe). Anchors are the planner's ``from`` tensors that it keeps.
 3. Offload is only planned where a host copy runs beside compute (CUDA), or where the
    caller names a bandwidth; on CPU the host is the device's own memory.
+4. Rebuilt values whose recipes share an op form a *group*, rebuilt at once at the first
+   unpack of any member, which replays the union of their recipes (each op once) and keeps
+   every member it made until its own unpack, as ``torch.utils.checkpoint`` keeps a
+   segment's recomputed tensors. Rebuilding them one by one would replay a shared prefix
+   once per member (the backward unpacks a segment from its last value to its first).
+   Anchors (kept values) cut recipes, and so bound how much one group holds.
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ class EagerPlan:
     report: dict
     steps: list
     unplanned: Optional[dict] = None  # the simulator's report of the unplanned eager step
+    # Rebuild groups (note 4): rebuilt value -> group; group -> the union of its members'
+    # recipes, replayed once at the first unpack of any member.
+    groups: dict[int, int] = dataclasses.field(default_factory=dict)
+    group_recipes: dict[int, Recipe] = dataclasses.field(default_factory=dict)
 
     @property
     def keeps_everything(self) -> bool:
@@ -294,22 +304,27 @@ def _saved_version(profile: Profile, vid: int) -> int:
 
 
 def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, Recipe],
-                   prefetch_at: dict[int, int]) -> list[tuple[str, int]]:
+                   prefetch_at: dict[int, int], groups: Optional[dict[int, int]] = None,
+                   group_recipes: Optional[dict[int, Recipe]] = None) -> list[tuple[str, int]]:
     """The steps eager autograd takes under ``decisions`` (see the module notes), in the
     simulator's language. A value's bytes belong to its op's node; positions are ops."""
     profile = sg.profile
     values = profile.values
     n = sg.n
+    if groups is None or group_recipes is None:
+        groups, group_recipes = rebuild_groups(decisions, recipes)
     by_op: dict[int, list[int]] = {}
     for value in values:
         by_op.setdefault(value.op, []).append(value.id)
+    members: dict[int, list[int]] = {}
+    for v, g in groups.items():
+        members.setdefault(g, []).append(v)
+    # A group is rebuilt at the first unpack of any member; its anchors are read then.
+    trigger = {g: min(values[v].first_unpack for v in vs) for g, vs in members.items()}
     last_anchor_use: dict[int, int] = {}
-    for vid, r in recipes.items():
-        if decisions.get(vid) != RECOMPUTE:
-            continue
-        at = values[vid].first_unpack
+    for g, r in group_recipes.items():
         for a in r.anchors:
-            last_anchor_use[a] = max(last_anchor_use.get(a, 0), at)
+            last_anchor_use[a] = max(last_anchor_use.get(a, 0), trigger[g])
     release: dict[int, int] = {}  # op -> position it leaves the device for good
     early: dict[int, int] = {}  # op -> position it leaves the device after the forward
     back_at: dict[int, list[tuple[str, int]]] = {}  # position -> (how, op) coming back
@@ -361,8 +376,11 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
         for how, op in sorted(back_at.get(p, ()), key=lambda x: x[1]):
             if how == "swap_in":
                 steps.append(("swap_in", node[op]))
-            else:
-                _recompute_steps(sg, op, by_op[op], recipes, steps, resident)
+            elif op not in resident:
+                group = {groups[v] for v in by_op[op] if v in groups}
+                vids = [u for g in group for u in members[g]] or by_op[op]
+                _recompute_steps(sg, op, vids, recipes, steps, resident,
+                                 {values[u].op for u in vids})
             resident.add(op)
         steps.append(("compute", node[p]))
         resident.add(p)
@@ -380,8 +398,10 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
     return steps
 
 
-def _recompute_steps(sg: StepGraph, op: int, vids: list[int], recipes, steps, resident):
-    """Steps of one rebuild: the recipe's ops in order, then every transient freed."""
+def _recompute_steps(sg: StepGraph, op: int, vids: list[int], recipes, steps, resident,
+                     retain: set[int]):
+    """Steps of one rebuild: the recipes' ops in order, then every transient freed but the
+    ops in ``retain`` (the group's members: they stay until their own unpack, note 4)."""
     ops: set[int] = set()
     for v in vids:
         r = recipes.get(v)
@@ -394,7 +414,7 @@ def _recompute_steps(sg: StepGraph, op: int, vids: list[int], recipes, steps, re
             continue
         steps.append(("compute", sg.op_node[i]))
         resident.add(i)
-        if i != op:
+        if i != op and i not in retain:
             transient.append(i)
     for i in transient:
         steps.append(("free", sg.op_node[i]))
@@ -457,6 +477,11 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
         high = target
         target = max(low, min(target - (candidate.predicted_peak - budget_bytes),
                               target - step))
+    for candidate in _module_segments(sg, bandwidth, budget_bytes, store_all):
+        tried.append(candidate)
+        if candidate.predicted_peak <= budget_bytes and (
+                best is None or candidate.overhead < best.overhead):
+            best = candidate
     lowest = None
     if best is None:
         lowest = _recompute_everything(sg, bandwidth, budget_bytes, store_all)
@@ -563,6 +588,38 @@ def _recipes(profile, decisions, anchors) -> dict[int, Recipe]:
     return recipes
 
 
+def rebuild_groups(decisions, recipes) -> tuple[dict[int, int], dict[int, Recipe]]:
+    """Groups of rebuilt values whose recipes share an op (note 4), by union-find on the
+    ops: value -> group id, and group id -> the union recipe."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    owner: dict[int, int] = {}  # op -> a value whose recipe replays it
+    members = [v for v, d in decisions.items() if d == RECOMPUTE and v in recipes]
+    for v in members:
+        parent[v] = v
+        for i in recipes[v].ops:
+            other = owner.setdefault(i, v)
+            if other != v:
+                a, b = find(v), find(other)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups = {v: find(v) for v in members}
+    ops: dict[int, set[int]] = {}
+    anchors: dict[int, set[int]] = {}
+    for v, g in groups.items():
+        ops.setdefault(g, set()).update(recipes[v].ops)
+        anchors.setdefault(g, set()).update(recipes[v].anchors)
+    return groups, {g: Recipe(ops=sorted(ops[g]), anchors=sorted(anchors[g])) for g in ops}
+
+
 def _recompute_everything(sg, bandwidth, budget_bytes, store_all) -> EagerPlan:
     """The least-memory recompute-only plan of a simple family: every ``k``-th saved value
     (in forward order) held as an anchor, every other one rebuilt from the anchors before
@@ -591,6 +648,115 @@ def _recompute_everything(sg, bandwidth, budget_bytes, store_all) -> EagerPlan:
         if best is None or (plan.predicted_peak, plan.overhead) < (best.predicted_peak,
                                                                    best.overhead):
             best = plan
+    return best
+
+
+def _segments_at(profile: Profile, depth: int) -> list[list[int]]:
+    """Forward ops grouped into segments: maximal runs of consecutive ops that ran inside
+    the same module ``depth`` levels below the model (``model.layers.3`` at depth 3);
+    ops above that depth belong to none."""
+    segments: list[list[int]] = []
+    current_key = None
+    for op in profile.ops[:profile.forward_ops]:
+        parts = op.where.split(".")
+        key = ".".join(parts[:depth]) if len(parts) >= depth and "." in op.where else None
+        if key is None:
+            current_key = None
+            continue
+        if key != current_key:
+            segments.append([])
+            current_key = key
+        segments[-1].append(op.index)
+    return segments
+
+
+def _segment_plan(sg, segments, keep_inside: set[int]):
+    """Decisions and anchors of a segmented plan: every saved value made inside a segment
+    is rebuilt (from the values the segment reads from outside it, held as anchors), but
+    those in ``keep_inside``; saved values made outside every segment are kept."""
+    profile = sg.profile
+    values = profile.values
+    segment_of: dict[int, int] = {}
+    for k, ops in enumerate(segments):
+        for i in ops:
+            segment_of[i] = k
+    decisions: dict[int, str] = {}
+    anchors: set[int] = set()
+    for value in values:
+        if not value.saved or value.first_unpack is None:
+            continue
+        inside = value.op in segment_of
+        if inside and value.recomputable and value.id not in keep_inside:
+            decisions[value.id] = RECOMPUTE
+        else:
+            decisions[value.id] = KEEP
+            anchors.add(value.id)
+    for op in profile.ops[:profile.forward_ops]:
+        k = segment_of.get(op.index)
+        for ref in _refs(op.leaves):
+            if ref.value >= 0 and segment_of.get(values[ref.value].op, k) != k:
+                anchors.add(ref.value)
+    # A segment's output that ops outside it read is held for them (an anchor), so it is
+    # kept where autograd saves it too, not rebuilt.
+    for a in anchors:
+        if decisions.get(a) == RECOMPUTE:
+            decisions[a] = KEEP
+    return decisions, anchors
+
+
+def _module_segments(sg, bandwidth, budget_bytes, store_all) -> list[EagerPlan]:
+    """Plans of the family ``torch.utils.checkpoint`` draws from, found by the module tree:
+    at each depth, every module's run of ops is a segment rebuilt from its inputs (note 4:
+    once per segment). Where that fits the budget with room to spare, the saved values
+    dearest to rebuild per byte (a matmul's output before an activation's) are kept
+    instead, as many as still fit: the most a budget allows, fewer rebuilt ops than a
+    per-block checkpoint."""
+    profile = sg.profile
+    depths = {len(op.where.split(".")) for op in profile.ops[:profile.forward_ops]
+              if "." in op.where}
+    plans: list[EagerPlan] = []
+    for depth in sorted(depths):
+        segments = [s for s in _segments_at(profile, depth) if s]
+        if not segments:
+            continue
+        decisions, anchors = _segment_plan(sg, segments, set())
+        if not any(d == RECOMPUTE for d in decisions.values()):
+            continue
+        plan = _evaluate_segments(sg, segments, set(), bandwidth, budget_bytes, store_all,
+                                  depth)
+        plans.append(plan)
+        if plan.predicted_peak > budget_bytes:
+            continue
+        plans.append(_relax(sg, segments, plan, bandwidth, budget_bytes, store_all, depth))
+    return plans
+
+
+def _evaluate_segments(sg, segments, keep_inside, bandwidth, budget_bytes, store_all,
+                       depth) -> EagerPlan:
+    decisions, anchors = _segment_plan(sg, segments, keep_inside)
+    recipes = _recipes(sg.profile, decisions, anchors)
+    name = f"segments:depth{depth}" + (f"+keep{len(keep_inside)}" if keep_inside else "")
+    return _evaluate(sg, decisions, recipes, {}, bandwidth, budget_bytes, name, store_all,
+                     anchors)
+
+
+def _relax(sg, segments, plan, bandwidth, budget_bytes, store_all, depth) -> EagerPlan:
+    """Keeps the most rebuilt values that still fit the budget, dearest to rebuild per byte
+    first (bisection on how many: the peak grows with them)."""
+    profile = sg.profile
+    rebuilt = [profile.values[v] for v, d in plan.decisions.items() if d == RECOMPUTE]
+    rebuilt.sort(key=lambda v: -profile.ops[v.op].seconds / max(1, v.nbytes))
+    best, low, high = plan, 0, len(rebuilt)
+    while low < high:
+        mid = (low + high + 1) // 2
+        candidate = _evaluate_segments(sg, segments, {v.id for v in rebuilt[:mid]},
+                                       bandwidth, budget_bytes, store_all, depth)
+        if candidate.predicted_peak <= budget_bytes:
+            low = mid
+            if candidate.overhead < best.overhead:
+                best = candidate
+        else:
+            high = mid - 1
     return best
 
 
@@ -649,7 +815,8 @@ def _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strateg
     for vid, r in recipes.items():
         if decisions.get(vid) == RECOMPUTE:
             used.update(r.anchors)
-    steps = eager_schedule(sg, decisions, recipes, prefetch)
+    groups, group_recipes = rebuild_groups(decisions, recipes)
+    steps = eager_schedule(sg, decisions, recipes, prefetch, groups, group_recipes)
     report = _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0))
     base = report["base_time"]
     overhead = (report["total_time"] - base) / base if base > 0 else 0.0
@@ -657,5 +824,6 @@ def _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strateg
         decisions=dict(decisions), recipes=recipes, anchors=used, prefetch_at=prefetch,
         predicted_peak=int(report["peak_bytes"]), store_all_peak=store_all,
         budget_bytes=budget_bytes, static_bytes=sg.static_bytes, overhead=overhead,
-        strategy=strategy, report=report, steps=steps,
+        strategy=strategy, report=report, steps=steps, groups=groups,
+        group_recipes=group_recipes,
     )

@@ -52,7 +52,6 @@ class RuntimePlan:
         self.device = device
         n = profile.forward_ops
         self.flags = [0] * n
-        self.recipe_max: dict[int, int] = {}
         read_by_recipes: set[int] = set()
         for vid, kind in plan.decisions.items():
             value = profile.values[vid]
@@ -60,7 +59,6 @@ class RuntimePlan:
                 self.flags[value.op] |= CREATE | REGISTER
             if kind == RECOMPUTE:
                 r = plan.recipes[vid]
-                self.recipe_max[vid] = max(r.ops)
                 for i in r.ops:
                     self.flags[i] |= CAPTURE
                     for ref in profile.ops[i].leaves:
@@ -68,6 +66,8 @@ class RuntimePlan:
                             read_by_recipes.add(ref.value)
         for vid in read_by_recipes:
             self.flags[profile.values[vid].op] |= REGISTER
+        # The last forward op each group's rebuild replays (divergence check).
+        self.group_max = {g: max(r.ops) for g, r in plan.group_recipes.items()}
         for vid in plan.anchors:
             self.flags[profile.values[vid].op] |= ANCHOR | REGISTER
         # Offloaded values are prefetched at the unpack that comes at or before their
@@ -105,6 +105,9 @@ class StepState:
         self.divergence = ""
         self.internal = False
         self.materialized: dict[int, weakref.ref] = {}
+        # Values to be rebuilt, alive while autograd holds their handles: their group's
+        # rebuild hands each its storage (the plan's note 4).
+        self.members: dict[int, weakref.ref] = {}
         self.pending = sorted((c, v) for c, vids in rt.prefetch_after.items() for v in vids)
         self.next_prefetch = 0
 
@@ -118,8 +121,18 @@ class StepState:
         if self.diverged_at is None and self.op != profile.forward_ops:
             self.diverge(self.op, f"the forward ran {self.op} ops, the profiled one "
                                   f"{profile.forward_ops}")
+        groups: dict[int, _Group] = {}
+        plan = self.rt.plan
         for value in self.values.values():
-            value.seal(self)
+            g = plan.groups.get(value.vid)
+            if value.kind != RECOMPUTE or g is None:
+                continue
+            group = groups.get(g)
+            if group is None:
+                recipe = plan.group_recipes[g]
+                group = groups[g] = _Group(g, self, {
+                    a: self.anchors[a] for a in recipe.anchors if a in self.anchors})
+            value.group = group
         self.values = {}
         self.anchors = {}
         self.cdata = {}
@@ -148,23 +161,18 @@ class _Saved:
 class _Value:
     """A saved storage the plan moved off the device: rebuilt or fetched on first unpack."""
 
-    __slots__ = ("vid", "kind", "state", "anchors", "storage", "host", "event", "fetched",
+    __slots__ = ("vid", "kind", "state", "group", "storage", "host", "event", "fetched",
                  "__weakref__")
 
     def __init__(self, vid: int, kind: str, state: StepState):
         self.vid = vid
         self.kind = kind
         self.state = state
-        self.anchors: dict[int, torch.UntypedStorage] = {}
+        self.group: Optional[_Group] = None  # set when the forward ends (recompute)
         self.storage: Optional[torch.UntypedStorage] = None
         self.host = None
         self.event = None
         self.fetched = None
-
-    def seal(self, state: StepState) -> None:
-        if self.kind == RECOMPUTE:
-            r = state.rt.plan.recipes[self.vid]
-            self.anchors = {a: state.anchors[a] for a in r.anchors if a in state.anchors}
 
     # ---- offload (CUDA) -------------------------------------------------------------------
     def offload(self, storage: torch.UntypedStorage) -> None:
@@ -206,33 +214,70 @@ class _Value:
             self.storage = raw.untyped_storage()
             self.host = self.fetched = None
             return self.storage
-        self.storage = self._rebuild()
-        self.state.materialized[self.vid] = weakref.ref(self)
-        self.anchors = {}
-        self.state = None  # the rebuild's captured arguments go with it
+        group = self.group
+        if group is None:  # the forward never ended (an exception inside the model)
+            raise StepDivergedError(
+                "a saved tensor was unpacked before the planned forward ended; remat "
+                "refuses rather than give other gradients than eager", op="", module="")
+        group.rebuild()
+        self.group = None
+        self.state = None
+        if self.storage is None:
+            raise StepDivergedError(
+                f"rebuilding saved value {self.vid} made no storage for it", op="", module="")
         return self.storage
 
-    def _rebuild(self) -> torch.UntypedStorage:
+
+class _Group:
+    """Rebuilt values whose recipes share ops (the plan's note 4): the first unpack of any
+    member replays the union of their recipes once and hands every live member its
+    storage. Holds the anchors and the step's captured arguments until then."""
+
+    __slots__ = ("gid", "state", "anchors", "done")
+
+    def __init__(self, gid: int, state: StepState, anchors: dict):
+        self.gid = gid
+        self.state: Optional[StepState] = state
+        self.anchors = anchors
+        self.done = False
+
+    def rebuild(self) -> None:
+        if self.done:
+            return
         state = self.state
+        env, cached = self._replay(state)
+        for u, storage in env.items():
+            if u in cached:
+                continue
+            ref = state.members.pop(u, None)
+            member = ref() if ref is not None else None
+            if member is not None and member.storage is None and member.group is self:
+                member.storage = storage
+                state.materialized[u] = ref
+        self.done = True
+        self.anchors = {}
+        self.state = None  # the rebuild's captured arguments go with it
+
+    def _replay(self, state: StepState) -> tuple[dict, set]:
         rt = state.rt
         profile = rt.profile
-        if state.diverged_at is not None and rt.recipe_max[self.vid] >= state.diverged_at:
+        if state.diverged_at is not None and rt.group_max[self.gid] >= state.diverged_at:
             op = profile.ops[min(state.diverged_at, len(profile.ops) - 1)]
-            made = profile.ops[profile.values[self.vid].op]
+            first = profile.ops[min(rt.plan.group_recipes[self.gid].ops)]
             raise StepDivergedError(
                 f"this step diverged from the profiled one at op {state.diverged_at} "
-                f"({state.divergence}; profiled there: {op.name} in `{op.where}`), and a "
-                f"tensor made by {made.name} in `{made.where}` would be rebuilt from ops "
-                "past that point; remat refuses rather than give other gradients than eager. "
-                "The next step is profiled again.",
+                f"({state.divergence}; profiled there: {op.name} in `{op.where}`), and "
+                f"tensors made from {first.name} in `{first.where}` on would be rebuilt from "
+                "ops past that point; remat refuses rather than give other gradients than "
+                "eager. The next step is profiled again.",
                 op=op.name, module=op.where)
-        recipe = rt.plan.recipes[self.vid]
+        recipe = rt.plan.group_recipes[self.gid]
         # Values of the recipe that an earlier rebuild of this step left on the device (held
         # by their own handles) are used as they are, as the planner's schedule does.
         env: dict[int, torch.UntypedStorage] = {}
         for u, ref in state.materialized.items():
             other = ref()
-            if (other is not None and other.storage is not None and u != self.vid
+            if (other is not None and other.storage is not None
                     and not profile.values[u].writers):
                 env[u] = other.storage
         device_type = rt.device.type
@@ -272,7 +317,7 @@ class _Value:
                     for ref, t in zip(rec.outputs, pytree.tree_leaves(out)):
                         if ref is not None and ref.value in rec.new_values:
                             env.setdefault(ref.value, t.untyped_storage())
-        return env[self.vid]
+        return env, cached
 
 
 def _extent_bytes(ref: TensorRef) -> int:
@@ -411,6 +456,8 @@ class RunMode(TorchDispatchMode):
             if flags & CREATE and kind in (RECOMPUTE, OFFLOAD):
                 value = _Value(vid, kind, st)
                 st.values[vid] = value
+                if kind == RECOMPUTE:
+                    st.members[vid] = weakref.ref(value)
                 if kind == OFFLOAD:
                     st.internal = True
                     try:

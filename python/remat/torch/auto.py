@@ -263,7 +263,8 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
         bytes.
     offload: False plans recompute only; None (default) offloads on CUDA where the planner
         finds it faster, never on CPU (the host is the same memory there).
-    bandwidth: host copy bytes per second for the planner (default: measured on CUDA).
+    bandwidth: host copy bytes per second for the planner, a number or text ("25GB/s",
+        "12GiB/s": remat's one units parser); default: measured on CUDA.
     time_limit: seconds the planner may take per input signature (default: its own).
     max_plans: input signatures (shapes) whose plans are cached, least recent dropped.
     """
@@ -272,6 +273,7 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
     if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
         raise CaptureError(f"max_plans must be a positive int, got {max_plans!r}")
     _check_budget(memory_budget)
+    bandwidth = _parse_bandwidth(bandwidth)
     existing = getattr(model, _ATTR, None)
     if existing is not None:
         existing.memory_budget = memory_budget
@@ -295,6 +297,20 @@ def controller(model: torch.nn.Module) -> AutoCheckpoint:
     if c is None:
         raise CaptureError(f"{type(model).__name__} was not given to auto_checkpoint")
     return c
+
+
+def _parse_bandwidth(bandwidth) -> Optional[float]:
+    """``bandwidth`` as bytes per second: numbers as they are (positive), text through the
+    units parser every remat front end shares."""
+    if bandwidth is None:
+        return None
+    if isinstance(bandwidth, str):
+        return float(_native.parse_bandwidth(bandwidth, "bandwidth"))
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or \
+            not bandwidth > 0:
+        raise CaptureError(f"bandwidth must be positive bytes per second or text such as "
+                           f"'25GB/s', got {bandwidth!r}")
+    return float(bandwidth)
 
 
 def _check_budget(budget) -> None:
