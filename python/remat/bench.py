@@ -617,10 +617,18 @@ class _Remat:
         self.options = {"bandwidth": bandwidth, "time_limit": time_limit}
         self.static: int | None = None  # the plans' static bytes, once one is made
 
-    def contender(self, method: str, budget: int | float) -> Contender:
+    def contender(self, method: str, budget: int | float,
+                  above_device: int | None = None) -> Contender:
+        """``above_device``: on CUDA, the budget is what the device holds once this copy is
+        there (every other contender's model too: a CUDA budget is the device's own count)
+        plus these bytes."""
         import remat.torch as rt
 
-        model = rt.auto_checkpoint(copy.deepcopy(self.template), budget, **self.options)
+        template = copy.deepcopy(self.template)
+        if above_device is not None:
+            torch.cuda.synchronize(self.device)
+            budget = torch.cuda.memory_allocated(self.device) + above_device
+        model = rt.auto_checkpoint(template, budget, **self.options)
         case = self.case
 
         def step():
@@ -667,7 +675,9 @@ class _Remat:
         scratch) can take the measured peak above the predicted one; then it re-plans once,
         lower by the excess, so that the pairing is at equal measured memory."""
         budget = static + target.peak
-        c = self.contender(f"remat={target.method}", budget)
+        above = target.peak if self.device.type == "cuda" else None
+        c = self.contender(f"remat={target.method}", budget, above)
+        budget = c.remat.budget if c.remat is not None else budget
         if c.peak > target.peak:
             excess = c.peak - target.peak
             self.plan(c, budget - excess)

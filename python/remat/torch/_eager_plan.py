@@ -346,8 +346,9 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
         if OFFLOAD in moved:
             at = min(prefetch_at.get(v, comeback) for v in vids if v in prefetch_at)
             back_at.setdefault(max(at, death), []).append(("swap_in", op))
-        else:
-            back_at.setdefault(comeback, []).append(("recompute", op))
+        # A rebuilt op comes back with its group, at the group's trigger (below).
+    for g, at in trigger.items():
+        back_at.setdefault(at, []).append(("group", g))
     frees_at: dict[int, list[int]] = {}
     for op, p in release.items():
         if p < n:
@@ -373,15 +374,13 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
             if op in resident:
                 steps.append(("free", node[op]))
                 resident.discard(op)
-        for how, op in sorted(back_at.get(p, ()), key=lambda x: x[1]):
+        for how, x in sorted(back_at.get(p, ())):
             if how == "swap_in":
-                steps.append(("swap_in", node[op]))
-            elif op not in resident:
-                group = {groups[v] for v in by_op[op] if v in groups}
-                vids = [u for g in group for u in members[g]] or by_op[op]
-                _recompute_steps(sg, op, vids, recipes, steps, resident,
-                                 {values[u].op for u in vids})
-            resident.add(op)
+                steps.append(("swap_in", node[x]))
+                resident.add(x)
+            else:
+                _recompute_steps(sg, group_recipes[x].ops, steps, resident,
+                                 {values[u].op for u in members[x]})
         steps.append(("compute", node[p]))
         resident.add(p)
         if p in early and any(decisions.get(v) == OFFLOAD for v in by_op[p]):
@@ -398,23 +397,17 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
     return steps
 
 
-def _recompute_steps(sg: StepGraph, op: int, vids: list[int], recipes, steps, resident,
-                     retain: set[int]):
-    """Steps of one rebuild: the recipes' ops in order, then every transient freed but the
-    ops in ``retain`` (the group's members: they stay until their own unpack, note 4)."""
-    ops: set[int] = set()
-    for v in vids:
-        r = recipes.get(v)
-        if r is not None:
-            ops.update(r.ops)
-    ops.add(op)
+def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident, retain: set[int]):
+    """Steps of one group's rebuild: its ops in order (those not on the device), then every
+    transient freed but the ops in ``retain`` (the members: they stay until their own
+    unpack, note 4)."""
     transient = []
-    for i in sorted(ops):
+    for i in ops:
         if i in resident:
             continue
         steps.append(("compute", sg.op_node[i]))
         resident.add(i)
-        if i != op and i not in retain:
+        if i not in retain:
             transient.append(i)
     for i in transient:
         steps.append(("free", sg.op_node[i]))
@@ -477,7 +470,9 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
         high = target
         target = max(low, min(target - (candidate.predicted_peak - budget_bytes),
                               target - step))
-    for candidate in _module_segments(sg, bandwidth, budget_bytes, store_all):
+    # A strategy the caller names is the planner's only (no module segments beside it).
+    segmented = [] if strategy else _module_segments(sg, bandwidth, budget_bytes, store_all)
+    for candidate in segmented:
         tried.append(candidate)
         if candidate.predicted_peak <= budget_bytes and (
                 best is None or candidate.overhead < best.overhead):
@@ -588,9 +583,14 @@ def _recipes(profile, decisions, anchors) -> dict[int, Recipe]:
     return recipes
 
 
-def rebuild_groups(decisions, recipes) -> tuple[dict[int, int], dict[int, Recipe]]:
+def rebuild_groups(decisions, recipes, grouped: bool = True
+                   ) -> tuple[dict[int, int], dict[int, Recipe]]:
     """Groups of rebuilt values whose recipes share an op (note 4), by union-find on the
-    ops: value -> group id, and group id -> the union recipe."""
+    ops: value -> group id, and group id -> the union recipe. ``grouped=False``: each value
+    alone (less held at once, shared ops replayed once per value)."""
+    if not grouped:
+        alone = [v for v, d in decisions.items() if d == RECOMPUTE and v in recipes]
+        return {v: v for v in alone}, {v: recipes[v] for v in alone}
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:
@@ -811,11 +811,27 @@ def positions_of(sg, plan: EagerPlan) -> list[int]:
 
 def _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strategy, store_all,
               anchors=frozenset()) -> EagerPlan:
+    """The plan of these decisions, its rebuilds grouped (note 4) or one value at a time,
+    whichever is better: within the budget the faster, else the lower peak."""
+    together = _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes,
+                            strategy, store_all, True)
+    if not together.groups or len(together.group_recipes) == len(together.groups):
+        return together  # nothing shared: the same plan either way
+    alone = _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes,
+                         strategy + "/alone", store_all, False)
+    fits = [p for p in (together, alone) if p.predicted_peak <= budget_bytes]
+    if fits:
+        return min(fits, key=lambda p: p.overhead)
+    return min((together, alone), key=lambda p: (p.predicted_peak, p.overhead))
+
+
+def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strategy,
+                 store_all, grouped: bool) -> EagerPlan:
     used = set()
     for vid, r in recipes.items():
         if decisions.get(vid) == RECOMPUTE:
             used.update(r.anchors)
-    groups, group_recipes = rebuild_groups(decisions, recipes)
+    groups, group_recipes = rebuild_groups(decisions, recipes, grouped)
     steps = eager_schedule(sg, decisions, recipes, prefetch, groups, group_recipes)
     report = _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0))
     base = report["base_time"]

@@ -249,11 +249,11 @@ class _Group:
         for u, storage in env.items():
             if u in cached:
                 continue
-            ref = state.members.pop(u, None)
+            ref = state.members.get(u)
             member = ref() if ref is not None else None
             if member is not None and member.storage is None and member.group is self:
                 member.storage = storage
-                state.materialized[u] = ref
+                state.materialized[u] = state.members.pop(u)
         self.done = True
         self.anchors = {}
         self.state = None  # the rebuild's captured arguments go with it
