@@ -694,7 +694,7 @@ def _segment_plan(sg, segments, keep_inside: set[int]):
     for op in profile.ops[:profile.forward_ops]:
         k = segment_of.get(op.index)
         for ref in _refs(op.leaves):
-            if ref.value >= 0 and segment_of.get(values[ref.value].op, k) != k:
+            if ref.value >= 0 and segment_of.get(values[ref.value].op) != k:
                 anchors.add(ref.value)
     # A segment's output that ops outside it read is held for them (an anchor), so it is
     # kept where autograd saves it too, not rebuilt.

@@ -142,6 +142,10 @@ class AutoCheckpoint:
 
     def _plan(self, entry: _Entry) -> None:
         device = entry.profile.device
+        if device.type == "cuda":
+            # The device's count when the planned step starts, not when the profiled one
+            # did: an optimizer's state appears at its first step, after the profile.
+            entry.static_bytes = torch.cuda.memory_allocated(device)
         bandwidth = self._bandwidth(device)
         start = time.perf_counter()
         entry.plan = plan_step(entry.profile, entry.static_bytes, self.memory_budget,
