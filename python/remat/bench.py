@@ -1,7 +1,9 @@
 """``python -m remat.bench``: remat's ``auto_checkpoint`` against PyTorch's own options, side by side.
 
 Models come from their libraries, randomly initialised from configs built here (nothing is
-downloaded): transformers' ``LlamaForCausalLM``, ``GPT2LMHeadModel`` and ``BertForMaskedLM``
+downloaded; the decoders with ``use_cache=False``, as training runs them: with the key/value
+cache on, every layer's keys and values stay in the output's cache, which no contender but
+``ckpt-block`` (transformers turns the cache off there) can drop): transformers' ``LlamaForCausalLM``, ``GPT2LMHeadModel`` and ``BertForMaskedLM``
 (given an ``attention_mask`` whose second sequence is padded), torchvision's ``resnet50`` and
 a ``vit_b_16``-style ``VisionTransformer`` (patch 16 at 224 px, narrower and shallower than
 B/16 so that a CPU runs it; dropout 0.1). ``--small`` builds tiny ones; ``--device cuda``
@@ -134,7 +136,8 @@ def llama(small: bool) -> Case:
         (4, 64, 172, 4, 256, 2, 128) if small else (8, 512, 1376, 8, 4096, 2, 256))
     config = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=2 * seq)
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=2 * seq,
+        use_cache=False)
     model = transformers.LlamaForCausalLM(config).train()
     ids = torch.randint(0, vocab, (batch, seq))
     return Case(f"llama-{layers}x{d}", model, {"input_ids": ids, "labels": ids}, None,
@@ -151,7 +154,8 @@ def llama_large(small: bool) -> Case:
         (4, 256, 688, 4, 1024, 1, 512) if small else (16, 2048, 5504, 16, 32000, 1, 4096))
     config = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq)
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq,
+        use_cache=False)
     model = transformers.LlamaForCausalLM(config).train()
     ids = torch.randint(0, vocab, (batch, seq))
     return Case(f"llama-{layers}x{d}-s{seq}", model, {"input_ids": ids, "labels": ids}, None,
@@ -165,7 +169,7 @@ def gpt2(small: bool) -> Case:
         (4, 64, 4, 256, 2, 128) if small else (4, 512, 8, 4096, 2, 256))
     config = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads,
                                      n_positions=2 * seq, bos_token_id=vocab - 1,
-                                     eos_token_id=vocab - 1)
+                                     eos_token_id=vocab - 1, use_cache=False)
     model = transformers.GPT2LMHeadModel(config).train()
     ids = torch.randint(0, vocab, (batch, seq))
     return Case(f"gpt2-{layers}x{d}", model, {"input_ids": ids, "labels": ids}, None,

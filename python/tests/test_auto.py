@@ -312,3 +312,24 @@ def test_plot_draws_the_planned_and_unplanned_timelines(tmp_path):
     with pytest.raises(remat.ArgumentError, match="svg or .png"):
         c.plot(tmp_path / "memory.txt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memory.svg"]
+
+
+def test_checkpointed_modules_identical_and_within_predicted():
+    """A plan of checkpoint's family (each block rebuilt from its input, nothing kept inside
+    it) runs as torch.utils.checkpoint around the blocks, with no dispatch mode: still the
+    bits of eager over several AdamW steps, the measured peak within the predicted one."""
+    torch.manual_seed(0)
+    base = Net(d=64, layers=6)
+    batch = net_batch(seq=64)
+    eager = train(copy.deepcopy(base), [batch])
+    model = rt.auto_checkpoint(copy.deepcopy(base), 0.7, strategy="checkpoint")
+    planned = train(model, [batch])
+    assert_identical(eager, planned)
+    plan = rt.controller(model).plan
+    assert plan.checkpoint_modules and plan.strategy.startswith("checkpoint:"), plan.strategy
+    assert all(name.startswith("blocks.") for name in plan.checkpoint_modules)
+    peak, _ = measured_peak(model, batch)
+    assert peak <= plan.predicted_peak <= plan.budget_bytes
+    with pytest.raises(remat.BudgetError, match="checkpointed modules"):
+        tight = rt.auto_checkpoint(copy.deepcopy(base), 0.05, strategy="checkpoint")
+        train(tight, [batch], steps=2)

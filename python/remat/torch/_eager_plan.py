@@ -28,6 +28,10 @@ Notes:
    segment's recomputed tensors. Rebuilding them one by one would replay a shared prefix
    once per member (the backward unpacks a segment from its last value to its first).
    Anchors (kept values) cut recipes, and so bound how much one group holds.
+5. A plan that rebuilds every saved value inside some modules from their inputs, and keeps
+   everything else, is what ``torch.utils.checkpoint`` around those modules does, with
+   the same groups: such plans run that way (no dispatch mode, whose per-op cost in Python
+   is charged to every other plan that rebuilds or offloads).
 """
 
 from __future__ import annotations
@@ -75,6 +79,17 @@ class EagerPlan:
     # recipes, replayed once at the first unpack of any member.
     groups: dict[int, int] = dataclasses.field(default_factory=dict)
     group_recipes: dict[int, Recipe] = dataclasses.field(default_factory=dict)
+    # Run by ``torch.utils.checkpoint`` around these modules (qualified names) instead of
+    # the dispatch mode (note 5): the plan of a module-segment family without kept values.
+    checkpoint_modules: tuple[str, ...] = ()
+    # Predicted cost of running the plan under the dispatch mode, as a fraction of the step
+    # (zero for plans that keep everything or run by ``checkpoint_modules``).
+    hook_overhead: float = 0.0
+
+    @property
+    def cost(self) -> float:
+        """Predicted overhead with the runtime's own cost: what plans are chosen by."""
+        return self.overhead + self.hook_overhead
 
     @property
     def keeps_everything(self) -> bool:
@@ -418,12 +433,17 @@ def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident, retain: set
 
 
 def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optional[float],
-              time_limit: Optional[float], strategy: Optional[str] = None) -> EagerPlan:
+              time_limit: Optional[float], strategy: Optional[str] = None,
+              checkpointable: bool = True) -> EagerPlan:
     """Plans the profiled step under ``budget`` (bytes of the step's peak, or a float
     fraction of its activation bytes: the store-all peak above the static bytes and the
     parameters' gradients).
 
     ``bandwidth``: host copies per second for offload, None for recompute only.
+    ``strategy``: a strategy of the Rust planner, the only one then; ``"checkpoint"``: the
+    best plan run by ``torch.utils.checkpoint`` around modules (note 5), or none.
+    ``checkpointable``: whether such plans may be run that way (not where re-running a
+    module's forward has effects beyond its outputs: a key/value cache it appends to).
     """
     mark_recomputable(profile)
     sg = StepGraph(profile, static_bytes)
@@ -440,6 +460,8 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
         return keep_all
     keep_all.decisions = {v.id: KEEP for v in profile.values
                           if v.saved and v.first_unpack is not None}
+    if strategy == "checkpoint":
+        return _checkpoint_only(sg, bandwidth, budget_bytes, store_all, keep_all)
     best: Optional[EagerPlan] = None
     tried: list[EagerPlan] = [keep_all]
     link = bandwidth if bandwidth else 1.0
@@ -472,10 +494,12 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
                               target - step))
     # A strategy the caller names is the planner's only (no module segments beside it).
     segmented = [] if strategy else _module_segments(sg, bandwidth, budget_bytes, store_all)
+    if not checkpointable:
+        segmented = [p for p in segmented if not p.checkpoint_modules]
     for candidate in segmented:
         tried.append(candidate)
         if candidate.predicted_peak <= budget_bytes and (
-                best is None or candidate.overhead < best.overhead):
+                best is None or candidate.cost < best.cost):
             best = candidate
     lowest = None
     if best is None:
@@ -725,10 +749,47 @@ def _module_segments(sg, bandwidth, budget_bytes, store_all) -> list[EagerPlan]:
         plan = _evaluate_segments(sg, segments, set(), bandwidth, budget_bytes, store_all,
                                   depth)
         plans.append(plan)
+        modules = _checkpointable(profile, segments, depth)
+        if modules and len(plan.group_recipes) == len(modules):
+            plans.append(dataclasses.replace(
+                plan, strategy=f"checkpoint:depth{depth}", checkpoint_modules=modules,
+                hook_overhead=0.0))
         if plan.predicted_peak > budget_bytes:
             continue
         plans.append(_relax(sg, segments, plan, bandwidth, budget_bytes, store_all, depth))
     return plans
+
+
+def _checkpoint_only(sg, bandwidth, budget_bytes, store_all, keep_all) -> EagerPlan:
+    """The cheapest plan run by ``torch.utils.checkpoint`` around modules that fits."""
+    plans = [p for p in _module_segments(sg, bandwidth, budget_bytes, store_all)
+             if p.checkpoint_modules]
+    fits = [p for p in plans if p.predicted_peak <= budget_bytes]
+    if fits:
+        best = min(fits, key=lambda p: p.cost)
+        best.unplanned = keep_all.report
+        return best
+    least = min((p.predicted_peak for p in plans), default=keep_all.predicted_peak)
+    raise BudgetError(
+        f"memory_budget {_native.human_bytes(budget_bytes)}: no plan of checkpointed modules "
+        f"fits; the least such peak is {_native.human_bytes(least)}"
+        + ("" if plans else " (no module's calls are whole segments: the step keeps all)"),
+        budget_bytes=budget_bytes, best_peak=least, floor_bytes=least)
+
+
+def _checkpointable(profile: Profile, segments, depth: int) -> tuple[str, ...]:
+    """The modules (qualified names) whose calls are exactly ``segments``, one call each,
+    or () when some segment is no single module call (a container's children, a module
+    called twice)."""
+    names = []
+    for ops in segments:
+        keys = {".".join(profile.ops[i].where.split(".")[:depth]) for i in ops}
+        if len(keys) != 1:
+            return ()
+        names.append(keys.pop())
+    if len(set(names)) != len(names):
+        return ()
+    return tuple(names)
 
 
 def _evaluate_segments(sg, segments, keep_inside, bandwidth, budget_bytes, store_all,
@@ -753,7 +814,7 @@ def _relax(sg, segments, plan, bandwidth, budget_bytes, store_all, depth) -> Eag
                                        bandwidth, budget_bytes, store_all, depth)
         if candidate.predicted_peak <= budget_bytes:
             low = mid
-            if candidate.overhead < best.overhead:
+            if candidate.cost < best.cost:
                 best = candidate
         else:
             high = mid - 1
@@ -821,8 +882,8 @@ def _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strateg
                          strategy + "/alone", store_all, False)
     fits = [p for p in (together, alone) if p.predicted_peak <= budget_bytes]
     if fits:
-        return min(fits, key=lambda p: p.overhead)
-    return min((together, alone), key=lambda p: (p.predicted_peak, p.overhead))
+        return min(fits, key=lambda p: p.cost)
+    return min((together, alone), key=lambda p: (p.predicted_peak, p.cost))
 
 
 def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strategy,
@@ -836,10 +897,45 @@ def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, stra
     report = _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0))
     base = report["base_time"]
     overhead = (report["total_time"] - base) / base if base > 0 else 0.0
+    moved = any(d != KEEP for d in decisions.values())
+    hooks = (sg.profile.forward_ops * dispatch_seconds() / (base * TIME_UNIT_S)
+             if moved and base > 0 else 0.0)
     return EagerPlan(
         decisions=dict(decisions), recipes=recipes, anchors=used, prefetch_at=prefetch,
         predicted_peak=int(report["peak_bytes"]), store_all_peak=store_all,
         budget_bytes=budget_bytes, static_bytes=sg.static_bytes, overhead=overhead,
         strategy=strategy, report=report, steps=steps, groups=groups,
-        group_recipes=group_recipes,
+        group_recipes=group_recipes, hook_overhead=hooks,
     )
+
+
+_DISPATCH_SECONDS: list[float] = []
+
+
+def dispatch_seconds() -> float:
+    """Seconds the planned forward's dispatch mode adds per op, measured once per process:
+    a pass-through mode around small ops, times two for what the run mode checks and
+    records (an estimate; the bench measures the real cost)."""
+    if not _DISPATCH_SECONDS:
+        import time
+
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class _PassThrough(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        x = torch.zeros(1)
+
+        def per_op(n: int = 300) -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                torch.add(x, x)
+            return (time.perf_counter() - t0) / n
+
+        plain = min(per_op() for _ in range(3))
+        with _PassThrough():
+            hooked = min(per_op() for _ in range(3))
+        _DISPATCH_SECONDS.append(max(0.0, 2.0 * (hooked - plain)))
+    return _DISPATCH_SECONDS[0]

@@ -31,6 +31,7 @@ import warnings
 from typing import Any, Optional
 
 import torch
+import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
 from .. import _native
@@ -98,6 +99,8 @@ class AutoCheckpoint:
         entry.steps += 1
         if entry.plan.keeps_everything:
             return self.forward(*args, **kwargs)
+        if entry.plan.checkpoint_modules:
+            return self._run_checkpointed(entry.plan.checkpoint_modules, args, kwargs)
         return self._run(entry, args, kwargs)
 
     def _active(self) -> bool:
@@ -150,7 +153,8 @@ class AutoCheckpoint:
         start = time.perf_counter()
         entry.plan = plan_step(entry.profile, entry.static_bytes, self.memory_budget,
                                bandwidth=bandwidth, time_limit=self.time_limit,
-                               strategy=self.strategy)
+                               strategy=self.strategy,
+                               checkpointable=not _caches_keys(self.model))
         entry.plan_seconds = time.perf_counter() - start
         entry.runtime = RuntimePlan(entry.profile, entry.plan, device)
 
@@ -162,6 +166,25 @@ class AutoCheckpoint:
         if self.bandwidth is not None:
             return float(self.bandwidth)
         return _measure_copy_bandwidth(device)
+
+    def _run_checkpointed(self, names: tuple[str, ...], args, kwargs):
+        """The plan's note 5: each named module's forward under non-reentrant
+        ``torch.utils.checkpoint`` (its random and autocast state kept for the recompute),
+        for this forward only; the model's own code otherwise, unhooked."""
+        patched = []
+        try:
+            for name in names:
+                module = self.model.get_submodule(name)
+                own = module.__dict__.get("forward")
+                module.forward = functools.partial(_checkpointed, module.forward)
+                patched.append((module, own))
+            return self.forward(*args, **kwargs)
+        finally:
+            for module, own in patched:
+                if own is None:
+                    del module.forward
+                else:
+                    module.forward = own
 
     def _run(self, entry: _Entry, args, kwargs):
         state = StepState(entry.runtime)
@@ -270,6 +293,8 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
     bandwidth: host copy bytes per second for the planner, a number or text ("25GB/s",
         "12GiB/s": remat's one units parser); default: measured on CUDA.
     time_limit: seconds the planner may take per input signature (default: its own).
+    strategy: one strategy of the Rust planner, or "checkpoint": the best plan that runs as
+        ``torch.utils.checkpoint`` around whole modules, which remat picks by itself.
     max_plans: input signatures (shapes) whose plans are cached, least recent dropped.
     """
     if not isinstance(model, torch.nn.Module):
@@ -301,6 +326,18 @@ def controller(model: torch.nn.Module) -> AutoCheckpoint:
     if c is None:
         raise CaptureError(f"{type(model).__name__} was not given to auto_checkpoint")
     return c
+
+
+def _caches_keys(model: torch.nn.Module) -> bool:
+    """Whether the model keeps a key/value cache while it trains (transformers' decoders
+    with ``config.use_cache`` on): re-running a layer's forward under checkpoint would
+    append to it again, so plans are not run that way there."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "use_cache", False))
+
+
+def _checkpointed(forward, *args, **kwargs):
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def _parse_bandwidth(bandwidth) -> Optional[float]:
