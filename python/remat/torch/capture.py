@@ -111,21 +111,10 @@ class Captured:
 
     def store_all_peak(self) -> int:
         """Peak bytes (static included) with every tensor kept from its computation to its
-        last reader, as remat's simulator counts it."""
-        last = list(range(len(self.nodes)))
-        for i, n in enumerate(self.nodes):
-            for j in n.inputs:
-                last[j] = max(last[j], i)
-        frees: list[list[int]] = [[] for _ in self.nodes]
-        for j, i in enumerate(last):
-            frees[i].append(j)
-        live = peak = self.static_bytes
-        for i, n in enumerate(self.nodes):
-            live += n.output_bytes
-            peak = max(peak, live)
-            for j in frees[i]:
-                live -= self.nodes[j].output_bytes
-        return peak
+        last reader: remat's simulator's count (the Rust library, as ``remat plan``)."""
+        from .._plan import as_graph
+
+        return as_graph(self).store_all_peak
 
     def __repr__(self) -> str:
         return (
