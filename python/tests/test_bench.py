@@ -89,10 +89,13 @@ def test_case_measures_every_contender_and_leaves_the_model_alone():
     assert full.remat.plan.keeps_everything and full.peak == none.peak
     half = by["remat@0.5"]
     assert 0 < half.peak < none.peak and half.remat.plan.count("recompute") > 0
+    # The loss is computed outside the model: its storages (the loss and the softmax's
+    # scalars, bytes here) are in no prediction (test_auto_compose's strict xfail).
+    outside = 64
     for r in (full, half):
         # The predicted peak and the measured one count the same bytes (static ones apart).
         predicted = r.remat.plan.predicted_peak - r.remat.plan.static_bytes
-        assert r.peak <= predicted, (r.method, r.peak, predicted)
+        assert r.peak <= predicted + outside, (r.method, r.peak, predicted)
         assert r.remat.profile_s > 0 and r.remat.plan_s > 0
     assert info["static_bytes"] == full.remat.plan.static_bytes > 0
     # Planned at ckpt-block's measured peak: no more than it, or the reason it is not.

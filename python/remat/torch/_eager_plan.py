@@ -113,28 +113,55 @@ class StepGraph:
         ops = profile.ops
         self.n = len(ops)
         values = profile.values
+        # Gradients autograd summed between nodes (first seen as an op's input, made by no
+        # op): each its own zero-cost node just before that op, alive from the sum on, so
+        # that the summands are still there when it is made and it lives as long as it
+        # does, not as long as the op's own outputs.
+        self.sums: dict[int, list[int]] = {}  # op -> the sums first read there
+        for value in values:
+            if (value.nbytes > 0 and value.op >= profile.forward_ops
+                    and value.id not in ops[value.op].new_values):
+                self.sums.setdefault(value.op, []).append(value.id)
+        summed = {v for vs in self.sums.values() for v in vs}
+
+        def key(vid: int):
+            return ("sum", vid) if vid in summed else ("op", values[vid].op)
+
         reads: list[set[int]] = [set() for _ in range(self.n)]
+        read_keys: list[set] = [set() for _ in range(self.n)]
         for op in ops:
             for ref in _refs(op.leaves):
                 if ref.value >= 0 and values[ref.value].nbytes > 0:
                     c = values[ref.value].op
-                    if c < op.index:
+                    if ref.value in summed:
+                        read_keys[op.index].add(key(ref.value))
+                    elif c < op.index:
                         reads[op.index].add(c)
-        holds: list[set[int]] = [set() for _ in range(self.n + 1)]
+                        read_keys[op.index].add(key(ref.value))
+        self.reads = reads  # op -> the ops whose values it reads
+        holds: list[set] = [set() for _ in range(self.n + 1)]
         for value in values:
             if value.nbytes == 0:
                 continue
             for position in (value.python_death, value.expiry):
                 if position is not None and position - 1 > value.op:
-                    holds[min(position - 1, self.n)].add(value.op)
+                    holds[min(position - 1, self.n)].add(key(value.id))
         self.op_node: list[int] = []
         self.hold_node: dict[int, int] = {}
+        self.sum_node: dict[int, int] = {}  # summed value -> its node
+        self.node_value: dict[int, int] = {}  # sum node -> its value
         names, inputs, kinds = [], [], []
         for i in range(self.n):
+            for v in self.sums.get(i, ()):
+                self.node_value[len(names)] = v
+                self.sum_node[v] = len(names)
+                names.append(i)
+                kinds.append("sum")
+                inputs.append(set())
             self.op_node.append(len(names))
             names.append(i)
             kinds.append("op")
-            inputs.append(reads[i])
+            inputs.append(read_keys[i])
             if holds[i]:
                 self.hold_node[i] = len(names)
                 names.append(i)
@@ -146,10 +173,14 @@ class StepGraph:
         inputs.append(holds[self.n])
         self.node_op = names
         self.kinds = kinds
-        self.inputs = [sorted(self.op_node[c] for c in s) for s in inputs]
+
+        def node(k) -> int:
+            return self.sum_node[k[1]] if k[0] == "sum" else self.op_node[k[1]]
+
+        self.inputs = [sorted({node(k) for k in s}) for s in inputs]
         self.bytes = [0] * len(names)
         for value in values:
-            self.bytes[self.op_node[value.op]] += value.nbytes
+            self.bytes[self.sum_node.get(value.id, self.op_node[value.op])] += value.nbytes
         self._graph: Optional[Graph] = None
 
     @property
@@ -162,7 +193,9 @@ class StepGraph:
             return "end:step"
         op = self.profile.ops[self.node_op[node]]
         label = f"{op.index}:{op.name.removeprefix('aten::')}@{op.where}"
-        return label if kind == "op" else "hold:" + label
+        if kind == "sum":
+            return f"sum{self.node_value[node]}:" + label
+        return label if kind == "op" else f"{kind}:" + label
 
     def to_dict(self) -> dict:
         ops = self.profile.ops
@@ -328,9 +361,14 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
     n = sg.n
     if groups is None or group_recipes is None:
         groups, group_recipes = rebuild_groups(decisions, recipes)
-    by_op: dict[int, list[int]] = {}
+    by_op: dict[int, list[int]] = {}  # the values of each op's own node
+    sum_frees_at: dict[int, list[int]] = {}  # position -> sum nodes gone there
     for value in values:
-        by_op.setdefault(value.op, []).append(value.id)
+        if value.id in sg.sum_node:
+            if value.expiry is not None and value.expiry < n:
+                sum_frees_at.setdefault(value.expiry, []).append(sg.sum_node[value.id])
+        else:
+            by_op.setdefault(value.op, []).append(value.id)
     members: dict[int, list[int]] = {}
     for v, g in groups.items():
         members.setdefault(g, []).append(v)
@@ -381,10 +419,15 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
         # rebuild or waits on a prefetch). Freeing after the comebacks would charge a
         # rebuild with the bytes of the node before it (the last saved value of a stem,
         # rebuilt while the next one is still counted).
+        # Autograd summed the gradients op p reads first while the summands were alive.
+        for v in sg.sums.get(p, ()):
+            steps.append(("compute", sg.sum_node[v]))
         for op in early_at.get(p, ()):
             if op in resident:
                 steps.append(("free", node[op]))
                 resident.discard(op)
+        for sum_node in sum_frees_at.get(p, ()):
+            steps.append(("free", sum_node))
         for op in frees_at.get(p, ()):
             if op in resident:
                 steps.append(("free", node[op]))
@@ -413,20 +456,27 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, 
 
 
 def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident, retain: set[int]):
-    """Steps of one group's rebuild: its ops in order (those not on the device), then every
-    transient freed but the ops in ``retain`` (the members: they stay until their own
-    unpack, note 4)."""
-    transient = []
-    for i in ops:
-        if i in resident:
-            continue
+    """Steps of one group's rebuild: its ops in order (those not on the device), each
+    transient freed after the last op of the rebuild that reads it, as the runtime drops it
+    (``_Group._replay``); the ops in ``retain`` (the members) stay until their own unpack
+    (note 4)."""
+    computed = [i for i in ops if i not in resident]
+    last_read: dict[int, int] = {}
+    for k, i in enumerate(computed):
+        last_read[i] = k
+        for c in sg.reads[i]:
+            if c in last_read:
+                last_read[c] = k
+    gone_after: dict[int, list[int]] = {}
+    for i, k in last_read.items():
+        if i not in retain:
+            gone_after.setdefault(k, []).append(i)
+    for k, i in enumerate(computed):
         steps.append(("compute", sg.op_node[i]))
         resident.add(i)
-        if i not in retain:
-            transient.append(i)
-    for i in transient:
-        steps.append(("free", sg.op_node[i]))
-        resident.discard(i)
+        for j in gone_after.get(k, ()):
+            steps.append(("free", sg.op_node[j]))
+            resident.discard(j)
 
 
 # ---- planning -----------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class RuntimePlan:
             self.flags[profile.values[vid].op] |= REGISTER
         # The last forward op each group's rebuild replays (divergence check).
         self.group_max = {g: max(r.ops) for g, r in plan.group_recipes.items()}
+        self.drops: dict[int, dict[int, list[int]]] = {}  # group -> _drop_after's table
         for vid in plan.anchors:
             self.flags[profile.values[vid].op] |= ANCHOR | REGISTER
         # Offloaded values are prefetched at the unpack that comes at or before their
@@ -282,9 +283,13 @@ class _Group:
                 env[u] = other.storage
         device_type = rt.device.type
         cached = set(env)
+        drop_after = _drop_after(rt, self.gid)
         with torch.no_grad(), torch.autocast(device_type=device_type, enabled=False):
             for i in recipe.ops:
                 rec = profile.ops[i]
+                for u in drop_after.get(i, ()):
+                    if u not in cached:
+                        env.pop(u, None)  # read by no later op of the rebuild, no member
                 if cached and _already_made(rec, cached):
                     continue
                 statics = state.static_args.get(i, {})
@@ -318,6 +323,32 @@ class _Group:
                         if ref is not None and ref.value in rec.new_values:
                             env.setdefault(ref.value, t.untyped_storage())
         return env, cached
+
+
+def _drop_after(rt: RuntimePlan, gid: int) -> dict[int, list[int]]:
+    """For a group's rebuild: op -> the values made on the way that no member is and no
+    later op of the rebuild reads, to drop before that op runs (as the forward would have
+    dropped them; ``eager_schedule`` frees them alike). Computed once per group."""
+    cached = rt.drops.get(gid)
+    if cached is not None:
+        return cached
+    profile = rt.profile
+    ops = rt.plan.group_recipes[gid].ops
+    members = {v for v, g in rt.plan.groups.items() if g == gid}
+    last: dict[int, int] = {}  # value -> position in ``ops`` of its last reader
+    for k, i in enumerate(ops):
+        rec = profile.ops[i]
+        for ref in rec.leaves:
+            if isinstance(ref, TensorRef) and ref.value >= 0:
+                last[ref.value] = k
+        for v in rec.new_values:
+            last.setdefault(v, k)
+    out: dict[int, list[int]] = {}
+    for v, k in last.items():
+        if v not in members and k + 1 < len(ops):
+            out.setdefault(ops[k + 1], []).append(v)
+    rt.drops[gid] = out
+    return out
 
 
 def _extent_bytes(ref: TensorRef) -> int:
