@@ -12,7 +12,7 @@ use remat_engine::profile::{ProfileOptions, StepProfile, profile_step};
 use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{Category, ExecContext, Graph, MemoryPool, NodeId, Policy, Tensor};
 use remat_planner::attrs::tensor_attrs;
-use remat_planner::strategy::{plan_from_decisions, plan_from_steps};
+use remat_planner::problem::{plan_from_decisions, plan_from_steps};
 use remat_planner::{Decision, PlanError, Planned, Problem, Step};
 
 const BANDWIDTH: f64 = 8e9;

@@ -90,7 +90,19 @@ impl Plan {
     /// computed for the first time before one with a lower id). The format is unchanged:
     /// the steps always said the order; this reads it off them.
     pub fn reorders(&self) -> bool {
-        crate::solve::reorders(&self.steps)
+        let mut last_first: Option<NodeId> = None;
+        let mut seen = std::collections::HashSet::new();
+        for step in &self.steps {
+            if let Step::Compute { node } = *step
+                && seen.insert(node)
+            {
+                if last_first.is_some_and(|l| node < l) {
+                    return true;
+                }
+                last_first = Some(node);
+            }
+        }
+        false
     }
 
     /// Parses a plan, refusing other format versions.

@@ -4,7 +4,7 @@
 
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::lower::Helpers;
-use remat_planner::strategy::plan_from_decisions_with;
+use remat_planner::problem::plan_from_decisions_with;
 use remat_planner::{Decision, Plan, PlanError, Planned, Problem, Step};
 
 use super::layout::{ItemKind, Layout};
