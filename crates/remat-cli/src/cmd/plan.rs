@@ -161,7 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut outputs = Vec::new();
     let mut said = Vec::new();
     if let Some(path) = &args.out {
-        outputs.push((path.clone(), planned.plan.to_json().into_bytes()));
+        outputs.push((path.clone(), planned.plan.to_json()?.into_bytes()));
         said.push(("plan written", path));
     }
     if let (Some(path), Some(format)) = (&args.plot, plot_format) {

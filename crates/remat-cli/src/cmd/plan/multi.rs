@@ -92,7 +92,7 @@ pub fn run(args: MultiArgs) -> anyhow::Result<()> {
     print_stalls(&multi, &planned.models, planned.report.total_time, unit);
     compare(&multi, &graphs, &request, &planned)?;
     if let Some(path) = args.out {
-        write_all_atomic(&[(path.to_path_buf(), planned.plan.to_json().into_bytes())])?;
+        write_all_atomic(&[(path.to_path_buf(), planned.plan.to_json()?.into_bytes())])?;
         println!("plan written to {}", path.display());
     }
     Ok(())
