@@ -9,7 +9,8 @@ use crate::spec::run::lora;
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, linalg, ssm};
 
-use super::super::qwen3::{LayerGrads, kernel_err};
+use super::super::grads::LayerGrads;
+use super::super::head::kernel_err;
 use super::{BACKWARD_READS, Mamba};
 
 fn param<'a>(b: &'a Backward, name: &str) -> RunResult<&'a Act> {

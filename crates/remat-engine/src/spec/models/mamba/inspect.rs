@@ -10,7 +10,7 @@ use crate::spec::run::exec::{Forward, Shared};
 use crate::spec::run::meter::Meter;
 use crate::swap::HostStore;
 
-use super::super::qwen3::embed_tokens;
+use super::super::head::embed_tokens;
 use super::Mamba;
 
 impl Mamba {

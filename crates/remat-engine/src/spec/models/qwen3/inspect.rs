@@ -10,7 +10,8 @@ use crate::spec::run::exec::{Backward, Forward, Record, Shared, SharedBuffers};
 use crate::spec::run::meter::Meter;
 use crate::swap::HostStore;
 
-use super::{Qwen3, kernel_err};
+use super::super::head::kernel_err;
+use super::Qwen3;
 
 /// The forward records of layer 0 for the given model (for `remat spec derive`).
 pub fn record_block(model: &Qwen3, plan: &Plan, tokens: &[u32]) -> RunResult<Vec<Record>> {

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 
-use super::spec_lora::{check_lora, init_adapters, trainable_values};
 use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, Scratch, Shared};
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
@@ -20,12 +19,20 @@ use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check};
 use crate::spec::{ModelConfig, Value};
 
+use super::grads::{LayerGrads, SpecGrads};
+use super::head::LmHead;
+use super::init::{filled, uniform};
+use super::lora::{check_lora, init_adapters, trainable_values};
 use super::mamba::{self, Mamba};
-use super::qwen3::{
-    BlockKind, LayerGrads, LmHead, Qwen3, Qwen3Grads, StepEnv, StepStats, filled, uniform,
+use super::qwen3::{BlockKind, Qwen3};
+use super::step::{
+    BlockRunner, StepEnv, StepModel, StepStats, check_layer_plan, mode_lora, run_step,
 };
-use super::spec_step::{BlockRunner, StepModel, check_layer_plan, mode_lora, run_step};
 use crate::kernels::RopeTable;
+
+/// The gradients of a hybrid step ([`SpecGrads`]: embedding, norm, head, each layer's
+/// parameters by spec name, adapters), whichever block each layer runs.
+pub type HybridGrads = SpecGrads;
 
 /// The block types a hybrid layer may name.
 pub const BLOCK_TYPES: &[&str] = &["qwen3", "qwen3-moe", "mamba"];
@@ -351,7 +358,7 @@ impl Hybrid {
         tokens: &[u32],
         targets: &[u32],
         env: StepEnv,
-    ) -> RunResult<(Qwen3Grads, StepStats)> {
+    ) -> RunResult<(HybridGrads, StepStats)> {
         self.check_plans(plans)?;
         let rows = self.batch * self.seq;
         if tokens.len() != rows || targets.len() != rows {

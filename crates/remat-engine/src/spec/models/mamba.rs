@@ -14,7 +14,6 @@ mod inspect;
 
 use std::collections::BTreeMap;
 
-use super::spec_lora::{check_lora, init_adapters, trainable_values};
 use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch};
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
@@ -22,10 +21,17 @@ use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult};
 use crate::spec::{ModelConfig, Value};
 
-use super::qwen3::{LayerGrads, LmHead, Qwen3Grads, StepEnv, StepStats, filled, uniform};
-use super::spec_step::{
-    BlockRunner, StackDims, UniformModel, check_stacked_plan, run_uniform_step,
+use super::grads::{LayerGrads, SpecGrads};
+use super::head::LmHead;
+use super::init::{filled, uniform};
+use super::lora::{check_lora, init_adapters, trainable_values};
+use super::step::{
+    BlockRunner, StackDims, StepEnv, StepStats, UniformModel, check_stacked_plan, run_uniform_step,
 };
+
+/// The gradients of a Mamba step ([`SpecGrads`]: embedding, norm, head, each layer's
+/// parameters by spec name, adapters).
+pub type MambaGrads = SpecGrads;
 
 /// The spec name of the block.
 pub const BLOCK: &str = "mamba";
@@ -430,7 +436,7 @@ impl Mamba {
         tokens: &[u32],
         targets: &[u32],
         env: StepEnv,
-    ) -> RunResult<(Qwen3Grads, StepStats)> {
+    ) -> RunResult<(MambaGrads, StepStats)> {
         let d = &self.dims;
         self.check_plan(plan)?;
         if tokens.len() != d.rows() || targets.len() != d.rows() {

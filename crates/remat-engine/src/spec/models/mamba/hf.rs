@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use super::{Mamba, Qwen3Grads};
+use super::{Mamba, MambaGrads};
 use crate::models::gpt::Batch;
 use crate::models::hf_file::{
     HfError, RawTensor, check_unused, finite_f32, parse, raw_f32, read_file, step_record_parts,
@@ -86,7 +86,7 @@ fn param_mut<'m>(model: &'m mut Mamba, source: &Source) -> Option<&'m mut Vec<f3
     }
 }
 
-fn grad_of<'g>(grads: &'g Qwen3Grads, source: &Source) -> Option<&'g [f32]> {
+fn grad_of<'g>(grads: &'g MambaGrads, source: &Source) -> Option<&'g [f32]> {
     match source {
         Source::Embed => Some(&grads.embed),
         Source::FinalNorm => Some(&grads.final_norm),
@@ -141,7 +141,7 @@ pub fn load_params(model: &mut Mamba, path: &Path) -> Result<(), HfError> {
 pub fn save_grads(
     path: &Path,
     model: &Mamba,
-    grads: &Qwen3Grads,
+    grads: &MambaGrads,
     batch: &Batch,
     loss: f64,
 ) -> Result<(), HfError> {

@@ -1,7 +1,8 @@
 //! The training step every spec-driven model runs (Qwen3, Mamba, hybrid): embedding, each
 //! layer's forward under its block's plan, the LM head, each layer's backward (rebuilding
 //! through its plan), the embedding gradient. The models differ only in what runs a
-//! layer's block ([`BlockRunner`]) and in the plans' shared state per block type.
+//! layer's block (`BlockRunner`) and in the plans' shared state per block type. What a
+//! step runs with ([`StepEnv`]) and what it measured ([`StepStats`]) are the same for all.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,13 +17,35 @@ use crate::spec::run::exec::{
     Backward, Forward, LayerState, LayerWeights, Scratch, Shared, SharedBuffers,
 };
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
-use crate::spec::run::meter::{Phase, Use};
+use crate::spec::run::meter::{Meter, MeterStats, Phase, Use};
 use crate::spec::run::ops::Act;
+use crate::swap::HostStore;
 
-use super::qwen3::{
-    GradHolds, LayerGrads, LmHead, Qwen3Grads, StepEnv, StepStats, embed_tokens, kernel_err,
-    lm_loss,
-};
+use super::grads::{GradHolds, LayerGrads, SpecGrads};
+use super::head::{LmHead, embed_tokens, kernel_err, lm_loss};
+
+/// What one step measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepStats {
+    pub loss: f32,
+    /// The pool over the step: its peak (activations, scratch, gradients, and whatever the
+    /// caller registered, such as parameters), and the saved / shared breakdown.
+    pub activations: MeterStats,
+    pub host_peak: u64,
+    pub recomputed_ops: usize,
+}
+
+/// What a step runs with besides the model, the plan and the batch.
+#[derive(Clone, Copy)]
+pub struct StepEnv<'a> {
+    /// Where offloaded slots live between forward and backward.
+    pub host: &'a HostStore,
+    /// The pool (with its budget) every buffer of the step is charged to.
+    pub meter: &'a Arc<Meter>,
+    /// The training step: LoRA dropout draws a fresh mask each step, shared by the step's
+    /// forward, recompute and backward.
+    pub step: u64,
+}
 
 /// What runs the block of a layer, forward and backward.
 pub(crate) trait BlockRunner {
@@ -96,7 +119,7 @@ pub(crate) fn run_uniform_step(
     tokens: &[u32],
     targets: &[u32],
     env: StepEnv,
-) -> RunResult<(Qwen3Grads, StepStats)> {
+) -> RunResult<(SpecGrads, StepStats)> {
     let shared = [Shared {
         plan,
         config: &plan.config,
@@ -129,7 +152,7 @@ pub(crate) fn run_step(
     tokens: &[u32],
     targets: &[u32],
     env: StepEnv,
-) -> RunResult<(Qwen3Grads, StepStats)> {
+) -> RunResult<(SpecGrads, StepStats)> {
     let meter = env.meter;
     let n = model.layers.len();
     meter.reset_peak();

@@ -3,68 +3,16 @@
 //! activation gradient and parameter gradient it allocates is charged to the step's memory
 //! pool, so the budget and the measured peak cover backward too.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use crate::kernels::{self, RopeTable};
 use crate::spec::compile::Mode;
 use crate::spec::run::exec::{Backward, Scratch};
-use crate::spec::run::lora::{self, AdapterGrad};
-use crate::spec::run::meter::{Hold, Meter, Use};
+use crate::spec::run::lora;
 use crate::spec::run::ops::{self, Act};
 use crate::spec::run::{RunError, RunResult, linalg, moe};
 
-use super::{BlockKind, Qwen3, kernel_err};
-
-/// Where one layer's backward writes its gradients, and the pool bytes they hold.
-pub(crate) struct LayerGrads<'g> {
-    pub layer: usize,
-    pub params: &'g mut BTreeMap<String, Vec<f32>>,
-    pub adapters: &'g mut BTreeMap<String, AdapterGrad>,
-    pub meter: &'g Arc<Meter>,
-    pub holds: &'g mut Vec<Hold>,
-}
-
-impl LayerGrads<'_> {
-    pub(crate) fn charge(&mut self, name: &str, len: usize) -> RunResult<()> {
-        let layer = self.layer;
-        let hold = self.meter.hold(len as u64 * 4, Use::Gradient, || {
-            format!("layer {layer} gradient of `{name}`")
-        })?;
-        self.holds.push(hold);
-        Ok(())
-    }
-
-    /// The gradient buffer of parameter `name`, created (and charged) on first use.
-    pub(crate) fn param(&mut self, name: &str, len: usize) -> RunResult<&mut Vec<f32>> {
-        if !self.params.contains_key(name) {
-            self.charge(name, len)?;
-        }
-        Ok(self
-            .params
-            .entry(name.to_string())
-            .or_insert_with(|| vec![0.0; len]))
-    }
-
-    /// The gradients of adapter `target`, created (and charged) on first use.
-    pub(crate) fn adapter(
-        &mut self,
-        target: &str,
-        a: usize,
-        b: usize,
-    ) -> RunResult<&mut AdapterGrad> {
-        if !self.adapters.contains_key(target) {
-            self.charge(&format!("lora.{target}"), a + b)?;
-        }
-        Ok(self
-            .adapters
-            .entry(target.to_string())
-            .or_insert_with(|| AdapterGrad {
-                a: vec![0.0; a],
-                b: vec![0.0; b],
-            }))
-    }
-}
+use super::super::grads::LayerGrads;
+use super::super::head::kernel_err;
+use super::{BlockKind, Qwen3};
 
 /// A layer parameter by name, or an error naming the layer and parameter.
 fn param<'a>(b: &'a Backward, name: &str) -> RunResult<&'a Act> {

@@ -10,7 +10,7 @@ use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
 use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult};
 
-use super::qwen3::{filled, uniform};
+use super::init::{filled, uniform};
 
 /// The first initialisation stream of the adapters; each adapter takes the next two
 /// (`A`, then `B`), layer by layer and target by target in `cfg.targets` order.
