@@ -33,6 +33,8 @@ use crate::policy::Policy;
 use crate::pool::{Category, MemoryPool, PoolStats};
 use crate::tensor::Tensor;
 
+pub use super::batch::Batch;
+
 /// Model sizes and hyper-parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GptConfig {
@@ -315,15 +317,6 @@ impl BlockNodes {
             down_proj: ids[8],
         }
     }
-}
-
-/// A training batch: `tokens` and next-token `targets`, both `[batch, seq]` row-major.
-#[derive(Clone, Debug)]
-pub struct Batch {
-    pub tokens: Arc<[u32]>,
-    pub targets: Arc<[u32]>,
-    pub batch: usize,
-    pub seq: usize,
 }
 
 /// Nodes of one recorded step.

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensorError, SafeTensors, tensor::TensorView};
 
-use super::gpt::Batch;
+use super::batch::Batch;
 use crate::kernels::IGNORE_INDEX;
 use crate::output_file;
 

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use super::{BlockKind, Qwen3, Qwen3Dims, Qwen3Grads};
-use crate::models::gpt::Batch;
+use crate::models::batch::Batch;
 use crate::models::hf_file::{
     HfError, RawTensor, check_unused, finite_f32, parse, raw_f32, read_file, step_record_parts,
     write_raw,
