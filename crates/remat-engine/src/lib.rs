@@ -109,7 +109,6 @@ pub mod pipeline;
 pub mod plan_exec;
 pub mod policy;
 pub mod pool;
-pub mod profile;
 pub mod rng;
 pub mod session;
 pub mod spec;

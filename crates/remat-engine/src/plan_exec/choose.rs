@@ -81,7 +81,7 @@ pub struct Choice {
 /// ascending order, then the store-all peak).
 ///
 /// `copy_cost` is the compute time a byte of swap traffic takes from the step (seconds per
-/// byte, [`crate::profile::CopyUnderCompute::compute_seconds_per_byte`]): the simulator
+/// byte, [`super::profile::CopyUnderCompute::compute_seconds_per_byte`]): the simulator
 /// hides a swap behind compute when the bandwidth allows, but on a CPU the copies run on
 /// the cores that compute, so every candidate's predicted time (`report.total_time`) is
 /// charged for its swap-out and swap-in bytes before the candidates are compared.

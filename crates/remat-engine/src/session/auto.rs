@@ -15,12 +15,12 @@ use super::error::{During, Result, SessionError};
 use super::multiplexed;
 use crate::graph::{Graph, NodeId};
 use crate::models::gpt::Checkpointing;
-use crate::plan_exec::{Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes};
-use crate::policy::Policy;
-use crate::profile::{
+use crate::plan_exec::profile::{
     CopyUnderCompute, ProfileOptions, StepProfile, calibrate_swap_cost, measure_copy_under_compute,
     profile_step_multi,
 };
+use crate::plan_exec::{Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes};
+use crate::policy::Policy;
 use crate::swap::{CopyEngine, HostStore, SwapError, Throttle};
 
 /// What `--policy auto` needs besides the model.

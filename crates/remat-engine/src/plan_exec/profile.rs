@@ -5,15 +5,13 @@
 //! the memory pool. The planner graph has one node per item, with the static memory (what
 //! the pool holds when the step starts: parameters, inputs, optimizer state) as its static
 //! bytes and seconds as its time unit. Gradient buffers are nodes of their own, allocated at
-//! their first write (see [`crate::plan_exec::Layout`]).
+//! their first write (see [`super::Layout`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::{ItemKind, ItemMeasure, Layout, Measured, PlanExecError, RunOptions, run_steps};
 use crate::graph::{Graph, NodeId};
-use crate::plan_exec::{
-    ItemKind, ItemMeasure, Layout, Measured, PlanExecError, RunOptions, run_steps,
-};
 use crate::swap::{CopyEngine, SwapError};
 
 /// How to profile.
@@ -346,7 +344,7 @@ pub fn calibrate_swap_cost(
             .ok()?
             .plan(&problem)
             .ok()
-            .filter(|p| crate::plan_exec::plan_fits_executor(&profile.layout, &p.plan))
+            .filter(|p| super::plan_fits_executor(&profile.layout, &p.plan))
     };
     let Some(store_all) = plan_for(u64::MAX, "store-all") else {
         return Ok(None);
@@ -354,7 +352,7 @@ pub fn calibrate_swap_cost(
     let swapping = [0.3, 0.5, 0.7, 0.9].iter().find_map(|f| {
         let budget = g.static_bytes() + (f * activations as f64) as u64;
         plan_for(budget, "mutwo")
-            .map(|p| (crate::plan_exec::swap_traffic(g, &p.plan), p))
+            .map(|p| (super::swap_traffic(g, &p.plan), p))
             .filter(|(traffic, _)| *traffic > 0)
     });
     let Some((traffic, swapping)) = swapping else {
@@ -363,8 +361,7 @@ pub fn calibrate_swap_cost(
     let rng = graph.rng.clone();
     let mut step = |plan: &remat_planner::Plan| -> Result<f64, PlanExecError> {
         graph.rng = rng.clone();
-        let report =
-            crate::plan_exec::run_plan(graph, &profile.layout, g.name(), plan, Some(copy))?;
+        let report = super::run_plan(graph, &profile.layout, g.name(), plan, Some(copy))?;
         Ok(report.step_time.as_secs_f64())
     };
     let mut differences = Vec::with_capacity(rounds.max(1));
