@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use remat_engine::core::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::models::gpt::Checkpointing;
 use remat_engine::plan_exec::profile::{
     StepProfile, calibrate_swap_cost, measure_copy_under_compute, median,
@@ -15,7 +16,6 @@ use remat_engine::session::auto::{
     PROBE_BYTES, fixed_policies, fixed_policy_sets, measure_copy_bandwidth, mib,
 };
 use remat_engine::session::model::{BuiltModel, ModelOptions, profile_model};
-use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{ExecContext, Policy};
 use remat_planner::{Planned, Problem};
 use remat_report::{Layout, render};

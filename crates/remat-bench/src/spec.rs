@@ -17,7 +17,8 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::pool::Category;
+use remat_engine::core::pool::Category;
+use remat_engine::core::swap::HostStore;
 use remat_engine::spec::models::mamba::{self, Mamba};
 use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
 use remat_engine::spec::models::{SpecGrads, StepEnv, StepStats};
@@ -26,7 +27,6 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{MAMBA, QWEN3, QWEN3_MOE};
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 

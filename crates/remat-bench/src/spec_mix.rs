@@ -10,6 +10,7 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use remat_engine::core::swap::HostStore;
 use remat_engine::session::spec_mix::{TUNE_ROUNDS, mix_model, profile, runner};
 use remat_engine::spec::mix::{self, MixModel};
 use remat_engine::spec::models::hybrid::Hybrid;
@@ -19,7 +20,6 @@ use remat_engine::spec::models::{SpecGrads, StepEnv, StepStats};
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{LayerChoice, Mode, ModelConfig, Plan, compile};
-use remat_engine::swap::HostStore;
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 

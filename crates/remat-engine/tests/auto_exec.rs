@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
+use remat_engine::core::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use remat_engine::models::mlp::{Mlp, MlpConfig};
 use remat_engine::plan_exec::profile::{ProfileOptions, StepProfile, profile_step};
 use remat_engine::plan_exec::{ItemKind, PlanExecError, StepReport, check_plan, run_plan};
-use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{Category, ExecContext, Graph, MemoryPool, NodeId, Policy, Tensor};
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::problem::{plan_from_decisions, plan_from_steps};

@@ -2,6 +2,7 @@
 //! plan gives keep-all's gradients bit for bit in full and LoRA modes, and the meter
 //! measures the bytes the per-type plans predict.
 
+use remat_engine::core::swap::HostStore;
 use remat_engine::spec::models::hybrid::{Hybrid, HybridGrads, block_config, layer_types};
 use remat_engine::spec::models::{StepEnv, StepStats};
 use remat_engine::spec::run::lora::LoraConfig;
@@ -9,7 +10,6 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 
 const CONFIG: &str = r#"
 layer_types = "mamba qwen3 mamba qwen3-moe"

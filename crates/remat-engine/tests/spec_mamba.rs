@@ -2,6 +2,7 @@
 //! slot it can, keep-all) gives the same gradients bit for bit in full and LoRA modes, and
 //! the meter's saved / shared / host bytes are the plan's predictions.
 
+use remat_engine::core::swap::HostStore;
 use remat_engine::spec::models::mamba::{Mamba, MambaDims, MambaGrads};
 use remat_engine::spec::models::{StepEnv, StepStats};
 use remat_engine::spec::run::lora::LoraConfig;
@@ -9,7 +10,6 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::MAMBA;
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 
 fn config(overrides: &[&str]) -> ModelConfig {
     let mut c = ModelConfig::new("test")

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use remat_engine::core::swap::HostStore;
 use remat_engine::spec::mix::{self, MixError, MixModel};
 use remat_engine::spec::models::hybrid::Hybrid;
 use remat_engine::spec::models::mamba::Mamba;
@@ -15,7 +16,6 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{MAMBA, QWEN3, QWEN3_MOE, ShippedBlock};
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value};
-use remat_engine::swap::HostStore;
 
 const HYBRID: &str = r#"
 layer_types = "mamba qwen3 mamba qwen3"

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
+use remat_engine::core::swap::HostStore;
 use remat_engine::spec::models::StepEnv;
 use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{QWEN3, QWEN3_MOE};
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 
 fn config(kind: BlockKind, overrides: &[&str]) -> ModelConfig {
     let mut c = ModelConfig::new("test")

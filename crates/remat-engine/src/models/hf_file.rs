@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensorError, SafeTensors, tensor::TensorView};
 
 use super::batch::Batch;
-use crate::kernels::IGNORE_INDEX;
+use crate::core::kernels::IGNORE_INDEX;
 use crate::output_file;
 
 /// What can go wrong reading or writing a safetensors file; every variant names the file.

@@ -14,13 +14,13 @@
 //! This is the unfused path (`--no-fuse`): each model's ops run on their own.
 //! [`crate::models::fused`] fuses the ops of same-shape models into one call each.
 
-use crate::context::ExecContext;
-use crate::error::{EngineError, Result};
-use crate::graph::{Graph, NodeId};
+use crate::core::context::ExecContext;
+use crate::core::error::{EngineError, Result};
+use crate::core::graph::{Graph, NodeId};
+use crate::core::optim::AdamW;
+use crate::core::policy::Policy;
+use crate::core::tensor::Tensor;
 use crate::models::gpt::{Batch, Checkpointing, Gpt, GptStep};
-use crate::optim::AdamW;
-use crate::policy::Policy;
-use crate::tensor::Tensor;
 
 /// One model's share of a multi-model step: its data and its dropout seed.
 #[derive(Clone, Debug)]

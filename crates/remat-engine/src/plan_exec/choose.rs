@@ -9,7 +9,7 @@ use remat_planner::{Decision, Plan, PlanError, Planned, Problem, Step};
 
 use super::layout::{ItemKind, Layout};
 use super::plan_fits_executor;
-use crate::graph::Graph;
+use crate::core::graph::Graph;
 
 /// The op nodes a recorded graph keeps between forward and backward (its retention is
 /// `Keep`): the checkpoint set of the engine policy it was recorded or marked with.
@@ -19,7 +19,7 @@ pub fn kept_nodes(graph: &Graph) -> Vec<bool> {
         .map(|id| {
             graph
                 .retention(id)
-                .is_ok_and(|r: crate::checkpoint::Retention| !r.is_checkpoint())
+                .is_ok_and(|r: crate::core::checkpoint::Retention| !r.is_checkpoint())
         })
         .collect()
 }

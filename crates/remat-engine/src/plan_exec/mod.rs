@@ -3,7 +3,7 @@
 //! `Free` / `SwapOut` / `SwapIn`), not by the graph's own retention policies.
 //!
 //! The pieces, in the order a step goes through them:
-//! - [`Layout`]: the step of an engine [`crate::graph::Graph`] unrolled into planner
+//! - [`Layout`]: the step of an engine [`crate::core::graph::Graph`] unrolled into planner
 //!   items (forward ops, backward ops, op workspaces), one tensor each. Its items are the
 //!   nodes of the planner graph the profiler emits, so a plan made for that graph indexes
 //!   them directly.
@@ -49,9 +49,9 @@ pub use layout::{Item, ItemKind, Layout, Measured};
 
 use remat_planner::{Plan, Step};
 
-use crate::error::EngineError;
-use crate::graph::Graph;
-use crate::swap::{CopyEngine, SwapError};
+use crate::core::error::EngineError;
+use crate::core::graph::Graph;
+use crate::core::swap::{CopyEngine, SwapError};
 
 /// What can go wrong executing a plan.
 #[derive(Debug, thiserror::Error)]

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{ItemKind, ItemMeasure, Layout, Measured, PlanExecError, RunOptions, run_steps};
-use crate::graph::{Graph, NodeId};
-use crate::swap::{CopyEngine, SwapError};
+use crate::core::graph::{Graph, NodeId};
+use crate::core::swap::{CopyEngine, SwapError};
 
 /// How to profile.
 #[derive(Clone, Debug)]
@@ -384,7 +384,7 @@ pub fn calibrate_swap_cost(
 
 /// Leaves the step as a probe found it: the random generator at its state before the
 /// probe's runs, no gradients from them, the copy engine's counters cleared.
-fn restore_after_probe(graph: &mut Graph, rng: crate::rng::RngStreams, copy: &CopyEngine) {
+fn restore_after_probe(graph: &mut Graph, rng: crate::core::rng::RngStreams, copy: &CopyEngine) {
     graph.rng = rng;
     for node in graph.nodes.iter_mut().filter(|n| n.is_leaf()) {
         node.grad = None;

@@ -9,7 +9,7 @@ use remat_planner::Planned;
 use remat_planner::multi::{MultiPlanned, MultiRequest, Multiplexed};
 
 use super::error::{During, Result};
-use crate::graph::Graph;
+use crate::core::graph::Graph;
 use crate::plan_exec::profile::StepProfile;
 use crate::plan_exec::{Considered, check_plan};
 

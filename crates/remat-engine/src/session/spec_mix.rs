@@ -8,11 +8,11 @@ use std::fmt::Display;
 use std::sync::Arc;
 
 use super::error::{During, Result, SessionError};
+use crate::core::swap::HostStore;
 use crate::spec::mix::{self, MixError, MixModel, Profile, Tuned};
 use crate::spec::models::{SpecGrads, StepEnv, StepStats};
 use crate::spec::run::meter::Meter;
 use crate::spec::{Mode, Plan};
-use crate::swap::HostStore;
 
 /// One step of a spec model under per-block-type plans (its error is the caller's).
 pub type StepFn<'a, E> =

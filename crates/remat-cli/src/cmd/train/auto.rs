@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use remat_engine::graph::{Graph, NodeId};
+use remat_engine::core::graph::{Graph, NodeId};
 use remat_engine::models::gpt::{Checkpointing, Gpt, hf};
 use remat_engine::plan_exec::StepReport;
 use remat_engine::plan_exec::profile::median;

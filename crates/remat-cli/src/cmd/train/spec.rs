@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::pool::{Category, MemoryPool, Reservation};
+use remat_engine::core::pool::{Category, MemoryPool, Reservation};
+use remat_engine::core::swap::HostStore;
 use remat_engine::session::spec_mix::{TUNE_ROUNDS, choose, mix_model, profile};
 use remat_engine::session::task::Task;
 use remat_engine::spec::Plan;
@@ -26,7 +27,6 @@ use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::run::ops::Act;
 use remat_engine::spec::shipped::{HYBRID_CONFIG_FILE, HYBRID_CONFIG_TEXT};
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Value, compile};
-use remat_engine::swap::HostStore;
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 

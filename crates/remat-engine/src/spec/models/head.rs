@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::kernels;
+use crate::core::kernels;
 use crate::spec::compile::Mode;
 use crate::spec::run::exec::Scratch;
 use crate::spec::run::meter::{Hold, Meter, Use};

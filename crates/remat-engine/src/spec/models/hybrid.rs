@@ -28,7 +28,7 @@ use super::qwen3::{BlockKind, Qwen3};
 use super::step::{
     BlockRunner, StepEnv, StepModel, StepStats, check_layer_plan, mode_lora, run_step,
 };
-use crate::kernels::RopeTable;
+use crate::core::kernels::RopeTable;
 
 /// The gradients of a hybrid step ([`SpecGrads`]: embedding, norm, head, each layer's
 /// parameters by spec name, adapters), whichever block each layer runs.

@@ -2,7 +2,7 @@
 //! and every LoRA adapter draws its values from the same counter-based streams, so a
 //! parameter starts from the same values whichever model carries it.
 
-use crate::kernels;
+use crate::core::kernels;
 use crate::spec::run::{RunError, RunResult};
 
 /// Deterministic uniform values in `[-scale, scale)` from a counter-based hash.

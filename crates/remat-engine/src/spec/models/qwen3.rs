@@ -17,7 +17,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::kernels::RopeTable;
+use crate::core::kernels::RopeTable;
 use crate::spec::ModelConfig;
 use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch};

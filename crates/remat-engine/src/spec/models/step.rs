@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::kernels;
-use crate::kernels::RopeTable;
+use crate::core::kernels;
+use crate::core::kernels::RopeTable;
+use crate::core::swap::HostStore;
 use crate::spec::compile::{Disposition, LayerPlan, Mode, Plan};
 use crate::spec::run::RunError;
 use crate::spec::run::RunResult;
@@ -19,7 +20,6 @@ use crate::spec::run::exec::{
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Meter, MeterStats, Phase, Use};
 use crate::spec::run::ops::Act;
-use crate::swap::HostStore;
 
 use super::grads::{GradHolds, LayerGrads, SpecGrads};
 use super::head::{LmHead, embed_tokens, kernel_err, lm_loss};

@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::kernels::RopeTable;
+use crate::core::kernels::RopeTable;
+use crate::core::swap::{HostStore, SlotId};
 use crate::spec::compile::{Disposition, LayerPlan, Mode, Operand, Plan, Prefetch, Step};
 use crate::spec::ops::REPLAY;
 use crate::spec::{ModelConfig, Value};
-use crate::swap::{HostStore, SlotId};
 
 use super::error::{RunError, RunResult};
 use super::fingerprint::fingerprint;

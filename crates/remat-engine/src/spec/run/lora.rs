@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::kernels;
+use crate::core::kernels;
 use crate::spec::ops::LORA_TARGETS;
 
 use super::linalg;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::kernels::{self, AttentionShape, KernelError, RopeTable};
+use crate::core::kernels::{self, AttentionShape, KernelError, RopeTable};
 use crate::spec::{ModelConfig, Value};
 
 use super::error::{RunError, RunResult};

@@ -509,7 +509,7 @@ mod tests {
     fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
         (0..n)
             .map(|i| {
-                let bits = crate::kernels::philox_hash(seed, i as u64) >> 40;
+                let bits = crate::core::kernels::philox_hash(seed, i as u64) >> 40;
                 ((bits as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
             })
             .collect()

@@ -2,7 +2,7 @@
 //! prefetched or rebuilt by the layer's plan, it does not know which); every gradient
 //! buffer it allocates is charged to the step's pool.
 
-use crate::kernels;
+use crate::core::kernels;
 use crate::spec::compile::Mode;
 use crate::spec::run::exec::{Backward, Scratch};
 use crate::spec::run::lora;

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::core::swap::HostStore;
 use crate::spec::BlockSpec;
 use crate::spec::compile::Plan;
 use crate::spec::run::RunResult;
 use crate::spec::run::exec::{Forward, Shared};
 use crate::spec::run::meter::Meter;
-use crate::swap::HostStore;
 
 use super::super::head::embed_tokens;
 use super::Mamba;

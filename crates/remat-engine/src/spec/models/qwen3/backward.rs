@@ -3,7 +3,7 @@
 //! activation gradient and parameter gradient it allocates is charged to the step's memory
 //! pool, so the budget and the measured peak cover backward too.
 
-use crate::kernels::{self, RopeTable};
+use crate::core::kernels::{self, RopeTable};
 use crate::spec::compile::Mode;
 use crate::spec::run::exec::{Backward, Scratch};
 use crate::spec::run::lora;

@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::kernels::RopeTable;
+use crate::core::kernels::RopeTable;
+use crate::core::swap::HostStore;
 use crate::spec::compile::{Mode, Plan};
 use crate::spec::run::RunResult;
 use crate::spec::run::exec::{Backward, Forward, Record, Shared, SharedBuffers};
 use crate::spec::run::meter::Meter;
-use crate::swap::HostStore;
 
 use super::super::head::kernel_err;
 use super::Qwen3;
