@@ -12,7 +12,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::activation::{Activation, DeepCopy, HostTensor};
-use super::runner::{Forwarded, MemoryReading, StageWork, Transients, digest_f32};
+use super::auto::Transients;
+use super::runner::{Forwarded, MemoryReading, StageWork, digest_f32};
 use crate::core::context::ExecContext;
 use crate::core::error::EngineError;
 use crate::core::graph::{Graph, NodeId};
