@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use crate::core::kernels;
 use crate::spec::compile::Mode;
+use crate::spec::run::Act;
 use crate::spec::run::exec::Scratch;
 use crate::spec::run::meter::{Hold, Meter, Use};
-use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, linalg};
 
 use super::grads::SpecGrads;

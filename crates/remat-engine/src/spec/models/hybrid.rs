@@ -13,9 +13,9 @@
 use std::collections::BTreeMap;
 
 use crate::spec::compile::{Mode, Plan};
+use crate::spec::run::Act;
 use crate::spec::run::exec::{Backward, Forward, Scratch, Shared};
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
-use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, check};
 use crate::spec::{ModelConfig, Value};
 

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use crate::spec::compile::Mode;
+use crate::spec::run::Act;
 use crate::spec::run::lora::{Adapter, LayerAdapters, LoraConfig};
-use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult};
 
 use super::init::{filled, uniform};

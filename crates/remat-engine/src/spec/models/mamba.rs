@@ -15,9 +15,9 @@ mod inspect;
 use std::collections::BTreeMap;
 
 use crate::spec::compile::{Mode, Plan};
+use crate::spec::run::Act;
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch};
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
-use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult};
 use crate::spec::{ModelConfig, Value};
 

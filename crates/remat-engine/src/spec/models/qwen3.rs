@@ -20,10 +20,10 @@ use std::sync::Arc;
 use crate::core::kernels::RopeTable;
 use crate::spec::ModelConfig;
 use crate::spec::compile::{Mode, Plan};
+use crate::spec::run::Act;
 use crate::spec::run::exec::{Backward, Forward, LayerWeights, Scratch};
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Hold, Meter};
-use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult};
 
 use super::grads::{LayerGrads, SpecGrads};

@@ -11,6 +11,7 @@ use crate::core::kernels;
 use crate::core::kernels::RopeTable;
 use crate::core::swap::HostStore;
 use crate::spec::compile::{Disposition, LayerPlan, Mode, Plan};
+use crate::spec::run::Act;
 use crate::spec::run::RunError;
 use crate::spec::run::RunResult;
 use crate::spec::run::check;
@@ -19,7 +20,6 @@ use crate::spec::run::exec::{
 };
 use crate::spec::run::lora::{LayerAdapters, LoraConfig};
 use crate::spec::run::meter::{Meter, MeterStats, Phase, Use};
-use crate::spec::run::ops::Act;
 
 use super::grads::{GradHolds, LayerGrads, SpecGrads};
 use super::head::{LmHead, embed_tokens, kernel_err, lm_loss};

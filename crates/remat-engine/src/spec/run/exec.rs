@@ -12,11 +12,12 @@ use crate::spec::compile::{Disposition, LayerPlan, Mode, Operand, Plan, Prefetch
 use crate::spec::ops::REPLAY;
 use crate::spec::{ModelConfig, Value};
 
+use super::act::Act;
 use super::error::{RunError, RunResult};
 use super::fingerprint::fingerprint;
 use super::lora::{self, LayerAdapters, LoraConfig, MaskKey};
 use super::meter::{Hold, Meter, Use};
-use super::ops::{Act, OpEnv, execute};
+use super::ops::{OpEnv, execute};
 
 /// An operand of a forward op call.
 #[derive(Debug, Clone, Copy)]

@@ -5,8 +5,8 @@
 //! Rows are grouped by expert in ascending row order and every cross-row sum runs in a
 //! fixed order, so results do not depend on threads or scheduling.
 
+use super::act::Act;
 use super::linalg;
-use super::ops::Act;
 
 fn expert_rows(idx: &Act, experts: usize) -> Result<Vec<Vec<usize>>, String> {
     let mut rows = vec![Vec::new(); experts];

@@ -4,9 +4,9 @@
 
 use crate::core::kernels;
 use crate::spec::compile::Mode;
+use crate::spec::run::Act;
 use crate::spec::run::exec::{Backward, Scratch};
 use crate::spec::run::lora;
-use crate::spec::run::ops::Act;
 use crate::spec::run::{RunError, RunResult, linalg, ssm};
 
 use super::super::grads::LayerGrads;

@@ -7,7 +7,7 @@ use crate::core::kernels::{self, RopeTable};
 use crate::spec::compile::Mode;
 use crate::spec::run::exec::{Backward, Scratch};
 use crate::spec::run::lora;
-use crate::spec::run::ops::{self, Act};
+use crate::spec::run::{Act, ops};
 use crate::spec::run::{RunError, RunResult, linalg, moe};
 
 use super::super::grads::LayerGrads;
