@@ -17,8 +17,8 @@
 
 use std::collections::HashMap;
 
+use crate::core::buf::Buf;
 use crate::core::dtype::DType;
-use crate::core::tensor::Buf;
 
 /// Smallest buffer kept. Below this the system allocator serves requests from its own free
 /// lists without page faults, so keeping them would only add lookups.

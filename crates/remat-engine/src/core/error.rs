@@ -1,7 +1,7 @@
 //! Typed errors of the engine. Messages name the node, tensor or field and what is wrong.
 
+use crate::core::category::Category;
 use crate::core::dtype::DType;
-use crate::core::pool::Category;
 
 /// Everything that can go wrong in the engine.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

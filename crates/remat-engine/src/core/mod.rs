@@ -3,7 +3,9 @@
 //!
 //! In reading order:
 //! - memory: [`dtype`], [`tensor`] (a typed buffer charged to a pool), [`pool`] (the
-//!   byte-budgeted memory pool and its categories, with freed buffers kept for reuse),
+//!   byte-budgeted memory pool and its categories, with freed buffers kept for reuse; the
+//!   buffer and the category have small modules of their own, so that pool, tensor and
+//!   error import none of each other in a circle),
 //!   [`swap`] (the host store and the copy engine that moves tensors to it and back);
 //! - compute: [`kernels`] (CPU kernels, forward and backward side by side), [`linalg`]
 //!   (matrix multiply), [`elementwise`] (the loops the basic ops share), [`rng`] (the
@@ -18,7 +20,9 @@
 //! The engine's common types are re-exported at the crate root ([`crate::Tensor`],
 //! [`crate::Graph`], [`crate::MemoryPool`], ...).
 
+mod buf;
 mod buffer_cache;
+mod category;
 pub mod checkpoint;
 pub mod context;
 pub mod dtype;

@@ -5,52 +5,16 @@
 //! hand and the planner's simulator can be compared to a measured run to the byte. A pool is
 //! an ordinary object (shared with `Arc`), never a global: pipeline stages each own one.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::core::buf::Buf;
 pub use crate::core::buffer_cache::MIN_CACHED_BYTES;
 use crate::core::buffer_cache::{BufferCache, Reuse};
 use crate::core::dtype::DType;
 use crate::core::error::EngineError;
-use crate::core::tensor::Buf;
 
-/// What a buffer is for; the pool reports live and peak bytes per category.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Category {
-    Parameters,
-    Gradients,
-    OptimizerState,
-    Activations,
-    Temporaries,
-}
-
-impl Category {
-    pub const ALL: [Category; 5] = [
-        Category::Parameters,
-        Category::Gradients,
-        Category::OptimizerState,
-        Category::Activations,
-        Category::Temporaries,
-    ];
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for Category {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            Category::Parameters => "parameters",
-            Category::Gradients => "gradients",
-            Category::OptimizerState => "optimizer state",
-            Category::Activations => "activations",
-            Category::Temporaries => "temporaries",
-        };
-        f.write_str(s)
-    }
-}
+pub use crate::core::category::Category;
 
 /// Live and peak bytes of one category.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
