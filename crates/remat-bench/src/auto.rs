@@ -6,14 +6,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use remat_engine::core::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::models::gpt::Checkpointing;
+use remat_engine::plan_exec::profile::{
+    StepProfile, calibrate_swap_cost, measure_copy_under_compute, median,
+};
 use remat_engine::plan_exec::{StepReport, choose_plan, run_plan};
-use remat_engine::profile::{StepProfile, calibrate_swap_cost, measure_copy_under_compute, median};
 use remat_engine::session::auto::{
     PROBE_BYTES, fixed_policies, fixed_policy_sets, measure_copy_bandwidth, mib,
 };
 use remat_engine::session::model::{BuiltModel, ModelOptions, profile_model};
-use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{ExecContext, Policy};
 use remat_planner::{Planned, Problem};
 use remat_report::{Layout, render};

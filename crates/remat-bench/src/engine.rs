@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use indicatif::ProgressBar;
-use remat_engine::kernels::philox_hash;
+use remat_engine::core::kernels::philox_hash;
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
-use remat_engine::profile::median;
+use remat_engine::plan_exec::profile::median;
 use remat_engine::{
     Category, ExecContext, Graph, GraphObserver, MemoryPool, NodeEvent, Policy, Tensor,
 };

@@ -14,7 +14,7 @@ pub enum BenchError {
     #[error(transparent)]
     PlanExec(#[from] remat_engine::plan_exec::PlanExecError),
     #[error(transparent)]
-    Swap(#[from] remat_engine::swap::SwapError),
+    Swap(#[from] remat_engine::core::swap::SwapError),
     #[error(transparent)]
     Spec(#[from] remat_engine::spec::SpecError),
     #[error(transparent)]

@@ -22,12 +22,12 @@
 
 use std::time::Instant;
 
-use remat_engine::graph::Graph;
+use remat_engine::core::graph::Graph;
 use remat_engine::models::fused::{ModelSet, SetStep};
 use remat_engine::models::gpt::{Checkpointing, GptConfig};
 use remat_engine::models::multi::{step_optimizers, take_grads};
+use remat_engine::plan_exec::profile::median;
 use remat_engine::plan_exec::swap_traffic;
-use remat_engine::profile::median;
 use remat_engine::session::auto::{
     AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, mib,
 };

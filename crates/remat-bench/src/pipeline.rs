@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use indicatif::ProgressBar;
-use remat_engine::kernels::philox_hash;
+use remat_engine::core::kernels::philox_hash;
 use remat_engine::models::gpt::{Batch, Gpt, GptConfig};
 use remat_engine::pipeline::driver::{Pipeline, StageResources, StepReport};
 use remat_engine::pipeline::staged_gpt::{StagedGpt, split_batch};

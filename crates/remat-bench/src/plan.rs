@@ -24,8 +24,8 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use remat_planner::import::{ImportOptions, load};
-use remat_planner::strategy::{Planned, Problem, Strategy, registry};
 use remat_planner::{Graph, PlanError, synth};
+use remat_planner::{Planned, Problem, Strategy, registry};
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 

@@ -6,7 +6,9 @@ pub fn paired_median(num: &[f64], den: &[f64]) -> f64 {
     if den.is_empty() {
         return f64::NAN;
     }
-    remat_engine::profile::median(num.iter().zip(den).map(|(n, d)| n / d.max(1e-12)).collect())
+    remat_engine::plan_exec::profile::median(
+        num.iter().zip(den).map(|(n, d)| n / d.max(1e-12)).collect(),
+    )
 }
 
 #[cfg(test)]

@@ -17,15 +17,16 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::mamba::{self, Mamba};
-use remat_engine::models::qwen3::{BlockKind, Qwen3, Qwen3Grads, StepEnv, StepStats};
-use remat_engine::pool::Category;
+use remat_engine::core::pool::Category;
+use remat_engine::core::swap::HostStore;
+use remat_engine::spec::models::mamba::{self, Mamba};
+use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
+use remat_engine::spec::models::{SpecGrads, StepEnv, StepStats};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{MAMBA, QWEN3, QWEN3_MOE};
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
@@ -114,7 +115,7 @@ impl BenchModel {
         tokens: &[u32],
         targets: &[u32],
         env: StepEnv,
-    ) -> Result<(Qwen3Grads, StepStats)> {
+    ) -> Result<(SpecGrads, StepStats)> {
         Ok(match self {
             BenchModel::Qwen3(m) => m.step(plan, tokens, targets, env)?,
             BenchModel::Mamba(m) => m.step(plan, tokens, targets, env)?,
@@ -215,7 +216,7 @@ fn run_mixes(args: &Args) -> Result<()> {
         let model = Model::Mamba(model);
         rows.extend(bench_model(mamba::BLOCK, &model, mode, args.rounds)?);
         let cfg = hybrid_config(args.layers, args.hidden, args.seq, args.batch)?;
-        let mut model = remat_engine::models::hybrid::Hybrid::new(&cfg, 1)?;
+        let mut model = remat_engine::spec::models::hybrid::Hybrid::new(&cfg, 1)?;
         if let Some(cfg) = with(&hybrid_lora) {
             model = model.with_lora(cfg, true)?;
         }

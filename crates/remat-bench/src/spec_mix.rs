@@ -10,15 +10,16 @@
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::hybrid::Hybrid;
-use remat_engine::models::mamba::Mamba;
-use remat_engine::models::qwen3::{Qwen3, Qwen3Grads, StepEnv, StepStats};
+use remat_engine::core::swap::HostStore;
 use remat_engine::session::spec_mix::{TUNE_ROUNDS, mix_model, profile, runner};
 use remat_engine::spec::mix::{self, MixModel};
+use remat_engine::spec::models::hybrid::Hybrid;
+use remat_engine::spec::models::mamba::Mamba;
+use remat_engine::spec::models::qwen3::Qwen3;
+use remat_engine::spec::models::{SpecGrads, StepEnv, StepStats};
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::{LayerChoice, Mode, ModelConfig, Plan, compile};
-use remat_engine::swap::HostStore;
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
@@ -46,7 +47,7 @@ impl Model {
         }
     }
 
-    fn step(&self, plans: &[Plan], env: StepEnv) -> Result<(Qwen3Grads, StepStats)> {
+    fn step(&self, plans: &[Plan], env: StepEnv) -> Result<(SpecGrads, StepStats)> {
         let rows = self.rows();
         let t: Vec<u32> = (0..rows).map(|i| (i * 31 % 256) as u32).collect();
         let y: Vec<u32> = (0..rows).map(|i| (i * 17 % 256) as u32).collect();

@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
+use remat_engine::core::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use remat_engine::models::mlp::{Mlp, MlpConfig};
+use remat_engine::plan_exec::profile::{ProfileOptions, StepProfile, profile_step};
 use remat_engine::plan_exec::{ItemKind, PlanExecError, StepReport, check_plan, run_plan};
-use remat_engine::profile::{ProfileOptions, StepProfile, profile_step};
-use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{Category, ExecContext, Graph, MemoryPool, NodeId, Policy, Tensor};
 use remat_planner::attrs::tensor_attrs;
-use remat_planner::strategy::{plan_from_decisions, plan_from_steps};
+use remat_planner::problem::{plan_from_decisions, plan_from_steps};
 use remat_planner::{Decision, PlanError, Planned, Problem, Step};
 
 const BANDWIDTH: f64 = 8e9;
@@ -745,7 +745,7 @@ fn the_auto_choice_charges_swap_traffic_for_the_compute_it_takes() {
 
 #[test]
 fn copies_under_compute_have_a_bandwidth_and_a_nonnegative_cost() {
-    use remat_engine::profile::measure_copy_under_compute;
+    use remat_engine::plan_exec::profile::measure_copy_under_compute;
     let mut s = setup(3);
     let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
     let m = measure_copy_under_compute(&mut s.graph, &s.profile, &copy, 2, 1 << 16).unwrap();
@@ -764,7 +764,7 @@ fn copies_under_compute_have_a_bandwidth_and_a_nonnegative_cost() {
 
 #[test]
 fn swap_cost_is_calibrated_on_a_swapping_plan() {
-    use remat_engine::profile::calibrate_swap_cost;
+    use remat_engine::plan_exec::profile::calibrate_swap_cost;
     let mut s = setup(6);
     let copy = CopyEngine::new(Arc::new(HostStore::in_memory()), Throttle::default());
     let cost = calibrate_swap_cost(&mut s.graph, &s.profile, &copy, BANDWIDTH, 2)

@@ -15,8 +15,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use remat_engine::core::pool::{EventKind, MIN_CACHED_BYTES};
 use remat_engine::models::mlp::{Mlp, MlpConfig};
-use remat_engine::pool::{EventKind, MIN_CACHED_BYTES};
 use remat_engine::{Category, DType, ExecContext, Graph, MemoryPool, Policy, Tensor};
 
 const LARGE: usize = MIN_CACHED_BYTES as usize;

@@ -3,7 +3,7 @@
 use remat_engine::MemoryPool;
 use std::sync::Arc;
 
-use remat_engine::kernels::IGNORE_INDEX;
+use remat_engine::core::kernels::IGNORE_INDEX;
 use remat_engine::models::gpt::hf::{
     HfError, StepRecord, hf_shape, load_params, save_step, save_tensors,
 };

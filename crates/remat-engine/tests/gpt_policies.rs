@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use remat_engine::kernels::philox_hash;
+use remat_engine::core::kernels::philox_hash;
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use remat_engine::{Category, ExecContext, MemoryPool, Policy};
 

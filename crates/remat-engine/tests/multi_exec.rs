@@ -6,11 +6,11 @@
 
 use std::sync::Arc;
 
+use remat_engine::core::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use remat_engine::models::multi::{ModelStep, MultiStep, record_multi, take_grads};
+use remat_engine::plan_exec::profile::{ProfileOptions, profile_step_multi};
 use remat_engine::plan_exec::{ItemKind, check_plan, run_plan};
-use remat_engine::profile::{ProfileOptions, profile_step_multi};
-use remat_engine::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::{ExecContext, Graph, MemoryPool, Policy, Tensor};
 use remat_planner::{PlanError, Problem};
 

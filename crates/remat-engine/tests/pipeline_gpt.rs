@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use remat_engine::kernels::philox_hash;
+use remat_engine::core::kernels::philox_hash;
 use remat_engine::models::gpt::{Batch, Gpt, GptConfig};
 use remat_engine::pipeline::driver::{Pipeline, StageResources, reference_step};
 use remat_engine::pipeline::staged_gpt::{StagedGpt, split_batch};

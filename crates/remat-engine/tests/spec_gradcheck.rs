@@ -4,12 +4,13 @@
 //! engine's f64 `gradcheck` covers graph ops), so the test checks the entries whose gradient
 //! stands well above f32 round-off and uses a relative tolerance.
 
-use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
+use remat_engine::core::swap::HostStore;
+use remat_engine::spec::models::StepEnv;
+use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{QWEN3, QWEN3_MOE};
 use remat_engine::spec::{Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 
 fn config(kind: BlockKind) -> ModelConfig {
     let c = ModelConfig::new("gradcheck")

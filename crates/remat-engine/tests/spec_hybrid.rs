@@ -2,14 +2,14 @@
 //! plan gives keep-all's gradients bit for bit in full and LoRA modes, and the meter
 //! measures the bytes the per-type plans predict.
 
-use remat_engine::models::hybrid::{Hybrid, block_config, layer_types};
-use remat_engine::models::qwen3::{Qwen3Grads, StepEnv, StepStats};
+use remat_engine::core::swap::HostStore;
+use remat_engine::spec::models::hybrid::{Hybrid, HybridGrads, block_config, layer_types};
+use remat_engine::spec::models::{StepEnv, StepStats};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::ShippedBlock;
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 
 const CONFIG: &str = r#"
 layer_types = "mamba qwen3 mamba qwen3-moe"
@@ -67,7 +67,7 @@ fn recompute_most(name: &str) -> BlockSpec {
     s
 }
 
-fn run(model: &Hybrid, plans: &[Plan]) -> (Qwen3Grads, StepStats) {
+fn run(model: &Hybrid, plans: &[Plan]) -> (HybridGrads, StepStats) {
     let t: Vec<u32> = (0..12u32).map(|i| (i * 7 + 3) % 30).collect();
     let y: Vec<u32> = (0..12u32).map(|i| (i * 5 + 1) % 30).collect();
     let host = HostStore::in_memory();

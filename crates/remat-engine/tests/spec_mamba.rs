@@ -2,14 +2,14 @@
 //! slot it can, keep-all) gives the same gradients bit for bit in full and LoRA modes, and
 //! the meter's saved / shared / host bytes are the plan's predictions.
 
-use remat_engine::models::mamba::{Mamba, MambaDims};
-use remat_engine::models::qwen3::{Qwen3Grads, StepEnv, StepStats};
+use remat_engine::core::swap::HostStore;
+use remat_engine::spec::models::mamba::{Mamba, MambaDims, MambaGrads};
+use remat_engine::spec::models::{StepEnv, StepStats};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::MAMBA;
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 
 fn config(overrides: &[&str]) -> ModelConfig {
     let mut c = ModelConfig::new("test")
@@ -40,7 +40,7 @@ fn lora() -> LoraConfig {
     }
 }
 
-fn run(model: &Mamba, plan: &Plan) -> (Qwen3Grads, StepStats) {
+fn run(model: &Mamba, plan: &Plan) -> (MambaGrads, StepStats) {
     let t: Vec<u32> = (0..16u32).map(|i| (i * 7 + 3) % 40).collect();
     let y: Vec<u32> = (0..16u32).map(|i| (i * 5 + 1) % 40).collect();
     let host = HostStore::in_memory();

@@ -5,16 +5,17 @@
 
 use std::sync::Arc;
 
-use remat_engine::models::hybrid::Hybrid;
-use remat_engine::models::mamba::Mamba;
-use remat_engine::models::qwen3::{BlockKind, Qwen3, Qwen3Grads, StepEnv, StepStats};
+use remat_engine::core::swap::HostStore;
 use remat_engine::spec::mix::{self, MixError, MixModel};
+use remat_engine::spec::models::hybrid::Hybrid;
+use remat_engine::spec::models::mamba::Mamba;
+use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
+use remat_engine::spec::models::{SpecGrads, StepEnv, StepStats};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{MAMBA, QWEN3, QWEN3_MOE, ShippedBlock};
 use remat_engine::spec::types::RecomputePolicy;
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value};
-use remat_engine::swap::HostStore;
 
 const HYBRID: &str = r#"
 layer_types = "mamba qwen3 mamba qwen3"
@@ -140,7 +141,7 @@ impl Model {
         }
     }
 
-    fn step(&self, plans: &[Plan], meter: &Arc<Meter>) -> (Qwen3Grads, StepStats) {
+    fn step(&self, plans: &[Plan], meter: &Arc<Meter>) -> (SpecGrads, StepStats) {
         let t: Vec<u32> = (0..2 * SEQ).map(|i| (i * 7 + 3) % 30).collect();
         let y: Vec<u32> = (0..2 * SEQ).map(|i| (i * 5 + 1) % 30).collect();
         let host = HostStore::in_memory();

@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
+use remat_engine::core::swap::HostStore;
+use remat_engine::spec::models::StepEnv;
+use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
 use remat_engine::spec::shipped::{QWEN3, QWEN3_MOE};
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Plan, Value, compile};
-use remat_engine::swap::HostStore;
 
 fn config(kind: BlockKind, overrides: &[&str]) -> ModelConfig {
     let mut c = ModelConfig::new("test")
@@ -64,8 +65,8 @@ fn run(
     model: &Qwen3,
     plan: &Plan,
 ) -> (
-    remat_engine::models::qwen3::Qwen3Grads,
-    remat_engine::models::qwen3::StepStats,
+    remat_engine::spec::models::qwen3::Qwen3Grads,
+    remat_engine::spec::models::StepStats,
 ) {
     run_at(model, plan, 0, &Meter::unbounded()).unwrap()
 }
@@ -77,8 +78,8 @@ fn run_at(
     meter: &Arc<Meter>,
 ) -> Result<
     (
-        remat_engine::models::qwen3::Qwen3Grads,
-        remat_engine::models::qwen3::StepStats,
+        remat_engine::spec::models::qwen3::Qwen3Grads,
+        remat_engine::spec::models::StepStats,
     ),
     remat_engine::spec::run::RunError,
 > {

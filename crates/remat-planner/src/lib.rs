@@ -12,12 +12,18 @@
 //!   step, and measures peak memory, time (compute, recompute, exposed swap) and the memory
 //!   timeline. [`sim::Machine`] applies one step at a time.
 //! - [`lower`]: the shared lowering from per-tensor decisions to a schedule.
-//! - [`strategy`]: the [`Strategy`] trait, the [`registry`] and the strategies (baselines,
-//!   MuTWO; [`exact`] adds the exact ones).
+//! - [`problem`]: what to plan for ([`Problem`]: graph, budget, bandwidth), what a strategy
+//!   returns ([`Planned`]: the plan and the simulator's report) and the one way a strategy
+//!   makes one from decisions or steps.
+//! - [`strategy`]: the [`Strategy`] trait and the per-tensor strategies (baselines, MuTWO;
+//!   [`exact`] has the exact ones, [`solve`] the anytime solver).
+//! - [`registry`](mod@registry): every strategy ([`registry()`]) and [`lookup`] by name.
+//! - [`search`]: the fastest plan under a budget over every strategy in a time limit, and
+//!   the rules by which it skips a strategy for time.
+//! - [`request`]: the front door. [`request::plan`] is the one entry point of planning: a
+//!   named strategy or the search over all, with the infeasible case explained in bytes.
 //! - [`budget`]: a budget for a graph, bytes or a fraction of its store-all peak (`8GiB`,
 //!   `0.7`), read by `remat_units`.
-//! - [`request`]: one planning request as the front ends make it: a named strategy or the
-//!   search over all, with the infeasible case explained in bytes.
 //! - [`output`]: output files written all or nothing (checked first, temporary, synced, renamed).
 //! - [`multi`]: K models trained together (MuTWO's setting): the multiplexed graph with a
 //!   model label per node, the interleaved order, plans for the K models under one budget
@@ -43,7 +49,10 @@ pub mod multi;
 pub mod output;
 pub mod plan;
 pub mod plot;
+pub mod problem;
+pub mod registry;
 pub mod request;
+pub mod search;
 pub mod sim;
 pub mod solve;
 pub mod strategy;
@@ -52,5 +61,7 @@ pub mod synth;
 pub use error::{GraphError, ImportError, PlanError, SimError};
 pub use ir::{Graph, Node, NodeId, Phase};
 pub use plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
+pub use problem::{Planned, Problem};
+pub use registry::{lookup, registry};
 pub use sim::{SimReport, simulate, simulate_steps};
-pub use strategy::{Planned, Problem, Strategy, lookup, plan_best, registry};
+pub use strategy::Strategy;

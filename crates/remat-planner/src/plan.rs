@@ -81,16 +81,36 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Serializes as pretty JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    /// Serializes as pretty JSON; a plan that cannot be written says so, rather than
+    /// writing an error into the plan's text or a number [`Plan::from_json`] cannot read
+    /// back (JSON has no NaN or infinity: serde_json would write `null`).
+    pub fn to_json(&self) -> Result<String, PlanFormatError> {
+        if !self.bandwidth_bytes_per_s.is_finite() {
+            return Err(PlanFormatError::NotFinite {
+                field: "bandwidth_bytes_per_s",
+                value: self.bandwidth_bytes_per_s,
+            });
+        }
+        serde_json::to_string_pretty(self).map_err(PlanFormatError::Write)
     }
 
     /// Whether the plan runs the operations in another order than the graph's (a node is
     /// computed for the first time before one with a lower id). The format is unchanged:
     /// the steps always said the order; this reads it off them.
     pub fn reorders(&self) -> bool {
-        crate::solve::reorders(&self.steps)
+        let mut last_first: Option<NodeId> = None;
+        let mut seen = std::collections::HashSet::new();
+        for step in &self.steps {
+            if let Step::Compute { node } = *step
+                && seen.insert(node)
+            {
+                if last_first.is_some_and(|l| node < l) {
+                    return true;
+                }
+                last_first = Some(node);
+            }
+        }
+        false
     }
 
     /// Parses a plan, refusing other format versions.
@@ -106,11 +126,15 @@ impl Plan {
     }
 }
 
-/// A plan file that cannot be read.
+/// A plan that cannot be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanFormatError {
     #[error("plan is not valid JSON: {0}")]
     Json(serde_json::Error),
+    #[error("plan cannot be written as JSON: {0}")]
+    Write(serde_json::Error),
+    #[error("plan cannot be written as JSON: its {field} is {value}, which JSON cannot hold")]
+    NotFinite { field: &'static str, value: f64 },
     #[error("plan has format version {found}, this build reads version {expected}")]
     Version { found: u32, expected: u32 },
 }
@@ -144,7 +168,7 @@ mod tests {
                 Decision::Keep,
             ],
         };
-        let text = plan.to_json();
+        let text = plan.to_json().expect("a plan serializes");
         assert!(text.contains("\"op\": \"swap_out\""), "{text}");
         assert_eq!(Plan::from_json(&text).unwrap(), plan);
         let old = text.replace("\"version\": 1", "\"version\": 0");
@@ -152,5 +176,13 @@ mod tests {
             Plan::from_json(&old),
             Err(PlanFormatError::Version { found: 0, .. })
         ));
+        // A plan JSON cannot hold is refused, not written with an error or a null inside.
+        let unwritable = Plan {
+            bandwidth_bytes_per_s: f64::NAN,
+            ..plan
+        };
+        let err = unwritable.to_json().expect_err("NaN has no JSON form");
+        assert!(matches!(err, PlanFormatError::NotFinite { .. }), "{err}");
+        assert!(err.to_string().contains("bandwidth_bytes_per_s"), "{err}");
     }
 }

@@ -1,7 +1,9 @@
-//! One planning request as the front ends make it (`remat plan`, the Python package): a
-//! strategy by name, or the search over every strategy for the fastest plan that fits; when
-//! nothing fits, the error says the smallest peak reached, in bytes people read. Also the
-//! memory-timeline chart of a plan against store-all, which `remat plan --plot` draws.
+//! The planner's front door: one planning request as the front ends make it (`remat plan`,
+//! the Python package, the engine's sessions through [`crate::multi`]). [`plan`] is the one
+//! entry point: a strategy by name ([`crate::registry::lookup`]), or the search over every
+//! strategy for the fastest plan that fits ([`crate::search`]); when nothing fits, the error
+//! says the smallest peak reached, in bytes people read. Also the report `remat plan`
+//! prints, and the memory-timeline chart of a plan against store-all that `--plot` draws.
 //!
 //! Both front ends call these, so a budget means the same plan, and an infeasible one the
 //! same message, wherever it is asked for.
@@ -13,11 +15,12 @@ use thiserror::Error;
 use crate::error::PlanError;
 use crate::ir::Graph;
 use crate::plot::{Chart, PlotError, Series};
+use crate::problem::{Planned, Problem};
+use crate::registry::{lookup, registry};
+use crate::search::{BestPlan, SearchProgress, search};
 use crate::solve::bound::{Bound, cover_bound};
 use crate::solve::{self, Anytime, default_time_limit};
-use crate::strategy::{
-    BestPlan, Planned, Problem, SearchProgress, Strategy, lookup, plan_best_within,
-};
+use crate::strategy::Strategy;
 use remat_units::human_bytes;
 
 /// Why a request gave no plan.
@@ -66,9 +69,9 @@ impl From<PlanError> for RequestError {
 }
 
 /// Refuses a budget below the graph's memory floor before any strategy runs
-/// ([`solve::check_floor`], in the words people read).
+/// ([`crate::problem::check_floor`], in the words people read).
 pub fn check_floor(problem: &Problem) -> Result<(), RequestError> {
-    solve::check_floor(problem).map_err(RequestError::from)
+    crate::problem::check_floor(problem).map_err(RequestError::from)
 }
 
 /// What a request found, with the search's notes (empty for a named strategy).
@@ -113,7 +116,7 @@ pub fn plan(
                 skipped,
                 failed,
                 bound,
-            } = plan_best_within(problem, limit, progress);
+            } = search(&registry(), problem, limit, progress);
             Outcome {
                 result: result.map_err(RequestError::from),
                 skipped,

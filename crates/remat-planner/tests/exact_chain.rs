@@ -203,6 +203,8 @@ fn a_thousand_node_chain_is_declined_not_solved_coarsely() {
         other => panic!("{other:?}"),
     }
     assert!(!ChainDp.is_exact_for(&problem));
-    let best = remat_planner::plan_best(&problem).unwrap();
+    let best = remat_planner::request::plan(&problem, None, None, |_| {})
+        .result
+        .unwrap();
     assert!(best.report.peak_bytes <= problem.budget_bytes);
 }

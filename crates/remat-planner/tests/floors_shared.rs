@@ -9,8 +9,9 @@ mod common;
 use common::graphs_dir;
 
 use remat_planner::import::{ImportOptions, load};
-use remat_planner::strategy::{Problem, plan_best, registry};
-use remat_planner::{PlanError, lookup, simulate};
+use remat_planner::request::{self, RequestError};
+use remat_planner::{PlanError, Problem, lookup, registry, simulate};
+use remat_units::human_bytes;
 
 const TRAINING: [&str; 4] = [
     "vgg16-b256-train.json",
@@ -44,10 +45,19 @@ fn below_the_floor_every_strategy_is_infeasible() {
                 other => panic!("{file} {}: {other:?}", strategy.name()),
             }
         }
-        match plan_best(&problem) {
-            Err(err @ PlanError::BelowFloor { .. }) => {
+        match request::plan(&problem, None, None, |_| {}).result {
+            // Refused up front, naming the floor (in the front ends' words).
+            Err(err @ RequestError::BelowFloor { .. }) => {
+                assert_eq!(
+                    err,
+                    RequestError::BelowFloor {
+                        budget: floor - 1,
+                        floor
+                    }
+                );
                 assert!(
-                    err.to_string().contains(&format!("floor of {floor} bytes")),
+                    err.to_string()
+                        .contains(&format!("memory floor {}", human_bytes(floor))),
                     "{err}"
                 );
             }

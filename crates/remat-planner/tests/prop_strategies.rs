@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::lower::lower;
-use remat_planner::strategy::{Problem, registry};
 use remat_planner::{Decision, Graph, Node, Phase, PlanError, Step, simulate, simulate_steps};
+use remat_planner::{Problem, registry};
 
 /// A random training graph: `n` forward ops, each reading 1-2 earlier forward outputs, a
 /// loss, then one backward op per forward op in reverse, reading its forward op's inputs and

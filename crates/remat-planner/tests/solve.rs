@@ -13,10 +13,11 @@ use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use remat_planner::request::{self, RequestError};
 use remat_planner::solve::bound::cover_bound;
 use remat_planner::solve::{Anytime, solve};
-use remat_planner::strategy::{Problem, lookup, plan_best_within, registry};
 use remat_planner::{Graph, Node, Phase, PlanError, simulate};
+use remat_planner::{Problem, lookup, registry};
 
 /// A random DAG of `n` nodes: node i reads up to two earlier nodes.
 fn small_dag() -> impl Strategy<Value = Graph> {
@@ -149,8 +150,8 @@ fn a_budget_under_the_floor_names_the_floor() {
         }
     );
     assert!(err.to_string().contains(&floor.to_string()), "{err}");
-    let best = plan_best_within(&problem, Duration::from_millis(200), |_| {});
-    assert!(matches!(best.result, Err(PlanError::BelowFloor { .. })));
+    let best = request::plan(&problem, None, Some(Duration::from_millis(200)), |_| {});
+    assert!(matches!(best.result, Err(RequestError::BelowFloor { .. })));
 }
 
 use remat_planner::Strategy as _;
@@ -179,7 +180,7 @@ fn the_default_search_is_never_worse_than_a_single_strategy() {
                 budget_bytes: budget,
                 bandwidth: 1e3,
             };
-            let best = plan_best_within(&problem, Duration::from_secs(1), |_| {});
+            let best = request::plan(&problem, None, Some(Duration::from_secs(1)), |_| {});
             let bound = best.bound.clone().expect("a bound");
             let Ok(planned) = best.result else {
                 // No plan from the search: no strategy it runs to completion may have one.
@@ -298,7 +299,7 @@ fn transformer_overhead_at_32_layers_is_no_worse_than_at_8() {
                 budget_bytes: common::activation_budget(&g, fraction),
                 bandwidth: 1e3,
             };
-            let best = plan_best_within(&problem, Duration::from_secs(2), |_| {});
+            let best = request::plan(&problem, None, Some(Duration::from_secs(2)), |_| {});
             best.result.expect("a plan fits").report.overhead()
         };
         let (small, large) = (overhead(8), overhead(32));

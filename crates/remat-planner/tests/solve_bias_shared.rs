@@ -7,9 +7,9 @@
 mod common;
 
 use common::graphs_dir;
+use remat_planner::Problem;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::solve::bias::{Work, plan_in_order};
-use remat_planner::strategy::Problem;
 use remat_planner::{Graph, simulate};
 
 /// Checkmate's MILP (HiGHS, `remat bench plan --no-scale --only unet --milp-time-limit 90`,

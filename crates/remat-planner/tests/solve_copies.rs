@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use remat_planner::Problem;
 use remat_planner::solve::plan_with_copies;
-use remat_planner::strategy::Problem;
 use remat_planner::synth::{LayeredParams, random_layered};
 use remat_planner::{NodeId, Step, simulate_steps};
 

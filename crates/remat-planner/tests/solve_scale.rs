@@ -9,9 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use remat_planner::request;
 use remat_planner::solve::default_time_limit;
-use remat_planner::strategy::{Problem, Strategy, plan_best_within};
-use remat_planner::{Graph, PlanError, Planned};
+use remat_planner::{Graph, Planned, Problem, Strategy};
 
 fn row(graph: &Graph, budget: u64, bandwidth: f64) {
     let problem = Problem {
@@ -19,14 +19,14 @@ fn row(graph: &Graph, budget: u64, bandwidth: f64) {
         budget_bytes: budget,
         bandwidth,
     };
-    let cell = |r: Result<Planned, PlanError>, t: Duration| match r {
-        Ok(p) => format!(
+    let cell = |r: Option<Planned>, t: Duration| match r {
+        Some(p) => format!(
             "{:7.3}% {:6.3}s{}",
             100.0 * p.report.overhead(),
             t.as_secs_f64(),
             if p.plan.reorders() { " R" } else { "  " }
         ),
-        Err(_) => format!("   none {:6.3}s  ", t.as_secs_f64()),
+        None => format!("   none {:6.3}s  ", t.as_secs_f64()),
     };
     let mut cells = Vec::new();
     for s in [
@@ -39,13 +39,14 @@ fn row(graph: &Graph, budget: u64, bandwidth: f64) {
         }
         let t = Instant::now();
         let r = s.plan(&problem);
-        cells.push(cell(r, t.elapsed()));
+        cells.push(cell(r.ok(), t.elapsed()));
     }
     let t = Instant::now();
-    let best = plan_best_within(&problem, default_time_limit(graph.len()), |_| {});
+    let limit = default_time_limit(graph.len());
+    let best = request::plan(&problem, None, Some(limit), |_| {});
     let took = t.elapsed();
     let bound = best.bound.as_ref().map_or(0.0, |b| b.overhead);
-    cells.push(cell(best.result, took));
+    cells.push(cell(best.result.ok(), took));
     println!(
         "{:32} n={:5} budget {:.2} ({:9} B) | evict {} | mutwo {} | default {} | bound {:.3}%",
         graph.name(),
@@ -105,7 +106,8 @@ fn measure_scale() {
 #[test]
 #[ignore = "measurement, run by hand in release"]
 fn measure_search_costs() {
-    use remat_planner::strategy::{calibrate, estimated_seconds, registry};
+    use remat_planner::registry;
+    use remat_planner::search::{calibrate, estimated_seconds};
     for g in [
         common::random_layered(500, 22, 7, 5),
         common::random_layered(1000, 31, 7, 5),

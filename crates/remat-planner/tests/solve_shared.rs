@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use common::graphs_dir;
 use remat_planner::import::{ImportOptions, load};
+use remat_planner::request::{self, RequestError};
 use remat_planner::solve::Anytime;
-use remat_planner::strategy::{Problem, Strategy, plan_best_within, registry};
 use remat_planner::{Graph, PlanError, simulate};
+use remat_planner::{Problem, Strategy, registry};
 
 const BANDWIDTH: f64 = 1e3;
 const FILES: [&str; 5] = [
@@ -62,7 +63,7 @@ fn solve_graph(graph: &Graph, file: &str) {
             time_limit: Some(Duration::from_secs(1)),
         };
         let solved = solver.plan(&problem);
-        let best = plan_best_within(&problem, Duration::from_secs(1), |_| {});
+        let best = request::plan(&problem, None, Some(Duration::from_secs(1)), |_| {});
         let bound = best.bound.clone().expect("a bound").overhead;
         let any_plan = registry()
             .iter()
@@ -103,7 +104,8 @@ fn solve_graph(graph: &Graph, file: &str) {
                 );
                 assert!(matches!(
                     best.result,
-                    Err(PlanError::Infeasible { .. } | PlanError::OverBudget { .. })
+                    Err(RequestError::Infeasible { .. }
+                        | RequestError::Plan(PlanError::OverBudget { .. }))
                 ));
                 println!("{file} {fraction:.2}: no strategy fits");
             }

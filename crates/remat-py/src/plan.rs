@@ -270,9 +270,13 @@ impl PyPlan {
         serde_json::to_string(&self.planned.plan.decisions)
             .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
     }
-    /// The plan file (what `remat plan --out` writes).
-    fn to_json(&self) -> String {
-        self.planned.plan.to_json()
+    /// The plan file (what `remat plan --out` writes); `remat.PlanError` when it cannot be
+    /// written.
+    fn to_json(&self, py: Python<'_>) -> PyResult<String> {
+        self.planned
+            .plan
+            .to_json()
+            .map_err(|e| plain(py, "PlanError", e))
     }
     /// The report lines `remat plan` prints (its lower-bound and order lines included).
     fn summary(&self) -> String {
@@ -300,7 +304,12 @@ impl PyPlan {
         check_outputs(&targets).map_err(|e| output_error(py, e))?;
         let mut files = Vec::new();
         if let Some(p) = &path {
-            files.push((p.clone(), self.planned.plan.to_json().into_bytes()));
+            let text = self
+                .planned
+                .plan
+                .to_json()
+                .map_err(|e| plain(py, "PlanError", e))?;
+            files.push((p.clone(), text.into_bytes()));
         }
         if let (Some(p), Some(format)) = (&plot, format) {
             let problem = Problem {

@@ -154,9 +154,7 @@ fn alone_row(
     let mut row = vec![k.to_string(), "each alone".into(), strategy_cell(request)];
     match result {
         Ok(alone) => {
-            let sum = |f: &dyn Fn(&remat_planner::strategy::Planned) -> f64| {
-                alone.iter().map(f).sum::<f64>()
-            };
+            let sum = |f: &dyn Fn(&remat_planner::Planned) -> f64| alone.iter().map(f).sum::<f64>();
             let total = sum(&|p| p.report.total_time);
             let stall = sum(&|p| p.report.stall_time);
             row.extend([

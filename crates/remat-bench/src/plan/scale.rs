@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use remat_planner::import::{ImportOptions, load};
-use remat_planner::strategy::{Planned, Problem, lookup, plan_best_explained};
+use remat_planner::request::{self, RequestError};
 use remat_planner::synth::{LayeredParams, TransformerParams, random_layered, transformer};
-use remat_planner::{Graph, PlanError};
+use remat_planner::{Graph, PlanError, Planned, Problem, lookup};
 use remat_report::{Layout, print_table};
 
 use crate::error::{Context, Result, bail};
@@ -240,7 +240,10 @@ pub fn worker(arg: &str, bandwidth: f64, options: ImportOptions) -> Result<()> {
             planned.report.bytes_by_fate(&graph).1,
             planned.plan.strategy
         ),
-        Err(PlanError::Infeasible { best_peak, .. } | PlanError::OverBudget { best_peak, .. }) => {
+        Err(
+            RequestError::Infeasible { best_peak, .. }
+            | RequestError::Plan(PlanError::OverBudget { best_peak, .. }),
+        ) => {
             println!("{RESULT} over {best_peak}")
         }
         Err(e) => println!("{RESULT} err {}", e.to_string().replace('\n', " ")),
@@ -248,10 +251,12 @@ pub fn worker(arg: &str, bandwidth: f64, options: ImportOptions) -> Result<()> {
     Ok(())
 }
 
-fn solve(solver: &str, problem: &Problem) -> Result<Planned, PlanError> {
+/// The default search through the planner's front door; a named solver alone, without
+/// the bound a request climbs after it (the figure is the solver's time).
+fn solve(solver: &str, problem: &Problem) -> std::result::Result<Planned, RequestError> {
     match solver {
-        "default" => plan_best_explained(problem, |_, _, _| {}).result,
-        name => lookup(name)?.plan(problem),
+        "default" => request::plan(problem, None, None, |_| {}).result,
+        name => Ok(lookup(name)?.plan(problem)?),
     }
 }
 

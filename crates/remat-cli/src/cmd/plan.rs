@@ -16,13 +16,11 @@ use anyhow::bail;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, Outcome, ratio};
+use remat_planner::search::{SearchProgress, calibrate, skipped_in_search};
 use remat_planner::solve::bound::Bound;
 use remat_planner::solve::{self, Anytime, default_time_limit};
 use remat_planner::strategy::baselines::PARAMETERIZED;
-use remat_planner::strategy::{
-    Planned, Problem, SearchProgress, Strategy, calibrate, registry, skipped_in_search,
-};
-use remat_planner::{Graph, PlanError};
+use remat_planner::{Graph, PlanError, Planned, Problem, Strategy, registry};
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
@@ -163,7 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut outputs = Vec::new();
     let mut said = Vec::new();
     if let Some(path) = &args.out {
-        outputs.push((path.clone(), planned.plan.to_json().into_bytes()));
+        outputs.push((path.clone(), planned.plan.to_json()?.into_bytes()));
         said.push(("plan written", path));
     }
     if let (Some(path), Some(format)) = (&args.plot, plot_format) {

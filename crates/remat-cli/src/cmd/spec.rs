@@ -79,8 +79,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn derive(args: DeriveArgs) -> anyhow::Result<()> {
-    use remat_engine::models::mamba::Mamba;
-    use remat_engine::models::qwen3::{BlockKind, Qwen3};
+    use remat_engine::spec::models::mamba::Mamba;
+    use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
     let kind = match args.block.as_str() {
         "qwen3" => Some(BlockKind::Dense),
         "qwen3-moe" => Some(BlockKind::Moe),
@@ -164,8 +164,9 @@ fn inspect(args: InspectArgs) -> anyhow::Result<()> {
 /// the chosen mix per layer. A fraction is of the predicted peak with no budget (the
 /// fastest allowed mix, parameters and optimizer state included).
 fn inspect_mix(plan: &Plan, budget: &Budget) -> anyhow::Result<()> {
-    use remat_engine::models::mamba::Mamba;
-    use remat_engine::models::qwen3::{BlockKind, Qwen3, StepEnv};
+    use remat_engine::spec::models::StepEnv;
+    use remat_engine::spec::models::mamba::Mamba;
+    use remat_engine::spec::models::qwen3::{BlockKind, Qwen3};
     use remat_engine::spec::run::lora::LoraConfig;
     let mut config = plan.config.clone();
     if config.get("vocab_size").is_none() {

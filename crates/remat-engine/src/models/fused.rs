@@ -1,5 +1,5 @@
 //! Horizontal fusion of K GPT models (issue 22, item 2): models of one shape train as one
-//! fused unit whose every op runs once for all of them ([`crate::ops::fused`]: one grouped
+//! fused unit whose every op runs once for all of them ([`crate::core::ops::fused`]: one grouped
 //! gemm over the K weight matrices, one attention over the K batches, one norm, one loss
 //! giving a `[K]` vector of losses), forward and backward.
 //!
@@ -15,13 +15,13 @@
 //! on model `k`: losses, gradients and parameters after any number of steps are
 //! bit-identical to training each model alone, fused or not, under every plan.
 
-use crate::context::ExecContext;
-use crate::error::{EngineError, Result};
-use crate::graph::{Graph, NodeId};
+use crate::core::context::ExecContext;
+use crate::core::error::{EngineError, Result};
+use crate::core::graph::{Graph, NodeId};
+use crate::core::ops::attention::Attention;
+use crate::core::policy::Policy;
 use crate::models::gpt::{BlockNodes, Checkpointing, GptConfig};
 use crate::models::multi::{ModelStep, MultiStepOutput, record_model, take_grads};
-use crate::ops::attention::Attention;
-use crate::policy::Policy;
 
 /// What models must share to be fused: every size and constant of the computation (the
 /// config without its dropout probability and init seed) and the batch shape.

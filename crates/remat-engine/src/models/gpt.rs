@@ -24,14 +24,16 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::context::ExecContext;
-use crate::error::{EngineError, Result};
-use crate::graph::{Graph, GraphObserver, NodeId};
-use crate::kernels::philox_hash;
-use crate::ops::attention::Attention;
-use crate::policy::Policy;
-use crate::pool::{Category, MemoryPool, PoolStats};
-use crate::tensor::Tensor;
+use crate::core::context::ExecContext;
+use crate::core::error::{EngineError, Result};
+use crate::core::graph::{Graph, GraphObserver, NodeId};
+use crate::core::kernels::philox_hash;
+use crate::core::ops::attention::Attention;
+use crate::core::policy::Policy;
+use crate::core::pool::{Category, MemoryPool, PoolStats};
+use crate::core::tensor::Tensor;
+
+pub use super::batch::Batch;
 
 /// Model sizes and hyper-parameters.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,7 +158,7 @@ impl GptConfig {
         let tokens = (batch * seq) as f64;
         let matmul_params =
             self.param_count() - self.vocab * self.d_model - (2 * self.n_layers + 1) * self.d_model;
-        let shape = crate::kernels::AttentionShape {
+        let shape = crate::core::kernels::AttentionShape {
             batch,
             seq,
             n_heads: self.n_heads,
@@ -317,15 +319,6 @@ impl BlockNodes {
     }
 }
 
-/// A training batch: `tokens` and next-token `targets`, both `[batch, seq]` row-major.
-#[derive(Clone, Debug)]
-pub struct Batch {
-    pub tokens: Arc<[u32]>,
-    pub targets: Arc<[u32]>,
-    pub batch: usize,
-    pub seq: usize,
-}
-
 /// Nodes of one recorded step.
 #[derive(Clone, Debug)]
 pub struct GptStep {
@@ -380,7 +373,7 @@ impl Gpt {
         if let Some(budget) = stats.budget
             && stats.live.saturating_add(need) > budget
         {
-            return Err(crate::pool::PoolOom {
+            return Err(crate::core::pool::PoolOom {
                 category: Category::Parameters,
                 requested: need,
                 live: stats.live,

@@ -1,7 +1,7 @@
 //! Safetensors files of model tensors under Hugging Face names: the error type, reading
 //! and checking tensors, and writing a file (with a gradient dump's step record) atomically.
 //! Shared by the GPT ([`super::gpt::hf`]) and the spec-driven Qwen3 blocks
-//! ([`super::qwen3::hf`]).
+//! ([`crate::spec::models::qwen3::hf`]).
 
 use std::collections::HashMap;
 use std::fs;
@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensorError, SafeTensors, tensor::TensorView};
 
-use super::gpt::Batch;
-use crate::kernels::IGNORE_INDEX;
+use super::batch::Batch;
+use crate::core::kernels::IGNORE_INDEX;
 use crate::output_file;
 
 /// What can go wrong reading or writing a safetensors file; every variant names the file.

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use crate::error::{EngineError, Result};
-use crate::graph::{Graph, NodeId};
-use crate::pool::{Category, MemoryPool};
-use crate::rng::RngState;
-use crate::tensor::Tensor;
+use crate::core::error::{EngineError, Result};
+use crate::core::graph::{Graph, NodeId};
+use crate::core::pool::{Category, MemoryPool};
+use crate::core::rng::RngState;
+use crate::core::tensor::Tensor;
 
 /// Shape of the chain.
 #[derive(Clone, Debug, PartialEq)]

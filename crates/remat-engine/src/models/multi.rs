@@ -6,7 +6,7 @@
 //! ([`Graph::set_rng_stream`]) seeded as `k`'s own step would be, and are named `m{k}.NAME`
 //! so the profiled planner graph tells them apart. Each model keeps its own loss root: the
 //! losses are never summed (a sum would force every forward before any backward), and
-//! [`Graph::backward_many`], the profiler ([`crate::profile::profile_step_multi`]) and the
+//! [`Graph::backward_many`], the profiler ([`crate::plan_exec::profile::profile_step_multi`]) and the
 //! plan executor ([`crate::plan_exec::Layout::build_multi`]) all take the K roots. Because
 //! the models share no node, each one's gradients are accumulated exactly as when it is
 //! recorded alone: parameters after N steps equal training that model by itself, bit for bit.
@@ -14,13 +14,13 @@
 //! This is the unfused path (`--no-fuse`): each model's ops run on their own.
 //! [`crate::models::fused`] fuses the ops of same-shape models into one call each.
 
-use crate::context::ExecContext;
-use crate::error::{EngineError, Result};
-use crate::graph::{Graph, NodeId};
+use crate::core::context::ExecContext;
+use crate::core::error::{EngineError, Result};
+use crate::core::graph::{Graph, NodeId};
+use crate::core::optim::AdamW;
+use crate::core::policy::Policy;
+use crate::core::tensor::Tensor;
 use crate::models::gpt::{Batch, Checkpointing, Gpt, GptStep};
-use crate::optim::AdamW;
-use crate::policy::Policy;
-use crate::tensor::Tensor;
 
 /// One model's share of a multi-model step: its data and its dropout seed.
 #[derive(Clone, Debug)]

@@ -6,8 +6,39 @@
 //! ([`Transients`]). Kept states are freed by their backward in schedule order, so a state
 //! kept now may fit because earlier ones leave first.
 
-use super::runner::Transients;
 use super::schedule::Step;
+
+/// The most bytes a stage's passes were seen to need above the live bytes they started
+/// from: what the `auto` stage policy keeps free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Transients {
+    pub forward: usize,
+    /// A backward from a kept forward state.
+    pub backward: usize,
+    /// A backward that first recomputed its forward state.
+    pub backward_recomputed: usize,
+}
+
+impl Transients {
+    /// What the stage's remaining passes need free. A backward may have to recompute: until
+    /// one was measured, a plain backward plus a forward stands for it, and until any
+    /// backward was measured, twice a forward (conservative: the first step learns).
+    pub fn reserve(&self) -> usize {
+        let backward = match (self.backward_recomputed, self.backward) {
+            (0, 0) => self.forward.saturating_mul(2),
+            (0, plain) => plain.saturating_add(self.forward),
+            (recomputed, _) => recomputed,
+        };
+        backward.max(self.forward)
+    }
+
+    /// The larger of each figure, this stage's and `other`'s.
+    pub(super) fn absorb(&mut self, other: &Transients) {
+        self.forward = self.forward.max(other.forward);
+        self.backward = self.backward.max(other.backward);
+        self.backward_recomputed = self.backward_recomputed.max(other.backward_recomputed);
+    }
+}
 
 /// What the decision reads.
 pub struct Pressure<'a> {

@@ -12,12 +12,12 @@ use super::runner::{
 };
 use super::schedule::Step;
 use super::transport::Transport;
-use crate::context::ExecContext;
-use crate::error::EngineError;
-use crate::graph::Graph;
-use crate::optim::{AdamW, AdamWConfig};
-use crate::pool::{Category, MemoryPool, PoolStats};
-use crate::tensor::Tensor;
+use crate::core::context::ExecContext;
+use crate::core::error::EngineError;
+use crate::core::graph::Graph;
+use crate::core::optim::{AdamW, AdamWConfig};
+use crate::core::pool::{Category, MemoryPool, PoolStats};
+use crate::core::tensor::Tensor;
 
 /// How the stages are provisioned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,7 +276,7 @@ impl<'m, M: StagedModel> OneStage<'m, M> {
 pub fn replica_step_seed(step_seed: u64, replica: usize) -> u64 {
     match replica {
         0 => step_seed,
-        r => crate::rng::mix64(step_seed, u64::MAX - r as u64),
+        r => crate::core::rng::mix64(step_seed, u64::MAX - r as u64),
     }
 }
 

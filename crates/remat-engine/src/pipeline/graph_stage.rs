@@ -12,13 +12,14 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::activation::{Activation, DeepCopy, HostTensor};
-use super::runner::{Forwarded, MemoryReading, StageWork, Transients, digest_f32};
-use crate::context::ExecContext;
-use crate::error::EngineError;
-use crate::graph::{Graph, NodeId};
-use crate::pool::{Category, MemoryPool, PoolStats};
-use crate::rng::mix64;
-use crate::tensor::Tensor;
+use super::auto::Transients;
+use super::runner::{Forwarded, MemoryReading, StageWork, digest_f32};
+use crate::core::context::ExecContext;
+use crate::core::error::EngineError;
+use crate::core::graph::{Graph, NodeId};
+use crate::core::pool::{Category, MemoryPool, PoolStats};
+use crate::core::rng::mix64;
+use crate::core::tensor::Tensor;
 
 /// A piece of a staged model that owns parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use std::str::FromStr;
 use std::time::Instant;
 
 use super::activation::{Activation, BoxError, DeepCopy};
+use super::auto::Transients;
 use super::auto::{Pressure, keep_fits};
-use super::runner::Transients;
 use super::schedule::Step;
 
 /// A stage's memory as [`Strategy::Auto`] reads it.

@@ -3,11 +3,11 @@
 //! The reference is [`Gpt::record`] (store-all) on one graph.
 
 use super::graph_stage::{Part, StagedModel};
-use crate::error::EngineError;
-use crate::graph::{Graph, NodeId};
+use crate::core::error::EngineError;
+use crate::core::graph::{Graph, NodeId};
+use crate::core::policy::Policy;
+use crate::core::tensor::Tensor;
 use crate::models::gpt::{BLOCK_TENSORS, Batch, BlockNodes, Checkpointing, Gpt, block_forward};
-use crate::policy::Policy;
-use crate::tensor::Tensor;
 
 /// A [`Gpt`] cut into stages; micro-batches are [`Batch`]es.
 #[derive(Debug)]

@@ -3,10 +3,10 @@
 //! loss. The reference is [`Mlp::build`] on one graph.
 
 use super::graph_stage::{Part, StagedModel};
-use crate::error::EngineError;
-use crate::graph::{Graph, NodeId};
+use crate::core::error::EngineError;
+use crate::core::graph::{Graph, NodeId};
+use crate::core::tensor::Tensor;
 use crate::models::mlp::Mlp;
-use crate::tensor::Tensor;
 
 /// One micro-batch of the MLP chain: inputs `[rows, dims[0]]`, targets `[rows, dims[-1]]`.
 #[derive(Clone, Debug)]

@@ -4,12 +4,12 @@
 
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::lower::Helpers;
-use remat_planner::strategy::plan_from_decisions_with;
+use remat_planner::problem::plan_from_decisions_with;
 use remat_planner::{Decision, Plan, PlanError, Planned, Problem, Step};
 
 use super::layout::{ItemKind, Layout};
 use super::plan_fits_executor;
-use crate::graph::Graph;
+use crate::core::graph::Graph;
 
 /// The op nodes a recorded graph keeps between forward and backward (its retention is
 /// `Keep`): the checkpoint set of the engine policy it was recorded or marked with.
@@ -19,7 +19,7 @@ pub fn kept_nodes(graph: &Graph) -> Vec<bool> {
         .map(|id| {
             graph
                 .retention(id)
-                .is_ok_and(|r: crate::checkpoint::Retention| !r.is_checkpoint())
+                .is_ok_and(|r: crate::core::checkpoint::Retention| !r.is_checkpoint())
         })
         .collect()
 }
@@ -81,7 +81,7 @@ pub struct Choice {
 /// ascending order, then the store-all peak).
 ///
 /// `copy_cost` is the compute time a byte of swap traffic takes from the step (seconds per
-/// byte, [`crate::profile::CopyUnderCompute::compute_seconds_per_byte`]): the simulator
+/// byte, [`super::profile::CopyUnderCompute::compute_seconds_per_byte`]): the simulator
 /// hides a swap behind compute when the bandwidth allows, but on a CPU the copies run on
 /// the cores that compute, so every candidate's predicted time (`report.total_time`) is
 /// charged for its swap-out and swap-in bytes before the candidates are compared.

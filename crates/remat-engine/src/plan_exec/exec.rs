@@ -8,14 +8,14 @@ use remat_planner::Step;
 use super::PlanExecError;
 use super::grads::{add_in_place, fill_ones};
 use super::layout::{ItemKind, Layout};
-use crate::dtype::DType;
-use crate::error::EngineError;
-use crate::graph::Graph;
-use crate::op::{OpCtx, Phase, RngSource, Saved};
-use crate::pool::{Category, MemoryPool, Reservation};
-use crate::rng::RngState;
-use crate::swap::{CopyEngine, SlotId, Transfer, Waited};
-use crate::tensor::Tensor;
+use crate::core::dtype::DType;
+use crate::core::error::EngineError;
+use crate::core::graph::Graph;
+use crate::core::op::{OpCtx, Phase, RngSource, Saved};
+use crate::core::pool::{Category, MemoryPool, Reservation};
+use crate::core::rng::RngState;
+use crate::core::swap::{CopyEngine, SlotId, Transfer, Waited};
+use crate::core::tensor::Tensor;
 
 /// Measurements of one item in one run (the profiler reads them).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -1,15 +1,15 @@
 //! Gradient arithmetic of the executor, in the engine's exact order and rounding.
 
 use super::PlanExecError;
-use crate::elementwise;
-use crate::error::EngineError;
+use crate::core::elementwise;
+use crate::core::error::EngineError;
+use crate::core::tensor::Tensor;
 use crate::float_dispatch;
-use crate::tensor::Tensor;
 
 /// Sets every element to one (the seed of the loss gradient).
 pub(crate) fn fill_ones(t: &Tensor) -> Result<(), PlanExecError> {
     float_dispatch!(t.dtype(), "backward seed", T => {
-        t.write().as_mut_slice::<T>()?.fill(<T as crate::dtype::Element>::ONE);
+        t.write().as_mut_slice::<T>()?.fill(<T as crate::core::dtype::Element>::ONE);
         Ok::<(), EngineError>(())
     })?;
     Ok(())

@@ -21,7 +21,7 @@
 use remat_planner::{Node as IrNode, Phase as IrPhase, Step};
 
 use super::PlanExecError;
-use crate::graph::{Graph, NodeId};
+use crate::core::graph::{Graph, NodeId};
 
 /// What an item of the layout runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,7 +206,7 @@ impl Layout {
             name: format!("grad:{}", node.name),
             phase: IrPhase::Backward,
             inputs: Vec::new(),
-            reserved_bytes: crate::tensor::nbytes(&node.shape, node.dtype),
+            reserved_bytes: crate::core::tensor::nbytes(&node.shape, node.dtype),
         });
     }
 
@@ -450,9 +450,9 @@ fn backward_reach(graph: &Graph, losses: &[usize], users: &[Vec<usize>]) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::ExecContext;
-    use crate::pool::{Category, MemoryPool};
-    use crate::tensor::Tensor;
+    use crate::core::context::ExecContext;
+    use crate::core::pool::{Category, MemoryPool};
+    use crate::core::tensor::Tensor;
 
     /// x -> h = x W -> r = relu(h) -> s = h + r -> loss = mse(s, y)
     fn residual() -> (Graph, NodeId) {

@@ -1,12 +1,16 @@
-//! Execute a planner [`remat_planner::Plan`] in the engine: one training step run by
-//! the plan's explicit schedule (`Compute` / `Free` / `SwapOut` / `SwapIn`), not by the
-//! graph's own retention policies.
+//! Profile, plan and execute a step of an engine graph: the planner's [`remat_planner::Plan`]
+//! run in the engine, one training step by the plan's explicit schedule (`Compute` /
+//! `Free` / `SwapOut` / `SwapIn`), not by the graph's own retention policies.
 //!
-//! The pieces:
-//! - [`Layout`]: the step of an engine [`crate::graph::Graph`] unrolled into planner
+//! The pieces, in the order a step goes through them:
+//! - [`Layout`]: the step of an engine [`crate::core::graph::Graph`] unrolled into planner
 //!   items (forward ops, backward ops, op workspaces), one tensor each. Its items are the
-//!   nodes of the planner graph the profiler ([`crate::profile`]) emits, so a plan made for
-//!   that graph indexes them directly.
+//!   nodes of the planner graph the profiler emits, so a plan made for that graph indexes
+//!   them directly.
+//! - [`profile`]: the step run by its store-all schedule and timed, item by item, into the
+//!   planner's graph IR; and what copies cost while it computes.
+//! - [`choose_plan`]: the fastest predicted plan under the budget among the planner's
+//!   strategies and the engine's own policies, skipping plans the executor refuses.
 //! - [`run_steps`] / [`run_plan`]: the executor. `Compute` runs an op forward (a first
 //!   computation records its random states, a recomputation replays them, so dropout
 //!   draws the same mask) or backward (the incoming gradients summed in the engine's
@@ -34,6 +38,7 @@ mod choose;
 mod exec;
 mod grads;
 mod layout;
+pub mod profile;
 mod tensor_buf;
 
 pub use choose::{
@@ -44,9 +49,9 @@ pub use layout::{Item, ItemKind, Layout, Measured};
 
 use remat_planner::{Plan, Step};
 
-use crate::error::EngineError;
-use crate::graph::Graph;
-use crate::swap::{CopyEngine, SwapError};
+use crate::core::error::EngineError;
+use crate::core::graph::Graph;
+use crate::core::swap::{CopyEngine, SwapError};
 
 /// What can go wrong executing a plan.
 #[derive(Debug, thiserror::Error)]

@@ -1,9 +1,9 @@
 //! Tensors as copy-engine buffers: the swap workers read and write a tensor's storage
 //! through its lock, byte for byte, whatever its dtype.
 
-use crate::dtype::{DType, Element};
-use crate::swap::{CopyBuf, SwapError};
-use crate::tensor::{Buf, Tensor, TensorWrite};
+use crate::core::dtype::{DType, Element};
+use crate::core::swap::{CopyBuf, SwapError};
+use crate::core::tensor::{Buf, Tensor, TensorWrite};
 
 /// The raw bytes of a typed buffer.
 fn bytes_of(buf: &Buf) -> &[u8] {

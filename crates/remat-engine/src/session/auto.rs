@@ -13,15 +13,15 @@ use remat_planner::{PlanError, Planned, Problem};
 pub use super::error::mib;
 use super::error::{During, Result, SessionError};
 use super::multiplexed;
-use crate::graph::{Graph, NodeId};
+use crate::core::graph::{Graph, NodeId};
+use crate::core::policy::Policy;
+use crate::core::swap::{CopyEngine, HostStore, SwapError, Throttle};
 use crate::models::gpt::Checkpointing;
-use crate::plan_exec::{Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes};
-use crate::policy::Policy;
-use crate::profile::{
+use crate::plan_exec::profile::{
     CopyUnderCompute, ProfileOptions, StepProfile, calibrate_swap_cost, measure_copy_under_compute,
     profile_step_multi,
 };
-use crate::swap::{CopyEngine, HostStore, SwapError, Throttle};
+use crate::plan_exec::{Considered, StepReport, choose_plan, kept_nodes, run_plan, same_nodes};
 
 /// What `--policy auto` needs besides the model.
 #[derive(Clone, Debug)]

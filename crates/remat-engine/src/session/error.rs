@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
-use crate::error::EngineError;
+use crate::core::error::EngineError;
+use crate::core::swap::SwapError;
 use crate::plan_exec::PlanExecError;
 use crate::spec::mix::MixError;
-use crate::swap::SwapError;
 use remat_units::human_bytes;
 
 /// What can go wrong in a session.

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use super::error::{During, Result, SessionError};
-use crate::graph::{Graph, NodeId};
+use crate::core::graph::{Graph, NodeId};
+use crate::core::policy::Policy;
 use crate::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use crate::models::mlp::{Mlp, MlpConfig};
-use crate::policy::Policy;
-use crate::profile::{ProfileOptions, StepProfile, profile_step};
+use crate::plan_exec::profile::{ProfileOptions, StepProfile, profile_step};
 use crate::{Category, ExecContext, MemoryPool, Tensor};
 
 /// Which model, and its size.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::error::{During, Result};
 use super::task::Task;
-use crate::graph::Graph;
+use crate::core::graph::Graph;
 use crate::models::fused::{ModelSet, SetStep, ShapeKey, record_set};
 use crate::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
 use crate::models::multi::{ModelStep, MultiStep, record_multi, step_optimizers, take_grads};

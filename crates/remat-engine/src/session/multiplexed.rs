@@ -9,9 +9,9 @@ use remat_planner::Planned;
 use remat_planner::multi::{MultiPlanned, MultiRequest, Multiplexed};
 
 use super::error::{During, Result};
-use crate::graph::Graph;
+use crate::core::graph::Graph;
+use crate::plan_exec::profile::StepProfile;
 use crate::plan_exec::{Considered, check_plan};
-use crate::profile::StepProfile;
 
 /// `--policy auto:NAME` names that take this route, with the planner strategy each runs on
 /// the interleaved order (`None`: the anytime search).

@@ -8,15 +8,15 @@ use std::fmt::Display;
 use std::sync::Arc;
 
 use super::error::{During, Result, SessionError};
-use crate::models::qwen3::{Qwen3Grads, StepEnv, StepStats};
+use crate::core::swap::HostStore;
 use crate::spec::mix::{self, MixError, MixModel, Profile, Tuned};
+use crate::spec::models::{SpecGrads, StepEnv, StepStats};
 use crate::spec::run::meter::Meter;
 use crate::spec::{Mode, Plan};
-use crate::swap::HostStore;
 
 /// One step of a spec model under per-block-type plans (its error is the caller's).
 pub type StepFn<'a, E> =
-    dyn Fn(&[Plan], StepEnv) -> std::result::Result<(Qwen3Grads, StepStats), E> + 'a;
+    dyn Fn(&[Plan], StepEnv) -> std::result::Result<(SpecGrads, StepStats), E> + 'a;
 
 /// The mix model of compiled `plans` (one per block type) and each layer's type.
 pub fn mix_model(plans: &[Plan], layer_block: Vec<usize>, mode: Mode) -> Result<MixModel> {

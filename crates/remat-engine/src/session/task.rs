@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::error::{Result, SessionError};
-use crate::kernels::{IGNORE_INDEX, philox_hash};
+use crate::core::kernels::{IGNORE_INDEX, philox_hash};
 use crate::models::gpt::Batch;
 
 const SEP: u32 = 10;

@@ -11,6 +11,11 @@
 //! [`compile()`] turns a spec and a [`ModelConfig`] into a [`Plan`]: per layer, each slot's
 //! [`Disposition`], the ordered recompute [`Step`]s and the saved / recomputed / offloaded
 //! bytes.
+//!
+//! The folder reads in the order a spec goes: [`types`], [`config`] and [`expr`] (what a
+//! spec says), [`compile`](mod@compile) (the per-layer plan), [`run`] (the runtime that executes a plan:
+//! slots, recompute, offload, the pool meter), [`models`] (the spec-driven models on that
+//! runtime: Qwen3, Mamba, hybrid), [`mix`] (a per-layer mix of plans for a budget).
 
 pub mod compile;
 pub mod config;
@@ -18,6 +23,7 @@ pub mod derive;
 pub mod error;
 pub mod expr;
 pub mod mix;
+pub mod models;
 pub mod ops;
 pub mod run;
 pub mod shipped;

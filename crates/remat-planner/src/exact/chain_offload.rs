@@ -40,7 +40,8 @@ use super::chain_graph::{GraphChain, chain_of, decisions_of};
 use super::chain_strategy::{ChainDp, resolution};
 use crate::error::PlanError;
 use crate::plan::Step;
-use crate::strategy::{Planned, Problem, Strategy, plan_from_steps};
+use crate::problem::{Planned, Problem, plan_from_steps};
+use crate::strategy::Strategy;
 
 pub const NAME: &str = "chain-offload";
 

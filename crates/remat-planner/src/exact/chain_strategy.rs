@@ -15,7 +15,8 @@ use std::time::Instant;
 use super::chain::{ByteChain, MAX_CELLS, fill_work, solve_chain, solve_chain_least};
 use super::chain_graph::{GraphChain, chain_of, decisions_of};
 use crate::error::PlanError;
-use crate::strategy::{Planned, Problem, Strategy, plan_from_steps};
+use crate::problem::{Planned, Problem, plan_from_steps};
+use crate::strategy::Strategy;
 
 /// Inner-loop iterations one table fill may take: about a quarter of a second in a
 /// release build, so a plan (at most `MAX_SOLVES` fills) stays around a second.

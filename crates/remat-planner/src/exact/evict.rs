@@ -32,7 +32,8 @@
 use crate::error::PlanError;
 use crate::ir::{Graph, NodeId};
 use crate::plan::Step;
-use crate::strategy::{Planned, Problem, Strategy, plan_from_steps};
+use crate::problem::{Planned, Problem, plan_from_steps};
+use crate::strategy::Strategy;
 
 use super::chain_graph::decisions_of;
 

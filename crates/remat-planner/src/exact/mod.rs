@@ -17,7 +17,7 @@
 //!   by HiGHS, the ground truth on small graphs.
 //!
 //! All of them emit explicit schedules (`Compute` / `Free` steps) that the simulator checks
-//! through [`crate::strategy::plan_from_steps`].
+//! through [`crate::problem::plan_from_steps`].
 
 pub mod chain;
 pub mod chain_graph;

@@ -19,10 +19,11 @@ use super::report::{ModelStall, SwapHiding, explain};
 use super::{Interleaving, MultiError, Multiplexed, Order};
 use crate::ir::Graph;
 use crate::plan::{PLAN_FORMAT_VERSION, Plan};
+use crate::problem::{Planned, Problem};
 use crate::request;
+use crate::search::SearchProgress;
 use crate::sim::{SimReport, simulate_traced};
 use crate::solve::bound::Bound;
-use crate::strategy::{Planned, Problem, SearchProgress};
 
 /// What to plan the K models for.
 #[derive(Clone, Debug, PartialEq)]

@@ -22,7 +22,7 @@ use std::time::Instant;
 use crate::error::PlanError;
 use crate::ir::{Graph, NodeId};
 use crate::plan::Step;
-use crate::strategy::{Planned, Problem, plan_from_steps};
+use crate::problem::{Planned, Problem, plan_from_steps};
 
 use super::order::Rng;
 use super::recompute::{Sequence, steps_of};

@@ -24,7 +24,7 @@ use crate::exact::chain_graph::decisions_of;
 use crate::exact::evict::{self, Pass, Weights};
 use crate::ir::{Graph, NodeId};
 use crate::plan::Step;
-use crate::strategy::{Planned, Problem, plan_from_steps};
+use crate::problem::{Planned, Problem, plan_from_steps};
 
 use super::{NAME, in_order, map_step};
 

@@ -51,7 +51,7 @@
 use std::time::Instant;
 
 use crate::ir::{Graph, NodeId};
-use crate::strategy::Problem;
+use crate::problem::Problem;
 
 use super::order::Precedence;
 

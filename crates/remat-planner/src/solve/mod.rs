@@ -42,8 +42,9 @@ use crate::error::PlanError;
 use crate::exact::evict;
 use crate::ir::{Graph, NodeId};
 use crate::plan::{Decision, Step};
+use crate::problem::{Planned, Problem, check_floor, plan_from_steps};
+use crate::strategy::Strategy;
 use crate::strategy::baselines::StoreAll;
-use crate::strategy::{Planned, Problem, Strategy, plan_from_steps};
 
 use order::{Evaluator, Precedence, Rng, Searched, TIE_BREAKS, list_schedule, reordered};
 
@@ -74,18 +75,6 @@ impl Strategy for Anytime {
             .unwrap_or_else(|| default_time_limit(problem.graph.len()));
         solve(problem, Instant::now() + limit, None, |_, _| {})
     }
-}
-
-/// Refuses a budget under the floor, naming it.
-pub fn check_floor(problem: &Problem) -> Result<(), PlanError> {
-    let floor = problem.graph.memory_floor();
-    if problem.budget_bytes < floor {
-        return Err(PlanError::BelowFloor {
-            budget: problem.budget_bytes,
-            floor,
-        });
-    }
-    Ok(())
 }
 
 /// Runs the solver until `deadline` (see the module docs). `incumbent`, a plan found by
@@ -716,22 +705,4 @@ fn map_decision(decision: &Decision, order: &[NodeId]) -> Decision {
             use_at: order[*use_at],
         },
     }
-}
-
-/// Whether a schedule computes some node for the first time before a node with a lower id:
-/// the plan runs the operations in another order than the graph's.
-pub fn reorders(steps: &[Step]) -> bool {
-    let mut last_first: Option<NodeId> = None;
-    let mut seen = std::collections::HashSet::new();
-    for step in steps {
-        if let Step::Compute { node } = *step
-            && seen.insert(node)
-        {
-            if last_first.is_some_and(|l| node < l) {
-                return true;
-            }
-            last_first = Some(node);
-        }
-    }
-    false
 }

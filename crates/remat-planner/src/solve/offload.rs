@@ -23,7 +23,7 @@
 use crate::error::PlanError;
 use crate::ir::{Graph, NodeId};
 use crate::plan::{Decision, Step};
-use crate::strategy::{Planned, Problem, plan_from_steps};
+use crate::problem::{Planned, Problem, plan_from_steps};
 
 use super::order::{Evaluator, Searched, positions};
 

@@ -14,12 +14,13 @@
 
 use std::time::Instant;
 
-use super::{Planned, Problem, Strategy, plan_from_decisions_with};
+use super::Strategy;
 use crate::attrs::tensor_attrs;
 use crate::error::PlanError;
 use crate::ir::{Graph, NodeId, Phase};
 use crate::lower::Helpers;
 use crate::plan::Decision;
+use crate::problem::{Planned, Problem, plan_from_decisions_with};
 
 /// The tensors a baseline may drop: forward activations with an idle interval, in order,
 /// with their (drop_after, use_at) window. Pinned tensors, and tensors whose rebuild could

@@ -27,9 +27,10 @@
 //! `i`'s backward beside model `i + 1`'s forward) and plans it with this scheduler. With one
 //! model there are no other nodes, and only the model's own backward nodes hide a prefetch.
 
-use super::{Planned, Problem, Strategy, plan_from_decisions, plan_from_decisions_with};
+use super::Strategy;
 use crate::attrs::{TensorAttrs, prefix_times, tensor_attrs};
 use crate::error::PlanError;
+use crate::problem::{Planned, Problem, plan_from_decisions, plan_from_decisions_with};
 use std::time::Instant;
 
 use crate::ir::{Graph, NodeId, Phase};

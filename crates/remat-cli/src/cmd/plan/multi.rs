@@ -13,13 +13,13 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use remat_planner::Graph;
+use remat_planner::Planned;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::multi::{
     ModelStall, MultiPlanned, MultiRequest, Multiplexed, Order, SwapHiding, plan, plan_each_alone,
 };
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request;
-use remat_planner::strategy::Planned;
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
@@ -92,7 +92,7 @@ pub fn run(args: MultiArgs) -> anyhow::Result<()> {
     print_stalls(&multi, &planned.models, planned.report.total_time, unit);
     compare(&multi, &graphs, &request, &planned)?;
     if let Some(path) = args.out {
-        write_all_atomic(&[(path.to_path_buf(), planned.plan.to_json().into_bytes())])?;
+        write_all_atomic(&[(path.to_path_buf(), planned.plan.to_json()?.into_bytes())])?;
         println!("plan written to {}", path.display());
     }
     Ok(())

@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use remat_engine::graph::{Graph, NodeId};
+use remat_engine::core::graph::{Graph, NodeId};
 use remat_engine::models::gpt::{Checkpointing, Gpt, hf};
 use remat_engine::plan_exec::StepReport;
-use remat_engine::profile::median;
+use remat_engine::plan_exec::profile::median;
 use remat_engine::session::auto::{
     AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, forward_bytes_by_fate, mib,
 };

@@ -123,14 +123,14 @@ pub fn parse_policy(s: &str) -> Result<Checkpointing, String> {
         .map_err(|e: remat_engine::EngineError| e.to_string())
 }
 
-/// A learning rate: finite, > 0 and at most [`remat_engine::optim::MAX_LR`] (NaN, a
+/// A learning rate: finite, > 0 and at most [`remat_engine::core::optim::MAX_LR`] (NaN, a
 /// negative or an overflowing rate would train to a NaN loss and exit successfully).
 fn parse_lr(s: &str) -> Result<f64, String> {
     let lr: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("{s:?} is not a number"))?;
-    let max = remat_engine::optim::MAX_LR;
+    let max = remat_engine::core::optim::MAX_LR;
     if lr.is_finite() && lr > 0.0 && lr <= max {
         Ok(lr)
     } else {

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use remat_engine::graph::Graph;
+use remat_engine::core::graph::Graph;
 use remat_engine::models::fused::{ModelSet, SetStep};
 use remat_engine::models::gpt::{Checkpointing, GptConfig};
 use remat_engine::models::multi::{step_optimizers, take_grads};

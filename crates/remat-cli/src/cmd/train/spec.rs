@@ -11,23 +11,22 @@ use std::time::Instant;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use remat_engine::models::hybrid::{self, Hybrid};
-use remat_engine::models::mamba::{self, Mamba, MambaDims};
-use remat_engine::models::qwen3::{
-    self, BlockKind, Qwen3, Qwen3Dims, Qwen3Grads, StepEnv, StepStats,
-};
-use remat_engine::pool::{Category, MemoryPool, Reservation};
+use remat_engine::core::pool::{Category, MemoryPool, Reservation};
+use remat_engine::core::swap::HostStore;
 use remat_engine::session::spec_mix::{TUNE_ROUNDS, choose, mix_model, profile};
 use remat_engine::session::task::Task;
 use remat_engine::spec::Plan;
+use remat_engine::spec::models::hybrid::{self, Hybrid};
+use remat_engine::spec::models::mamba::{self, Mamba, MambaDims};
+use remat_engine::spec::models::qwen3::{self, BlockKind, Qwen3, Qwen3Dims};
+use remat_engine::spec::models::{SpecGrads, StepEnv, StepStats};
+use remat_engine::spec::run::Act;
 use remat_engine::spec::run::check;
 use remat_engine::spec::run::lora::LayerAdapters;
 use remat_engine::spec::run::lora::LoraConfig;
 use remat_engine::spec::run::meter::Meter;
-use remat_engine::spec::run::ops::Act;
 use remat_engine::spec::shipped::{HYBRID_CONFIG_FILE, HYBRID_CONFIG_TEXT};
 use remat_engine::spec::{BlockSpec, Mode, ModelConfig, Value, compile};
-use remat_engine::swap::HostStore;
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
@@ -169,7 +168,7 @@ impl Trainee {
         tokens: &[u32],
         targets: &[u32],
         env: StepEnv,
-    ) -> anyhow::Result<(Qwen3Grads, StepStats)> {
+    ) -> anyhow::Result<(SpecGrads, StepStats)> {
         let one = || plans.first().context("no plan");
         Ok(match self {
             Trainee::Qwen3(m) => m.step(one()?, tokens, targets, env)?,
@@ -235,7 +234,7 @@ impl Trainee {
 fn apply(
     opt: &mut AdamW,
     model: &mut Trainee,
-    grads: &Qwen3Grads,
+    grads: &SpecGrads,
     mode: Mode,
 ) -> anyhow::Result<()> {
     opt.step += 1;

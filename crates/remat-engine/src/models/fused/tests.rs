@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::core::optim::{AdamW, AdamWConfig};
+use crate::core::pool::MemoryPool;
+use crate::core::tensor::Tensor;
 use crate::models::gpt::{Batch, Gpt, GptConfig};
 use crate::models::multi::step_optimizers;
-use crate::optim::{AdamW, AdamWConfig};
-use crate::pool::MemoryPool;
-use crate::tensor::Tensor;
 
 fn config(d_model: usize, dropout: f32, init_seed: u64) -> GptConfig {
     GptConfig {
@@ -32,7 +32,8 @@ fn batch(model: usize, step: u64) -> Batch {
     let tok = |salt: u64| -> Arc<[u32]> {
         (0..b * s)
             .map(|i| {
-                let h = crate::kernels::philox_hash(model as u64 ^ salt, step * 1000 + i as u64);
+                let h =
+                    crate::core::kernels::philox_hash(model as u64 ^ salt, step * 1000 + i as u64);
                 (h % 13) as u32
             })
             .collect()

@@ -20,11 +20,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::{Batch, Gpt, GptConfig};
+use crate::core::tensor::Tensor;
 pub use crate::models::hf_file::{HfError, RECORD_PREFIX, TORCH_IGNORE_INDEX, check_target};
 use crate::models::hf_file::{
     RawTensor, check_unused, finite_f32, parse, raw_f32, read_file, step_record_parts, write_raw,
 };
-use crate::tensor::Tensor;
 
 /// Whether the engine stores `name` transposed relative to Hugging Face (`nn.Linear`).
 pub fn is_linear(name: &str) -> bool {

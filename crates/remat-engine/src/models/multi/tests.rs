@@ -1,9 +1,9 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::core::optim::AdamWConfig;
+use crate::core::pool::MemoryPool;
 use crate::models::gpt::GptConfig;
-use crate::optim::AdamWConfig;
-use crate::pool::MemoryPool;
 
 fn config(d_model: usize, dropout: f32, init_seed: u64) -> GptConfig {
     GptConfig {
@@ -24,7 +24,9 @@ fn batch(seed: u64, step: u64) -> Batch {
     let (b, s) = (3, 8);
     let tok = |salt: u64| -> Arc<[u32]> {
         (0..b * s)
-            .map(|i| (crate::kernels::philox_hash(seed ^ salt, step * 1000 + i as u64) % 13) as u32)
+            .map(|i| {
+                (crate::core::kernels::philox_hash(seed ^ salt, step * 1000 + i as u64) % 13) as u32
+            })
             .collect()
     };
     Batch {

@@ -17,8 +17,8 @@ use mpi::traits::CommunicatorCollectives;
 pub use transport::{MpiTransport, Traffic};
 
 use super::wire::{Wire, WireError};
-use crate::error::EngineError;
-use crate::tensor::Tensor;
+use crate::core::error::EngineError;
+use crate::core::tensor::Tensor;
 
 /// Where this rank sits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

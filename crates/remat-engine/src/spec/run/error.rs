@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-use crate::kernels::KernelError;
+use crate::core::kernels::KernelError;
 use crate::spec::SpecError;
 
 #[derive(Debug, Error)]

@@ -6,17 +6,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::kernels::RopeTable;
+use crate::core::kernels::RopeTable;
+use crate::core::swap::{HostStore, SlotId};
 use crate::spec::compile::{Disposition, LayerPlan, Mode, Operand, Plan, Prefetch, Step};
 use crate::spec::ops::REPLAY;
 use crate::spec::{ModelConfig, Value};
-use crate::swap::{HostStore, SlotId};
 
+use super::act::Act;
 use super::error::{RunError, RunResult};
 use super::fingerprint::fingerprint;
 use super::lora::{self, LayerAdapters, LoraConfig, MaskKey};
 use super::meter::{Hold, Meter, Use};
-use super::ops::{Act, OpEnv, execute};
+use super::ops::{OpEnv, execute};
 
 /// An operand of a forward op call.
 #[derive(Debug, Clone, Copy)]

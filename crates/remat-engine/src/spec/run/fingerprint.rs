@@ -9,7 +9,7 @@
 //! has to tell a drifted op's values from the forward's, and any single flipped bit changes
 //! the lane it falls in.
 
-use super::ops::Act;
+use super::act::Act;
 
 const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0000_0100_0000_01b3;

@@ -5,11 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::kernels;
+use crate::core::kernels;
 use crate::spec::ops::LORA_TARGETS;
 
+use super::act::Act;
 use super::linalg;
-use super::ops::Act;
 
 /// Adapter hyper-parameters.
 #[derive(Debug, Clone, PartialEq)]

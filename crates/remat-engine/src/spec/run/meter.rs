@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::pool::{Category, MemoryPool, Reservation};
+use crate::core::pool::{Category, MemoryPool, Reservation};
 
 use super::error::{RunError, RunResult};
 

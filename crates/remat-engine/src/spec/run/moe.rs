@@ -5,8 +5,8 @@
 //! Rows are grouped by expert in ascending row order and every cross-row sum runs in a
 //! fixed order, so results do not depend on threads or scheduling.
 
+use super::act::Act;
 use super::linalg;
-use super::ops::Act;
 
 fn expert_rows(idx: &Act, experts: usize) -> Result<Vec<Vec<usize>>, String> {
     let mut rows = vec![Vec::new(); experts];
@@ -55,7 +55,8 @@ pub fn topk_softmax(logits: &Act, k: usize, normalize: bool) -> Result<Vec<Act>,
     }
     let n = logits.data.len() / e;
     let mut probs = vec![0.0f32; logits.data.len()];
-    crate::kernels::softmax_forward(&logits.data, e, &mut probs).map_err(|x| x.to_string())?;
+    crate::core::kernels::softmax_forward(&logits.data, e, &mut probs)
+        .map_err(|x| x.to_string())?;
     let mut weights = Vec::with_capacity(n * k);
     let mut indices = Vec::with_capacity(n * k);
     for p in probs.chunks(e) {
@@ -101,7 +102,7 @@ pub fn topk_softmax_backward(
     let k = *indices.shape.last().unwrap_or(&1);
     let mut probs = vec![0.0f32; logits.data.len()];
     // Same input and kernel as the forward: cannot fail where the forward succeeded.
-    let _ = crate::kernels::softmax_forward(&logits.data, e, &mut probs);
+    let _ = crate::core::kernels::softmax_forward(&logits.data, e, &mut probs);
     let mut dlogits = vec![0.0f32; logits.data.len()];
     let rows = probs.chunks(e).zip(dlogits.chunks_mut(e));
     for (t, (p, dl)) in rows.enumerate() {

@@ -4,47 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::kernels::{self, AttentionShape, KernelError, RopeTable};
+use crate::core::kernels::{self, AttentionShape, KernelError, RopeTable};
 use crate::spec::{ModelConfig, Value};
 
+use super::act::{Act, linear};
 use super::error::{RunError, RunResult};
-use super::linalg;
-
-/// A runtime tensor: contiguous row-major f32 (integer slots, the expert indices, hold
-/// exact small integers).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Act {
-    pub data: Vec<f32>,
-    pub shape: Vec<usize>,
-}
-
-impl Act {
-    pub fn new(data: Vec<f32>, shape: Vec<usize>) -> Self {
-        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
-        Self { data, shape }
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.data.len() as u64 * 4
-    }
-
-    fn last(&self) -> usize {
-        self.shape.last().copied().unwrap_or(1)
-    }
-
-    fn rows(&self) -> usize {
-        self.data.len() / self.last().max(1)
-    }
-
-    pub fn bit_eq(&self, other: &Act) -> bool {
-        self.shape == other.shape
-            && self
-                .data
-                .iter()
-                .zip(&other.data)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-    }
-}
 
 /// What an op runs with besides its operands.
 pub struct OpEnv<'a> {
@@ -249,35 +213,6 @@ fn rmsnorm_apply(x: &Act, w: &Act, rstd: &Act) -> Result<Act, String> {
         }
     }
     Ok(Act::new(y, x.shape.clone()))
-}
-
-pub fn linear(x: &Act, w: &Act, bias: Option<&Act>) -> Result<Act, String> {
-    let (n, k) = match w.shape.as_slice() {
-        [n, k] => (*n, *k),
-        s => return Err(format!("weight of shape {s:?} is not 2-D")),
-    };
-    if x.last() != k {
-        return Err(format!(
-            "input of shape {:?} does not match weight [{n}, {k}]",
-            x.shape
-        ));
-    }
-    let m = x.rows();
-    let mut y = vec![0.0; m * n];
-    linalg::linear(&x.data, &w.data, m, k, n, &mut y, false, 1.0);
-    if let Some(b) = bias {
-        if b.data.len() != n {
-            return Err(format!("bias of {} elements for {n} outputs", b.data.len()));
-        }
-        for row in y.chunks_mut(n) {
-            for (o, &bv) in row.iter_mut().zip(&b.data) {
-                *o += bv;
-            }
-        }
-    }
-    let mut shape = x.shape.clone();
-    *shape.last_mut().unwrap_or(&mut 0) = n;
-    Ok(Act::new(y, shape))
 }
 
 /// RoPE over `[B, T, heads * head_dim]` (or its backward with `inverse`).

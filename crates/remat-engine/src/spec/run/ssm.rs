@@ -12,8 +12,8 @@
 
 use rayon::prelude::*;
 
+use super::act::Act;
 use super::linalg;
-use super::ops::Act;
 
 type OpResult<T> = Result<T, String>;
 
@@ -164,7 +164,7 @@ pub fn dt_proj(x_dbc: &Act, w: &Act, bias: Option<&Act>) -> OpResult<Act> {
         s => return Err(format!("dt_proj weight {s:?} is not [Di, R <= {width}]")),
     };
     let low = Act::new(columns(&x_dbc.data, width, 0, r), vec![b, t, r]);
-    let y = super::ops::linear(&low, w, bias)?;
+    let y = super::act::linear(&low, w, bias)?;
     debug_assert_eq!(y.data.len(), b * t * di);
     Ok(y)
 }
@@ -509,7 +509,7 @@ mod tests {
     fn values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
         (0..n)
             .map(|i| {
-                let bits = crate::kernels::philox_hash(seed, i as u64) >> 40;
+                let bits = crate::core::kernels::philox_hash(seed, i as u64) >> 40;
                 ((bits as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
             })
             .collect()

@@ -248,7 +248,8 @@ fn oversized_tables_are_refused() {
 #[test]
 fn a_passed_deadline_keeps_the_first_fill() {
     use crate::exact::chain_strategy::ChainDp;
-    use crate::strategy::{Problem, Strategy};
+    use crate::problem::Problem;
+    use crate::strategy::Strategy;
     let g = crate::strategy::baselines::tests::training_chain(40);
     let budget = g.static_bytes() + (g.store_all_peak() - g.static_bytes()) / 3;
     let problem = Problem {

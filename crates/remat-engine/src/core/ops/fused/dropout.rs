@@ -1,0 +1,125 @@
+//! Fused dropout over `x [G, ...]`: slice `g` is masked with model `g`'s own probability
+//! from a state drawn from model `g`'s random stream (each model draws the masks it draws
+//! alone). A slice with `p = 0` passes through unchanged and draws nothing, as a model with
+//! no dropout records no dropout node.
+
+use crate::core::error::Result;
+use crate::core::graph::{Graph, NodeId};
+use crate::core::op::{Op, OpCtx, OpOutput, Saved};
+use crate::core::ops::dropout::apply_mask;
+use crate::core::rng::RngState;
+use crate::core::tensor::Tensor;
+use crate::float_dispatch;
+
+use super::group_split;
+
+#[derive(Debug, Clone)]
+pub struct FusedDropout {
+    /// Per group: the probability of zeroing an element, in `[0, 1)`.
+    pub p: Vec<f32>,
+    /// Per group: the graph's random stream its state is drawn from.
+    pub streams: Vec<usize>,
+}
+
+impl FusedDropout {
+    /// Masks (or copies) every slice of `src` into `dst`; `states` are the masked slices'.
+    fn apply<T: crate::core::dtype::Element>(&self, dst: &mut [T], src: &[T], states: &[RngState]) {
+        let per = src.len() / self.p.len().max(1);
+        let mut next = states.iter();
+        for (g, &p) in self.p.iter().enumerate() {
+            let (d, s) = (&mut dst[g * per..][..per], &src[g * per..][..per]);
+            // Only masked slices drew a state (see `draw`).
+            match (p > 0.0).then(|| next.next()).flatten() {
+                Some(&state) => apply_mask(d, s, state, p),
+                None => d.copy_from_slice(s),
+            }
+        }
+    }
+
+    /// The states of the masked slices, drawn now (forward) or replayed (recompute).
+    fn draw(&self, cx: &mut OpCtx<'_>, per: usize) -> Result<Vec<RngState>> {
+        let mut states = Vec::with_capacity(self.p.len());
+        for (&p, &stream) in self.p.iter().zip(&self.streams) {
+            if p > 0.0 {
+                states.push(cx.rng_in_stream(stream, per as u64)?);
+            }
+        }
+        Ok(states)
+    }
+}
+
+impl Op for FusedDropout {
+    fn kind(&self) -> &'static str {
+        "fused_dropout"
+    }
+
+    fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
+        if self.p.len() != self.streams.len() {
+            return Err(format!(
+                "{} probabilities for {} streams",
+                self.p.len(),
+                self.streams.len()
+            ));
+        }
+        if let Some(p) = self.p.iter().find(|p| !(0.0..1.0).contains(*p)) {
+            return Err(format!("dropout probability {p} is outside [0, 1)"));
+        }
+        match inputs {
+            [x] => group_split(x, self.p.len()).map(|_| x.to_vec()),
+            _ => Err("fused dropout takes 1 input".into()),
+        }
+    }
+
+    fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
+        let x = inputs[0];
+        let per = x.numel() / self.p.len().max(1);
+        let states = self.draw(cx, per)?;
+        let out = cx.alloc_output(x.shape(), x.dtype())?;
+        float_dispatch!(x.dtype(), cx.node_name(), T => {
+            let xr = x.read();
+            let mut w = out.write();
+            self.apply(w.as_mut_slice::<T>()?, xr.as_slice::<T>()?, &states);
+            Ok::<(), crate::EngineError>(())
+        })?;
+        Ok(out.into())
+    }
+
+    fn backward(
+        &self,
+        cx: &mut OpCtx<'_>,
+        _saved: &Saved<'_>,
+        g: &Tensor,
+    ) -> Result<Vec<Option<Tensor>>> {
+        if !cx.needs_grad(0) {
+            return Ok(vec![None]);
+        }
+        let states = cx.rng_states().to_vec();
+        let masked = self.p.iter().filter(|&&p| p > 0.0).count();
+        if states.len() != masked {
+            return Err(cx.shape_error(format!(
+                "forward drew {} random states for {masked} masked slices",
+                states.len()
+            )));
+        }
+        let dx = cx.alloc_grad(0, g.shape(), g.dtype())?;
+        float_dispatch!(g.dtype(), cx.node_name(), T => {
+            let gr = g.read();
+            let mut w = dx.write();
+            self.apply(w.as_mut_slice::<T>()?, gr.as_slice::<T>()?, &states);
+            Ok::<(), crate::EngineError>(())
+        })?;
+        Ok(vec![Some(dx)])
+    }
+}
+
+impl Graph {
+    /// Dropout of each slice `g` of `x [G, ...]` with probability `p[g]`, drawing from
+    /// random stream `streams[g]`.
+    pub fn fused_dropout(&mut self, x: NodeId, p: &[f32], streams: &[usize]) -> Result<NodeId> {
+        let op = FusedDropout {
+            p: p.to_vec(),
+            streams: streams.to_vec(),
+        };
+        self.apply(op, &[x])
+    }
+}

@@ -1,0 +1,106 @@
+//! What to plan for, and what a plan is worth: the [`Problem`] (graph, budget, bandwidth)
+//! every strategy takes, the [`Planned`] it returns (the plan with the simulator's report
+//! of it), and the one way a strategy turns its answer into a [`Planned`].
+//!
+//! Strategies that think per tensor (the baselines, MuTWO) build [`Decision`]s and call
+//! [`plan_from_decisions`], which lowers them with [`crate::lower::lower`] and checks the
+//! result with the simulator; schedule-native strategies (the exact ones, the anytime
+//! solver) build steps and call [`plan_from_steps`]. Both return [`PlanError::OverBudget`]
+//! with the plan's peak when it does not fit, so callers can report the smallest peak
+//! reached. [`check_floor`] refuses a budget no schedule can meet before anything runs.
+
+use crate::error::PlanError;
+use crate::ir::Graph;
+use crate::lower::{Helpers, lower_with};
+use crate::plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
+use crate::sim::{SimReport, simulate_steps};
+
+/// What to plan for.
+#[derive(Clone, Copy, Debug)]
+pub struct Problem<'g> {
+    pub graph: &'g Graph,
+    /// Device bytes available, static memory included.
+    pub budget_bytes: u64,
+    /// Host-device bandwidth in bytes per second, each direction.
+    pub bandwidth: f64,
+}
+
+/// A plan together with the simulator's measurements of it.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub plan: Plan,
+    pub report: SimReport,
+}
+
+/// Refuses a budget under the graph's memory floor ([`Graph::memory_floor`]), naming it:
+/// no schedule fits there, whatever the strategy.
+pub fn check_floor(problem: &Problem) -> Result<(), PlanError> {
+    let floor = problem.graph.memory_floor();
+    if problem.budget_bytes < floor {
+        return Err(PlanError::BelowFloor {
+            budget: problem.budget_bytes,
+            floor,
+        });
+    }
+    Ok(())
+}
+
+/// Lowers per-tensor decisions, simulates them and checks the budget.
+pub fn plan_from_decisions(
+    problem: &Problem,
+    strategy: &str,
+    decisions: Vec<Decision>,
+) -> Result<Planned, PlanError> {
+    plan_from_decisions_with(problem, strategy, decisions, Helpers::Free)
+}
+
+/// [`plan_from_decisions`] with a choice of what happens to recompute helpers.
+pub fn plan_from_decisions_with(
+    problem: &Problem,
+    strategy: &str,
+    decisions: Vec<Decision>,
+    helpers: Helpers,
+) -> Result<Planned, PlanError> {
+    let lowered =
+        lower_with(problem.graph, &decisions, problem.bandwidth, helpers).map_err(|e| match e {
+            PlanError::InvalidSchedule { error, .. } => PlanError::InvalidSchedule {
+                strategy: strategy.to_string(),
+                error,
+            },
+            other => other,
+        })?;
+    plan_from_steps(problem, strategy, lowered.steps, lowered.decisions)
+}
+
+/// Simulates a schedule and checks the budget.
+pub fn plan_from_steps(
+    problem: &Problem,
+    strategy: &str,
+    steps: Vec<Step>,
+    decisions: Vec<Decision>,
+) -> Result<Planned, PlanError> {
+    let report = simulate_steps(problem.graph, &steps, problem.bandwidth).map_err(|error| {
+        PlanError::InvalidSchedule {
+            strategy: strategy.to_string(),
+            error,
+        }
+    })?;
+    if report.peak_bytes > problem.budget_bytes {
+        return Err(PlanError::OverBudget {
+            strategy: strategy.to_string(),
+            budget: problem.budget_bytes,
+            best_peak: report.peak_bytes,
+        });
+    }
+    let plan = Plan {
+        version: PLAN_FORMAT_VERSION,
+        graph: problem.graph.name().to_string(),
+        node_count: problem.graph.len(),
+        strategy: strategy.to_string(),
+        budget_bytes: problem.budget_bytes,
+        bandwidth_bytes_per_s: problem.bandwidth,
+        steps,
+        decisions,
+    };
+    Ok(Planned { plan, report })
+}
