@@ -37,8 +37,13 @@ Notes:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import time
 from typing import Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._plan import Graph, as_graph, plan as rust_plan
 from .. import _native
@@ -351,16 +356,14 @@ def _saved_version(profile: Profile, vid: int) -> int:
 # ---- the schedule the runtime runs ---------------------------------------------------------
 
 
-def eager_schedule(sg: StepGraph, decisions: dict[int, str], recipes: dict[int, Recipe],
-                   prefetch_at: dict[int, int], groups: Optional[dict[int, int]] = None,
-                   group_recipes: Optional[dict[int, Recipe]] = None) -> list[tuple[str, int]]:
+def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[int, int],
+                   groups: dict[int, int], group_recipes: dict[int, Recipe]
+                   ) -> list[tuple[str, int]]:
     """The steps eager autograd takes under ``decisions`` (see the module notes), in the
     simulator's language. A value's bytes belong to its op's node; positions are ops."""
     profile = sg.profile
     values = profile.values
     n = sg.n
-    if groups is None or group_recipes is None:
-        groups, group_recipes = rebuild_groups(decisions, recipes)
     by_op: dict[int, list[int]] = {}  # the values of each op's own node
     sum_frees_at: dict[int, list[int]] = {}  # position -> sum nodes gone there
     for value in values:
@@ -793,11 +796,10 @@ def _module_segments(sg, bandwidth, budget_bytes, store_all) -> list[EagerPlan]:
         segments = [s for s in _segments_at(profile, depth) if s]
         if not segments:
             continue
-        decisions, anchors = _segment_plan(sg, segments, set())
-        if not any(d == RECOMPUTE for d in decisions.values()):
-            continue
         plan = _evaluate_segments(sg, segments, set(), bandwidth, budget_bytes, store_all,
                                   depth)
+        if not plan.count(RECOMPUTE):
+            continue
         plans.append(plan)
         modules = _checkpointable(profile, segments, depth)
         if modules and len(plan.group_recipes) == len(modules):
@@ -943,7 +945,7 @@ def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, stra
         if decisions.get(vid) == RECOMPUTE:
             used.update(r.anchors)
     groups, group_recipes = rebuild_groups(decisions, recipes, grouped)
-    steps = eager_schedule(sg, decisions, recipes, prefetch, groups, group_recipes)
+    steps = eager_schedule(sg, decisions, prefetch, groups, group_recipes)
     report = _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0))
     base = report["base_time"]
     overhead = (report["total_time"] - base) / base if base > 0 else 0.0
@@ -959,9 +961,7 @@ def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, stra
     )
 
 
-_DISPATCH_SECONDS: list[float] = []
-
-
+@functools.cache
 def dispatch_seconds() -> float:
     """Seconds a planned step under the dispatch mode and saved-tensor hooks adds per
     forward op, measured once per process: a pass-through mode around small ops, times six
@@ -969,26 +969,19 @@ def dispatch_seconds() -> float:
     read off the bench: Llama 4x64 on CPU ran 1.67x eager with 326 forward ops where the
     plan predicted 1.015x (about 70 us an op, a pass-through mode costing 11), and an H200
     host lost about 40 ms a step to it over some 1,100."""
-    if not _DISPATCH_SECONDS:
-        import time
+    class _PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
 
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
+    x = torch.zeros(1)
 
-        class _PassThrough(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                return func(*args, **(kwargs or {}))
+    def per_op(n: int = 300) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            torch.add(x, x)
+        return (time.perf_counter() - t0) / n
 
-        x = torch.zeros(1)
-
-        def per_op(n: int = 300) -> float:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                torch.add(x, x)
-            return (time.perf_counter() - t0) / n
-
-        plain = min(per_op() for _ in range(3))
-        with _PassThrough():
-            hooked = min(per_op() for _ in range(3))
-        _DISPATCH_SECONDS.append(max(0.0, 6.0 * (hooked - plain)))
-    return _DISPATCH_SECONDS[0]
+    plain = min(per_op() for _ in range(3))
+    with _PassThrough():
+        hooked = min(per_op() for _ in range(3))
+    return max(0.0, 6.0 * (hooked - plain))

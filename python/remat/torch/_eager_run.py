@@ -68,7 +68,7 @@ class RuntimePlan:
             self.flags[profile.values[vid].op] |= REGISTER
         # The last forward op each group's rebuild replays (divergence check).
         self.group_max = {g: max(r.ops) for g, r in plan.group_recipes.items()}
-        self.drops: dict[int, dict[int, list[int]]] = {}  # group -> _drop_after's table
+        self.drops = _drop_tables(profile, plan)  # group -> op -> values dropped before it
         for vid in plan.anchors:
             self.flags[profile.values[vid].op] |= ANCHOR | REGISTER
         # Offloaded values are prefetched at the unpack that comes at or before their
@@ -283,7 +283,7 @@ class _Group:
                 env[u] = other.storage
         device_type = rt.device.type
         cached = set(env)
-        drop_after = _drop_after(rt, self.gid)
+        drop_after = rt.drops[self.gid]
         with torch.no_grad(), torch.autocast(device_type=device_type, enabled=False):
             for i in recipe.ops:
                 rec = profile.ops[i]
@@ -325,30 +325,30 @@ class _Group:
         return env, cached
 
 
-def _drop_after(rt: RuntimePlan, gid: int) -> dict[int, list[int]]:
-    """For a group's rebuild: op -> the values made on the way that no member is and no
+def _drop_tables(profile: Profile, plan: EagerPlan) -> dict[int, dict[int, list[int]]]:
+    """Per group, op -> the values its rebuild made on the way that no member is and no
     later op of the rebuild reads, to drop before that op runs (as the forward would have
-    dropped them; ``eager_schedule`` frees them alike). Computed once per group."""
-    cached = rt.drops.get(gid)
-    if cached is not None:
-        return cached
-    profile = rt.profile
-    ops = rt.plan.group_recipes[gid].ops
-    members = {v for v, g in rt.plan.groups.items() if g == gid}
-    last: dict[int, int] = {}  # value -> position in ``ops`` of its last reader
-    for k, i in enumerate(ops):
-        rec = profile.ops[i]
-        for ref in rec.leaves:
-            if isinstance(ref, TensorRef) and ref.value >= 0:
-                last[ref.value] = k
-        for v in rec.new_values:
-            last.setdefault(v, k)
-    out: dict[int, list[int]] = {}
-    for v, k in last.items():
-        if v not in members and k + 1 < len(ops):
-            out.setdefault(ops[k + 1], []).append(v)
-    rt.drops[gid] = out
-    return out
+    dropped them; ``eager_schedule`` frees them alike)."""
+    members: dict[int, set[int]] = {}
+    for v, g in plan.groups.items():
+        members.setdefault(g, set()).add(v)
+    tables = {}
+    for g, recipe in plan.group_recipes.items():
+        ops = recipe.ops
+        last: dict[int, int] = {}  # value -> position in ``ops`` of its last reader
+        for k, i in enumerate(ops):
+            rec = profile.ops[i]
+            for ref in rec.leaves:
+                if isinstance(ref, TensorRef) and ref.value >= 0:
+                    last[ref.value] = k
+            for v in rec.new_values:
+                last.setdefault(v, k)
+        table: dict[int, list[int]] = {}
+        for v, k in last.items():
+            if v not in members.get(g, ()) and k + 1 < len(ops):
+                table.setdefault(ops[k + 1], []).append(v)
+        tables[g] = table
+    return tables
 
 
 def _extent_bytes(ref: TensorRef) -> int:

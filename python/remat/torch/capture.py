@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from .._plan import as_graph
 from ._graph import (
     IRNode,
     copy_positions,
@@ -112,8 +113,6 @@ class Captured:
     def store_all_peak(self) -> int:
         """Peak bytes (static included) with every tensor kept from its computation to its
         last reader: remat's simulator's count (the Rust library, as ``remat plan``)."""
-        from .._plan import as_graph
-
         return as_graph(self).store_all_peak
 
     def __repr__(self) -> str:
