@@ -142,6 +142,8 @@ class Profile:
         self.static_nbytes: list[int] = []  # its storage's bytes when first seen
         self.static_bytes = 0
         self.forward_ops = 0  # ops [0, forward_ops) ran in the forward
+        # Forward calls per module (qualified name); containers never called are absent.
+        self.module_calls: dict[str, int] = {}
         self.complete = False  # the backward finished
         self.device = torch.device("cpu")
         self.signature: tuple = ()
@@ -233,7 +235,11 @@ class Profiler(TorchDispatchMode):
 
     # ---- module tracking (for messages) -------------------------------------------------
     def _push_module(self, module, *_):
-        self.module_stack.append(self.module_names.get(id(module), type(module).__name__))
+        name = self.module_names.get(id(module), type(module).__name__)
+        self.module_stack.append(name)
+        if self.phase == "forward":
+            calls = self.profile.module_calls
+            calls[name] = calls.get(name, 0) + 1
 
     def _pop_module(self, *_):
         if len(self.module_stack) > 1:
