@@ -4,7 +4,7 @@
 //! through the layer's plan.
 //!
 //! This file holds what both passes share and the forward; the backward side is in
-//! [`backward`].
+//! `backward.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
