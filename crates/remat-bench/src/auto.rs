@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use remat_engine::core::swap::{CopyEngine, HostStore, Throttle};
 use remat_engine::models::gpt::Checkpointing;
 use remat_engine::plan_exec::profile::{
-    StepProfile, calibrate_swap_cost, measure_copy_under_compute, median,
+    StepProfile, calibrate_swap_cost, measure_copy_under_compute,
 };
 use remat_engine::plan_exec::{StepReport, choose_plan, run_plan};
 use remat_engine::session::auto::{
@@ -73,7 +73,8 @@ fn model_args(args: &Args, layers: usize) -> ModelOptions {
 }
 
 fn median_time(v: Vec<Duration>) -> Duration {
-    Duration::from_secs_f64(median(v.iter().map(Duration::as_secs_f64).collect()))
+    let secs: Vec<f64> = v.iter().map(Duration::as_secs_f64).collect();
+    Duration::from_secs_f64(remat_units::median(&secs).unwrap_or(0.0))
 }
 
 /// One step under the engine's own policy: pool peak and wall time.

@@ -12,7 +12,6 @@ use std::time::Instant;
 use indicatif::ProgressBar;
 use remat_engine::core::kernels::philox_hash;
 use remat_engine::models::gpt::{Batch, Checkpointing, Gpt, GptConfig};
-use remat_engine::plan_exec::profile::median;
 use remat_engine::{
     Category, ExecContext, Graph, GraphObserver, MemoryPool, NodeEvent, Policy, Tensor,
 };
@@ -238,7 +237,7 @@ fn measure_rounds<'a>(
     }
     let reference = rows.first().map(|r| r.times.clone()).unwrap_or_default();
     for row in &mut rows {
-        row.seconds = median(row.times.clone());
+        row.seconds = remat_units::median(&row.times).unwrap_or(0.0);
         row.ratio = paired_median(&row.times, &reference);
     }
     Ok(rows)

@@ -26,7 +26,6 @@ use remat_engine::core::graph::Graph;
 use remat_engine::models::fused::{ModelSet, SetStep};
 use remat_engine::models::gpt::{Checkpointing, GptConfig};
 use remat_engine::models::multi::{step_optimizers, take_grads};
-use remat_engine::plan_exec::profile::median;
 use remat_engine::plan_exec::swap_traffic;
 use remat_engine::session::auto::{
     AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, mib,
@@ -35,6 +34,7 @@ use remat_engine::session::models::{Members, Models, limit_fuse_width};
 use remat_engine::session::task::Task;
 use remat_engine::{ExecContext, MemoryPool, Policy};
 use remat_report::{Layout, render};
+use remat_units::median;
 
 use crate::error::{Context, Result, chain, ensure, failed};
 
@@ -327,10 +327,10 @@ fn measure_k(args: &Args, task: &Task, k: usize, budget: u64) -> Result<Vec<Resu
         .enumerate()
         .map(|(i, r)| match r {
             Some(r) => Ok(Row {
-                samples_per_s: samples / median(times[i].clone()).max(1e-12),
+                samples_per_s: samples / median(&times[i]).unwrap_or(0.0).max(1e-12),
                 vs_a: crate::ratio::paired_median(&times[0], &times[i]),
                 peak: r.peak(),
-                stall_ms: median(stalls[i].clone()) * 1e3,
+                stall_ms: median(&stalls[i]).unwrap_or(0.0) * 1e3,
                 note: r.note(),
             }),
             None => Err(skipped[i].clone()),

@@ -6,9 +6,8 @@ pub fn paired_median(num: &[f64], den: &[f64]) -> f64 {
     if den.is_empty() {
         return f64::NAN;
     }
-    remat_engine::plan_exec::profile::median(
-        num.iter().zip(den).map(|(n, d)| n / d.max(1e-12)).collect(),
-    )
+    let ratios: Vec<f64> = num.iter().zip(den).map(|(n, d)| n / d.max(1e-12)).collect();
+    remat_units::median(&ratios).unwrap_or(0.0)
 }
 
 #[cfg(test)]

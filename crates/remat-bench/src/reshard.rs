@@ -1,6 +1,10 @@
 //! `remat bench reshard`: generate a ~2 GiB checkpoint on 8 ranks, reshard it to 3 and to
 //! 1, and compare the write rate with a plain memory copy of the same bytes measured in
 //! the same run; report peak resident memory against the buffer bound.
+//!
+//! Why one file of ~750 lines: it is one benchmark run from start to end (generate, reshard,
+//! the machine's own copy rates measured beside it, the object-store runs), and it reads top
+//! to bottom in the order of the report it prints; nothing in it is used elsewhere.
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -341,14 +341,9 @@ fn measure(model: &BenchModel, case: &mut Case, round: u64, timed: bool) -> Resu
     Ok(())
 }
 
+/// The median step time (NaN without rounds).
 fn median(times: &[f64]) -> f64 {
-    let mut t = times.to_vec();
-    t.sort_by(f64::total_cmp);
-    match t.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => t[n / 2],
-        n => 0.5 * (t[n / 2 - 1] + t[n / 2]),
-    }
+    remat_units::median(times).unwrap_or(f64::NAN)
 }
 
 fn print_cases(args: &Args, cases: &[Case]) {

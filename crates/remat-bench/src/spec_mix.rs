@@ -97,10 +97,9 @@ struct Case {
     times: Vec<f64>,
 }
 
+/// The upper median step time (NaN without rounds).
 fn median(times: &[f64]) -> f64 {
-    let mut t = times.to_vec();
-    t.sort_by(f64::total_cmp);
-    t.get(t.len() / 2).copied().unwrap_or(f64::NAN)
+    remat_units::upper_median(times).unwrap_or(f64::NAN)
 }
 
 fn measure(model: &Model, case: &mut Case, timed: bool) -> Result<()> {

@@ -2,6 +2,9 @@
 //! strategy, plus hand-made swap / recompute / mixed plans) the pool's peak equals the
 //! simulator's prediction to the byte, and the gradients equal the engine's store-all
 //! backward bit for bit.
+//!
+//! Why one file of ~780 lines: every integration-test file is a binary of its own linked
+//! against the engine, so the plan-execution cases share one binary and its helpers.
 
 use std::sync::Arc;
 

@@ -15,11 +15,42 @@
 //! node twice, and [`Graph::may_drop`] tells strategies which tensors they may recompute.
 
 use serde::{Deserialize, Serialize};
-
-use crate::error::GraphError;
+use thiserror::Error;
 
 /// Index of a node in [`Graph::nodes`]; the tensor a node produces has the same index.
 pub type NodeId = usize;
+
+/// A graph that breaks an IR invariant (what [`Graph::new`] checks). It lives beside the
+/// graph so the IR imports no other module of the crate.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum GraphError {
+    #[error("node `{node}`: input {input} does not exist")]
+    MissingInput { node: String, input: String },
+    #[error("node `{node}`: input {input} comes at or after it, so the order is not topological")]
+    NotTopological { node: String, input: String },
+    #[error("node `{node}`: input {input} is listed twice")]
+    DuplicateInput { node: String, input: NodeId },
+    #[error("node `{node}`: field `{field}` is {value}, it must be finite and non-negative")]
+    Cost {
+        node: String,
+        field: &'static str,
+        value: f64,
+    },
+    #[error("time unit {value} s is not a positive finite number")]
+    TimeUnit { value: f64 },
+    #[error("the graph has no operations")]
+    Empty,
+    #[error(
+        "node `{node}`: static bytes plus the output bytes of every node up to it exceed 2^64 bytes"
+    )]
+    BytesOverflow { node: String },
+    #[error(
+        "node `{node}`: the total compute time reaches {total:e}, too large to simulate (with recomputations it would not stay a finite number)"
+    )]
+    TimeOverflow { node: String, total: f64 },
+    #[error("pinned node {id} does not exist: the graph has {count} nodes")]
+    PinnedMissing { id: NodeId, count: usize },
+}
 
 /// Which pass of the training step an operation belongs to. The loss counts as backward,
 /// as in Checkmate's graphs: it is the first operation that exists only for training.
@@ -331,6 +362,16 @@ fn input_name(id: NodeId) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_times_print_in_scientific_notation() {
+        let text = GraphError::TimeOverflow {
+            node: "n".into(),
+            total: 1e308,
+        }
+        .to_string();
+        assert!(text.contains("1e308") && text.len() < 200, "{text}");
+    }
 
     fn node(name: &str, bytes: u64, inputs: Vec<NodeId>) -> Node {
         Node {

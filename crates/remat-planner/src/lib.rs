@@ -58,8 +58,8 @@ pub mod solve;
 pub mod strategy;
 pub mod synth;
 
-pub use error::{GraphError, ImportError, PlanError, SimError};
-pub use ir::{Graph, Node, NodeId, Phase};
+pub use error::{ImportError, PlanError, SimError};
+pub use ir::{Graph, GraphError, Node, NodeId, Phase};
 pub use plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
 pub use problem::{Planned, Problem};
 pub use registry::{lookup, registry};

@@ -1,17 +1,16 @@
 //! A checkpoint on disk, in any of the layouts remat reads, as one model: global tensors
-//! made of pieces that live in memory-mapped safetensors files.
+//! made of pieces that live in memory-mapped safetensors files. Opening one (which layout a
+//! path holds, and the reader for it) is [`crate::open`]'s.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::dtype::Dtype;
 use crate::error::{ReshardError, Result};
 use crate::geometry::{Region, intersecting_pairs};
-use crate::index::INDEX_NAME;
-use crate::readers::{has_dcp_names, read_dcp, read_hf, read_remat};
 use crate::safetensors::{MappedFile, volume};
-use crate::target::Placement;
 
 /// The on-disk layouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +40,44 @@ impl Format {
             Format::Remat => "remat",
             Format::Dcp => "dcp",
             Format::Hf => "hf",
+        }
+    }
+}
+
+/// How a tensor is laid over the ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// Split dimension D in PyTorch's chunks of `ceil(n/M)`.
+    Shard(usize),
+    /// A full copy on every rank.
+    Replicate,
+    /// The full tensor on one rank.
+    Whole,
+}
+
+impl Placement {
+    /// Parses `shard(D)` / `shard:D`, `replicate`, `whole`.
+    pub fn parse(s: &str) -> Option<Placement> {
+        match s {
+            "replicate" => Some(Placement::Replicate),
+            "whole" => Some(Placement::Whole),
+            _ => {
+                let d = s
+                    .strip_prefix("shard(")
+                    .and_then(|r| r.strip_suffix(')'))
+                    .or_else(|| s.strip_prefix("shard:"))?;
+                d.parse().ok().map(Placement::Shard)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Shard(d) => write!(f, "shard({d})"),
+            Placement::Replicate => f.write_str("replicate"),
+            Placement::Whole => f.write_str("whole"),
         }
     }
 }
@@ -119,28 +156,6 @@ pub struct SkippedFile {
 }
 
 impl Checkpoint {
-    /// Opens `path` (a directory, or a single safetensors file), detecting the layout
-    /// unless `format` is given, and validates it entirely before returning.
-    pub fn open(path: &Path, format: Option<Format>) -> Result<Checkpoint> {
-        let ckpt = Checkpoint::open_unvalidated(path, format)?;
-        ckpt.validate()?;
-        Ok(ckpt)
-    }
-
-    /// Opens without the checks that read data (replicas compared byte by byte): a remote
-    /// checkpoint's data is fetched after opening, then [`Self::validate`] runs.
-    pub(crate) fn open_unvalidated(path: &Path, format: Option<Format>) -> Result<Checkpoint> {
-        let format = match format {
-            Some(f) => f,
-            None => detect(path)?,
-        };
-        match format {
-            Format::Remat => read_remat(path),
-            Format::Dcp => read_dcp(path),
-            Format::Hf => read_hf(path),
-        }
-    }
-
     /// Bytes of all global tensors.
     pub fn total_bytes(&self) -> u64 {
         self.tensors.iter().map(TensorInfo::nbytes).sum()
@@ -263,84 +278,4 @@ pub(crate) fn unknown(path: &Path, what: &str) -> ReshardError {
         path: path.into(),
         what: what.into(),
     }
-}
-
-/// Picks the layout of `path` from the files it holds.
-pub fn detect(path: &Path) -> Result<Format> {
-    if path.is_file() {
-        return Ok(Format::Hf);
-    }
-    if !path.is_dir() {
-        return Err(unknown(path, "no such file or directory"));
-    }
-    if path.join(INDEX_NAME).is_file() {
-        return Ok(Format::Remat);
-    }
-    if path.join(HF_INDEX_NAME).is_file() || path.join(HF_SINGLE_NAME).is_file() {
-        return Ok(Format::Hf);
-    }
-    if has_dcp_names(path)? {
-        return Ok(Format::Dcp);
-    }
-    if is_torch_save_dcp(path)? {
-        return Err(unknown(
-            path,
-            "this is a PyTorch distributed checkpoint in torch's own format (a pickled .metadata with torch.save-based *.distcp files), which remat recognises but does not read: save it with Hugging Face storage (torch.distributed.checkpoint's HuggingFaceStorageWriter: shard-N-model-i-of-n.safetensors), or as remat's or Hugging Face's safetensors layouts",
-        ));
-    }
-    let mut what = String::from(
-        "found no remat.index.json, model.safetensors(.index.json) or shard-*-model-*-of-*.safetensors",
-    );
-    let inner = checkpoint_subdirs(path);
-    if !inner.is_empty() {
-        what.push_str(&format!(
-            "; the checkpoints are one level down: {} (pass one of them)",
-            inner.join(", ")
-        ));
-    }
-    Err(unknown(path, &what))
-}
-
-/// Subdirectories of `dir` (sorted, at most [`SUBDIR_HINTS`]) that hold a layout
-/// [`detect`] reads, for the hint when `dir` itself is their parent. Unreadable entries are
-/// passed over: this only adds to an error already being reported.
-fn checkpoint_subdirs(dir: &Path) -> Vec<String> {
-    const SUBDIR_HINTS: usize = 5;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut found: Vec<String> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .filter(|p| {
-            p.join(INDEX_NAME).is_file()
-                || p.join(HF_INDEX_NAME).is_file()
-                || p.join(HF_SINGLE_NAME).is_file()
-                || has_dcp_names(p).unwrap_or(false)
-        })
-        .map(|p| format!("{}/", p.display()))
-        .collect();
-    found.sort();
-    if found.len() > SUBDIR_HINTS {
-        let more = found.len() - SUBDIR_HINTS;
-        found.truncate(SUBDIR_HINTS);
-        found.push(format!("and {more} more"));
-    }
-    found
-}
-
-/// Whether `dir` holds PyTorch DCP's default format: a `.metadata` file or `*.distcp`
-/// files (`__0_0.distcp`, ...).
-fn is_torch_save_dcp(dir: &Path) -> Result<bool> {
-    if dir.join(".metadata").is_file() {
-        return Ok(true);
-    }
-    for entry in std::fs::read_dir(dir).map_err(crate::error::io_err(dir))? {
-        let entry = entry.map_err(crate::error::io_err(dir))?;
-        if entry.file_name().to_string_lossy().ends_with(".distcp") {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }

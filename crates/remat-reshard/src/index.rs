@@ -158,9 +158,9 @@ fn check_tensor(path: &Path, index: &Index, t: &IndexTensor) -> Result<()> {
     let dtype = Dtype::from_name(&t.dtype)
         .ok_or_else(|| tensor_err(format!("unknown dtype `{}`", t.dtype)))?;
     crate::safetensors::tensor_bytes(path, &t.name, dtype, &t.shape)?;
-    let placement = crate::target::Placement::parse(&t.placement)
+    let placement = crate::checkpoint::Placement::parse(&t.placement)
         .ok_or_else(|| tensor_err(format!("unknown placement `{}`", t.placement)))?;
-    if let crate::target::Placement::Shard(d) = placement
+    if let crate::checkpoint::Placement::Shard(d) = placement
         && d >= t.shape.len()
     {
         return Err(tensor_err(format!(

@@ -4,15 +4,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{
-    Checkpoint, DCP_SHARDING_INFO, Format, HF_INDEX_NAME, HF_SINGLE_NAME, Piece, SkippedFile,
-    TensorInfo, unknown,
+    Checkpoint, DCP_SHARDING_INFO, Format, HF_INDEX_NAME, HF_SINGLE_NAME, Piece, Placement,
+    SkippedFile, TensorInfo, unknown,
 };
 use crate::dtype::Dtype;
 use crate::error::{ReshardError, Result, io_err};
 use crate::geometry::Region;
 use crate::index::{INDEX_NAME, parse_index};
 use crate::safetensors::{Entry, MappedFile, tensor_bytes};
-use crate::target::Placement;
 
 /// Accumulates pieces into global tensors while files are read.
 struct Builder {
@@ -608,27 +607,4 @@ fn hf_index_files(index_path: &Path) -> Result<Vec<String>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dcp_names_give_shard_numbers() {
-        assert_eq!(
-            parse_dcp_name("shard-00001-model-00001-of-00001.safetensors"),
-            Some(1)
-        );
-        assert_eq!(
-            parse_dcp_name("shard-00012-model-00002-of-00003.safetensors"),
-            Some(12)
-        );
-        assert_eq!(
-            parse_dcp_name("shard-00000-model-00001-of-00001.safetensors"),
-            Some(0)
-        );
-        assert_eq!(
-            parse_dcp_name("shard-x-model-00001-of-00001.safetensors"),
-            None
-        );
-        assert_eq!(parse_dcp_name("model.safetensors"), None);
-    }
-}
+mod tests;

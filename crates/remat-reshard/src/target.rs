@@ -5,47 +5,11 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt;
 
+/// Kept at this path too: a target names placements as much as a checkpoint does.
+pub use crate::checkpoint::Placement;
 use crate::checkpoint::{Checkpoint, Format, TensorInfo};
 use crate::error::{ReshardError, Result};
 use crate::geometry::{Region, split_dim};
-
-/// How a tensor is laid over the ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Placement {
-    /// Split dimension D in PyTorch's chunks of `ceil(n/M)`.
-    Shard(usize),
-    /// A full copy on every rank.
-    Replicate,
-    /// The full tensor on one rank.
-    Whole,
-}
-
-impl Placement {
-    /// Parses `shard(D)` / `shard:D`, `replicate`, `whole`.
-    pub fn parse(s: &str) -> Option<Placement> {
-        match s {
-            "replicate" => Some(Placement::Replicate),
-            "whole" => Some(Placement::Whole),
-            _ => {
-                let d = s
-                    .strip_prefix("shard(")
-                    .and_then(|r| r.strip_suffix(')'))
-                    .or_else(|| s.strip_prefix("shard:"))?;
-                d.parse().ok().map(Placement::Shard)
-            }
-        }
-    }
-}
-
-impl fmt::Display for Placement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Placement::Shard(d) => write!(f, "shard({d})"),
-            Placement::Replicate => f.write_str("replicate"),
-            Placement::Whole => f.write_str("whole"),
-        }
-    }
-}
 
 /// What a rule asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

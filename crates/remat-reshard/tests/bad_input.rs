@@ -1,5 +1,9 @@
 //! Every kind of bad input is a clear error naming the file and tensor, raised before
 //! anything is written: no output is left behind.
+//!
+//! Why one file of ~990 lines: one case per kind of bad input, all sharing the same helpers
+//! (a checkpoint written, one thing broken, the error and the empty output checked); each
+//! integration-test file is a binary of its own, so they share one.
 
 mod common;
 

@@ -55,6 +55,11 @@
 //! [`exact_bytes`] prints text [`parse_size`] reads back to the same bytes (`256MiB`,
 //! `1537`); [`human_bandwidth`] prints decimal units per second (`32.00 GB/s`).
 //!
+//! # Measurements
+//! [`median`] and [`upper_median`] read the middle of repeated timings, so every crate that
+//! times something (the profiler, the spec mixes, the benchmarks, `remat train --compare`)
+//! takes it the same way.
+//!
 //! # Errors
 //! One [`UnitError`] for every front end: `{field} {text}: {what is wrong}`, e.g.
 //! ``--budget 7x: unknown unit `x` (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB, in any case)``
@@ -64,10 +69,12 @@ mod error;
 mod number;
 mod parse;
 mod print;
+mod stats;
 
 pub use error::{Kind, Problem, UNITS, UnitError};
 pub use parse::{Amount, Budget, parse_bandwidth, parse_budget, parse_size};
 pub use print::{exact_bytes, human_bandwidth, human_bytes};
+pub use stats::{median, upper_median};
 
 #[cfg(test)]
 mod properties {

@@ -171,3 +171,78 @@ pub fn check_op(
     }
     Ok(report)
 }
+
+/// The graph's ops checked with [`check_op`]: their tests live here, beside the checker,
+/// so the graph's own tests do not import it back.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(build: impl Fn(&mut Graph, &[NodeId]) -> Result<NodeId>, inputs: &[CheckInput]) {
+        let report = check_op(build, inputs, Tolerance::default()).unwrap();
+        assert!(report.checked_elements > 0);
+    }
+
+    #[test]
+    fn gradcheck_matmul_shared_and_batched() {
+        check(
+            |g, x| g.matmul(x[0], x[1]),
+            &[
+                CheckInput::random("a", &[2, 3, 4], 1),
+                CheckInput::random("b", &[4, 5], 2),
+            ],
+        );
+        check(
+            |g, x| g.matmul(x[0], x[1]),
+            &[
+                CheckInput::random("a", &[2, 3, 4], 3),
+                CheckInput::random("b", &[2, 4, 2], 4),
+            ],
+        );
+    }
+
+    #[test]
+    fn gradcheck_elementwise_ops() {
+        let a = CheckInput::random("a", &[3, 4], 5);
+        let b = CheckInput::random("b", &[3, 4], 6);
+        check(|g, x| g.add(x[0], x[1]), &[a.clone(), b.clone()]);
+        check(|g, x| g.mul(x[0], x[1]), &[a.clone(), b.clone()]);
+        check(|g, x| g.scale(x[0], -2.5), std::slice::from_ref(&a));
+        check(
+            |g, x| g.bias(x[0], x[1]),
+            &[a.clone(), CheckInput::random("b", &[4], 7)],
+        );
+        check(|g, x| g.mse(x[0], x[1]), &[a.clone(), b.clone()]);
+        // Keep inputs away from relu's kink, where finite differences are meaningless.
+        let away: Vec<f64> = a
+            .data
+            .iter()
+            .map(|v| if v.abs() < 0.05 { v + 0.1 } else { *v })
+            .collect();
+        check(|g, x| g.relu(x[0]), &[CheckInput::new("a", &[3, 4], away)]);
+        check(|g, x| g.dropout(x[0], 0.3), std::slice::from_ref(&a));
+        // x + x: two contributions to one gradient.
+        check(|g, x| g.add(x[0], x[0]), &[a]);
+    }
+
+    #[test]
+    fn gradcheck_layout_ops() {
+        let a = CheckInput::random("a", &[2, 3, 4], 8);
+        check(|g, x| g.reshape(x[0], &[6, 4]), std::slice::from_ref(&a));
+        check(|g, x| g.transpose(x[0], 0, 2), std::slice::from_ref(&a));
+        check(|g, x| g.transpose(x[0], 1, 2), std::slice::from_ref(&a));
+        check(|g, x| g.slice(x[0], 1, 1, 2), std::slice::from_ref(&a));
+        check(
+            |g, x| {
+                let parts = g.split(x[0], 2, &[1, 3])?;
+                let t = g.scale(parts[0], 3.0)?;
+                g.concat(&[parts[1], t], 2)
+            },
+            std::slice::from_ref(&a),
+        );
+        check(
+            |g, x| g.concat(&[x[0], x[1]], 0),
+            &[a, CheckInput::random("b", &[1, 3, 4], 9)],
+        );
+    }
+}

@@ -122,6 +122,8 @@ impl FromStr for Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::pool::Category;
+    use crate::{ExecContext, MemoryPool, Tensor};
 
     #[test]
     fn parses_and_prints() {
@@ -141,6 +143,43 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("often")
+        );
+    }
+
+    #[test]
+    fn hundred_thousand_node_chain_runs_without_recursion() {
+        let pool = MemoryPool::unbounded();
+        let ctx = ExecContext::new(pool.clone(), 1).unwrap();
+        let mut g = Graph::new(&ctx);
+        let x = Tensor::from_vec(
+            &pool,
+            "x",
+            &[4],
+            vec![1.0f32, 2.0, 3.0, 4.0],
+            Category::Parameters,
+        )
+        .unwrap();
+        let mut h = g.param("x", &x);
+        for _ in 0..100_000 {
+            h = g.scale(h, 1.0).unwrap();
+        }
+        let t = g.input(
+            "t",
+            Tensor::zeros(&pool, &[4], crate::DType::F32, Category::Activations, None).unwrap(),
+        );
+        let loss = g.mse(h, t).unwrap();
+        // Recompute everything too: the rebuild of the whole chain must not recurse either.
+        Policy::RecomputeAll.apply(&mut g).unwrap();
+        g.forward().unwrap();
+        assert_eq!(g.scalar(loss).unwrap(), 7.5);
+        g.backward(loss).unwrap();
+        assert_eq!(
+            g.grad(g.node_ids().next().unwrap())
+                .unwrap()
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            vec![0.5, 1.0, 1.5, 2.0]
         );
     }
 }

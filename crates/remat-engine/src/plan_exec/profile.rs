@@ -195,19 +195,10 @@ fn item_costs(
     (times, bytes)
 }
 
-/// The middle value (the mean of the two middle ones for an even count): with two runs,
-/// their mean, not the larger one.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len().is_multiple_of(2) {
-        (v[mid - 1] + v[mid]) / 2.0
-    } else {
-        v[mid]
-    }
+/// The median of `v` ([`remat_units::median`]: the mean of the two middle values for an
+/// even count, so with two runs their mean, not the larger one); 0 without any.
+fn median(v: Vec<f64>) -> f64 {
+    remat_units::median(&v).unwrap_or(0.0)
 }
 
 /// What copies cost while the step computes (see [`measure_copy_under_compute`]).

@@ -2,7 +2,6 @@
 //! node.
 
 use super::MultiError;
-use super::order::{Interleaving, Order};
 use crate::ir::{Graph, Node, NodeId};
 
 /// K models' training steps in one graph. Node `v` belongs to model `label(v)`, or to
@@ -18,8 +17,8 @@ impl Multiplexed {
     /// The K graphs side by side: model `k`'s nodes follow model `k - 1`'s (node names get a
     /// `m{k}/` prefix), static memory is the sum, and compute times are converted to the
     /// first graph's time unit. Pinned nodes stay pinned; if any graph fixes its order, so
-    /// does the union (every [`Order`] keeps each model's own order, which is what the mark
-    /// asks of that model).
+    /// does the union (every [`Order`](super::Order) keeps each model's own order, which is
+    /// what the mark asks of that model).
     pub fn union(graphs: &[Graph]) -> Result<Multiplexed, MultiError> {
         let first = graphs.first().ok_or(MultiError::NoGraphs)?;
         let unit = first.time_unit_s();
@@ -129,10 +128,6 @@ impl Multiplexed {
     /// all of them plus the largest operation's inputs and output ([`Graph::memory_floor`]).
     pub fn floor(&self) -> u64 {
         self.graph.memory_floor()
-    }
-    /// The K models' steps in `order` (see [`Order`]).
-    pub fn interleave(&self, order: Order) -> Result<Interleaving, MultiError> {
-        Interleaving::new(self, order)
     }
 }
 

@@ -34,7 +34,8 @@ pub use report::{ModelStall, SwapHiding};
 
 use thiserror::Error;
 
-use crate::error::{GraphError, SimError};
+use crate::error::SimError;
+use crate::ir::GraphError;
 use crate::request::RequestError;
 
 /// Why K models cannot be multiplexed or planned together.

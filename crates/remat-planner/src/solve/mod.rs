@@ -28,6 +28,10 @@
 //!
 //! A graph marked [`Graph::with_fixed_order`] (the engine's profiled steps) is planned in
 //! its own order only: layer 2 alone, still under the deadline.
+//!
+//! Why one file of ~710 lines: it is the solver's schedule, how one time limit is shared
+//! among orders, biases, eviction and copies and how the best plan is kept; the phases
+//! themselves live in the sibling modules, and their schedule reads best whole.
 
 pub mod anneal_copies;
 pub mod bias;

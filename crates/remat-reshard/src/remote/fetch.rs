@@ -10,7 +10,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Result, io_err};
 use crate::geometry::for_each_run;
 use crate::plan::Plan;
-use crate::remote::mirror::RemoteCheckpoint;
+use crate::remote::RemoteCheckpoint;
 use crate::source_check;
 
 /// Runs of one file closer than this are fetched by one request: a request costs a

@@ -5,7 +5,6 @@
 //! soon as the checkpoint is open: the files stay reachable through the maps and the
 //! handles kept here, and their space is freed when those are dropped.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -14,6 +13,7 @@ use futures::{StreamExt, TryStreamExt};
 use crate::checkpoint::{Checkpoint, Format};
 use crate::error::{ReshardError, Result, io_err};
 use crate::location::Remote;
+use crate::remote::RemoteCheckpoint;
 
 /// Non-safetensors objects up to this size (indexes, `.metadata`) are fetched whole when
 /// the checkpoint is opened; larger ones are left as holes (no reader needs them).
@@ -21,14 +21,6 @@ const SMALL_OBJECT: u64 = 64 << 20;
 /// Safetensors headers beyond this are refused rather than fetched (the format's own
 /// readers refuse headers of 100 MB).
 const MAX_HEADER: u64 = 100_000_000;
-
-/// A remote checkpoint: the opened checkpoint plus what fetching its data needs.
-pub struct RemoteCheckpoint {
-    pub ckpt: Checkpoint,
-    pub remote: Remote,
-    /// Object name of each of `ckpt.files`, with a handle to write fetched bytes into.
-    pub(crate) files: Vec<(String, File)>,
-}
 
 /// One object listed under the prefix.
 struct Object {

@@ -23,11 +23,24 @@ pub mod fetch;
 pub mod mirror;
 pub mod sink;
 
+use std::fs::File;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::location::Remote;
+
+/// A remote checkpoint: the opened checkpoint plus what fetching its data needs. Made by
+/// [`mirror`], filled by [`fetch`], read by [`sink`]; it sits here, above them, so the
+/// parts share it without importing each other.
+pub struct RemoteCheckpoint {
+    pub ckpt: Checkpoint,
+    pub remote: Remote,
+    /// Object name of each of `ckpt.files`, with a handle to write fetched bytes into.
+    pub(crate) files: Vec<(String, File)>,
+}
 
 /// Runs `f` to completion on a runtime made for the call.
 pub(crate) fn block_on<F: Future>(f: F) -> Result<F::Output> {

@@ -23,9 +23,9 @@ use crate::exec::{ExecOptions, ExecReport, write_files};
 use crate::location::Remote;
 use crate::output::index_documents;
 use crate::plan::{Plan, TargetFile};
+use crate::remote::RemoteCheckpoint;
 use crate::remote::block_on;
 use crate::remote::fetch::{fetch, ranges_for};
-use crate::remote::mirror::RemoteCheckpoint;
 
 /// Where the markers live, beside the files.
 pub const MARKER_DIR: &str = ".remat-parts";

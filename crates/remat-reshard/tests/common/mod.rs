@@ -123,7 +123,7 @@ pub fn random_rules(rng: &mut Rng, tensors: &[Tensor], world: usize) -> Vec<Name
 /// files is read from their `DCP_SHARDING_INFO` alone, as PyTorch does, ignoring the
 /// `remat.index.json` beside them, so that what PyTorch would load is what is tested.
 pub fn open_as_reader_would(path: &Path) -> Checkpoint {
-    let detected = remat_reshard::checkpoint::detect(path).unwrap();
+    let detected = remat_reshard::open::detect(path).unwrap();
     let dcp_inside = path
         .join("shard-00001-model-00001-of-00001.safetensors")
         .is_file();

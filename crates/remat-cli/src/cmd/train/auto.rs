@@ -9,7 +9,6 @@ use anyhow::Context;
 use remat_engine::core::graph::{Graph, NodeId};
 use remat_engine::models::gpt::{Checkpointing, Gpt, hf};
 use remat_engine::plan_exec::StepReport;
-use remat_engine::plan_exec::profile::median;
 use remat_engine::session::auto::{
     AutoSession, AutoSettings, fixed_policies, fixed_policy_sets, forward_bytes_by_fate, mib,
 };
@@ -153,7 +152,8 @@ pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result
 /// Predicted against measured, for the end-of-run summary.
 pub fn summary(session: &AutoSession, reports: &[StepReport]) -> String {
     let peak = reports.iter().map(|r| r.peak_bytes).max().unwrap_or(0);
-    let time = median(reports.iter().map(|r| r.step_time.as_secs_f64()).collect());
+    let times: Vec<f64> = reports.iter().map(|r| r.step_time.as_secs_f64()).collect();
+    let time = remat_units::median(&times).unwrap_or(0.0);
     let stall: f64 =
         reports.iter().map(|r| r.stall.as_secs_f64()).sum::<f64>() / reports.len().max(1) as f64;
     let r = &session.planned.report;

@@ -54,16 +54,6 @@ fn grad_bits(grads: &[Option<Tensor>]) -> anyhow::Result<Vec<Vec<u32>>> {
 }
 
 /// The median of `xs` (the mean of the middle two for an even count).
-fn median(xs: &mut [f64]) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => xs[n / 2],
-        _ => 0.5 * (xs[n / 2 - 1] + xs[n / 2]),
-    }
-}
-
 fn run_policy(
     args: &Args,
     task: &Task,
@@ -134,7 +124,7 @@ fn measure_policy(
     Ok(Row {
         peak_activations: stats.category(Category::Activations).peak,
         peak_total: stats.peak,
-        step_ms: median(&mut times) * 1e3,
+        step_ms: remat_units::median(&times).unwrap_or(0.0) * 1e3,
         recomputed,
         grads,
         losses,

@@ -4,6 +4,10 @@
 //! block. Every buffer (parameters, optimizer state, gradients, activations, scratch) is
 //! charged to one memory pool, so `--memory-budget` applies and the reported peak is
 //! measured; flags of the GPT path that would do nothing here are refused.
+//!
+//! Why ~690 lines: besides this mode's flags and printing, it still holds the spec models'
+//! training loop and an AdamW over named buffers, flow that belongs in the engine's
+//! `session` beside the GPT path's; moving it there is open work (DEVELOPERS.md, #29).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

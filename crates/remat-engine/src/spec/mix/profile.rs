@@ -232,12 +232,9 @@ fn phases(trace: &Trace, layers: usize) -> Result<Phases, MixError> {
     Ok(out)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+/// The upper median of `values` (0 without any).
+fn median(values: Vec<f64>) -> f64 {
+    remat_units::upper_median(&values).unwrap_or(0.0)
 }
 
 /// Measures `model` (see the module docs); `rounds` timed runs per timing.

@@ -78,11 +78,6 @@ pub fn ladder(model: &MixModel, profile: &Profile, budget: u64) -> Result<Vec<Tr
     Ok(tried)
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 /// The fastest measured of the [`ladder`]'s mixes for `budget`: one untimed run of each,
 /// then `rounds` interleaved timed rounds. With `rounds` = 0, or a single candidate,
 /// nothing runs and the first (least predicted time) is chosen.
@@ -113,7 +108,7 @@ pub fn tune(
         }
     }
     for (t, measured) in tried.iter_mut().zip(times) {
-        t.seconds = Some(median(measured));
+        t.seconds = remat_units::upper_median(&measured);
     }
     // The first strictly fastest: a tie keeps the least predicted time.
     let mut chosen = 0;
