@@ -103,7 +103,9 @@ def test_case_measures_every_contender_and_leaves_the_model_alone():
     assert paired.pair == "ckpt-block"
     if paired.peak:
         assert paired.peak <= by["ckpt-block"].peak
-        assert paired.remat.budget <= info["static_bytes"] + by["ckpt-block"].peak
+        # (the budget allows 0.1% above it: the predictions err on the safe side)
+        target = by["ckpt-block"].peak
+        assert paired.remat.budget <= info["static_bytes"] + target + target // 1000
     else:
         assert "least peak" in paired.note, paired.note
     # offload-all holds what none does: its pairing is remat@1.0 itself, timed once.
