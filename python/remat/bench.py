@@ -31,8 +31,8 @@ trains the same model from the same weights, one ordinary step at a time
   *measured* peak: the plan's static bytes (parameters, buffers and inputs the step reads)
   + X's measured activation peak, plus 0.1% of it (remat's predictions err on the safe
   side by a few hundred bytes; the verdict compares measured peaks). If remat's measured
-  peak comes out above X's, it re-plans once lower by the excess. These rows are the ones the goal is read from: at equal
-  measured memory, is remat's step slower?
+  peak comes out above X's, it re-plans once lower by the excess. These rows are the ones
+  the goal is read from: at equal measured memory, is remat's step slower?
 
 remat's contenders each train their own copy of the model (``auto_checkpoint`` keeps one
 plan per model). The first step of each is plain eager while remat profiles it; the second

@@ -144,6 +144,9 @@ class Profile:
         self.forward_ops = 0  # ops [0, forward_ops) ran in the forward
         # Forward calls per module (qualified name); containers never called are absent.
         self.module_calls: dict[str, int] = {}
+        # The values among a module's arguments (positional and keyword) at its first call:
+        # what torch.utils.checkpoint around it would hold until its backward is done.
+        self.module_inputs: dict[str, tuple[int, ...]] = {}
         self.complete = False  # the backward finished
         self.device = torch.device("cpu")
         self.signature: tuple = ()
@@ -223,6 +226,7 @@ class Profiler(TorchDispatchMode):
         for name, b in model.named_buffers():
             self.names.setdefault(_cdata(b), name)
         self.module_names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+        self.model = model
         self.module_stack: list[str] = [type(model).__name__]
         self.phase = "forward"
         self.node_name = ""
@@ -241,6 +245,20 @@ class Profiler(TorchDispatchMode):
             calls = self.profile.module_calls
             calls[name] = calls.get(name, 0) + 1
 
+    def _note_inputs(self, module, args, kwargs):
+        name = self.module_names.get(id(module))
+        if name is None or name in self.profile.module_inputs or self.phase != "forward":
+            return None
+        found = []
+        for t in pytree.tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                key = _cdata(t)
+                vid = self.value_by_cdata.get(key, -1) if key is not None else -1
+                if vid >= 0:
+                    found.append(vid)
+        self.profile.module_inputs[name] = tuple(found)
+        return None
+
     def _pop_module(self, *_):
         if len(self.module_stack) > 1:
             self.module_stack.pop()
@@ -252,6 +270,9 @@ class Profiler(TorchDispatchMode):
             nn_module.register_module_forward_pre_hook(self._push_module),
             nn_module.register_module_forward_hook(self._pop_module),
         ]
+        for module in self.model.modules():
+            self._module_hooks.append(module.register_forward_pre_hook(
+                self._note_inputs, with_kwargs=True))
         self.__enter__()
 
     def end_forward(self, outputs) -> None:

@@ -56,6 +56,7 @@ class _Entry:
         self.stale = False
         self.steps = 0
         self.plan_seconds = 0.0
+        self.caches_keys = False  # the profiled forward returned a key/value cache
 
 
 class AutoCheckpoint:
@@ -141,6 +142,7 @@ class AutoCheckpoint:
             for h in profiler._module_hooks:
                 h.remove()
         profiler.end_forward(out)
+        entry.caches_keys = _caches_keys(out)
         return out
 
     def _plan(self, entry: _Entry) -> None:
@@ -154,7 +156,7 @@ class AutoCheckpoint:
         entry.plan = plan_step(entry.profile, entry.static_bytes, self.memory_budget,
                                bandwidth=bandwidth, time_limit=self.time_limit,
                                strategy=self.strategy,
-                               checkpointable=not _caches_keys(self.model))
+                               checkpointable=not entry.caches_keys)
         entry.plan_seconds = time.perf_counter() - start
         entry.runtime = RuntimePlan(entry.profile, entry.plan, device)
 
@@ -328,12 +330,17 @@ def controller(model: torch.nn.Module) -> AutoCheckpoint:
     return c
 
 
-def _caches_keys(model: torch.nn.Module) -> bool:
-    """Whether the model keeps a key/value cache while it trains (transformers' decoders
-    with ``config.use_cache`` on): re-running a layer's forward under checkpoint would
-    append to it again, so plans are not run that way there."""
-    config = getattr(model, "config", None)
-    return bool(getattr(config, "use_cache", False))
+def _caches_keys(out) -> bool:
+    """Whether the profiled forward returned a key/value cache (transformers' decoders with
+    ``config.use_cache`` on give ``past_key_values``; an encoder such as BERT carries the
+    flag but returns none): re-running a layer's forward under checkpoint would append to
+    the cache again, so plans are not run that way there."""
+    items = list(out.values()) if isinstance(out, dict) else (
+        list(out) if isinstance(out, (tuple, list)) else [out])
+    if isinstance(out, dict) and out.get("past_key_values") is not None:
+        return True
+    # (a tuple output, return_dict=False: the cache object is one of its items)
+    return any(type(x).__name__.endswith("Cache") for x in items)
 
 
 def _checkpointed(forward, *args, **kwargs):
