@@ -281,6 +281,12 @@ def test_budget_errors_name_the_budget():
         rt.auto_checkpoint(Net(), 1.5)
     with pytest.raises(remat.RematError):
         rt.auto_checkpoint(Net(), [1])
+    # Text is read when it is given, and the error names the argument, not another one.
+    with pytest.raises(remat.RematError, match=r"^memory_budget 12 parsecs: unknown unit"):
+        rt.auto_checkpoint(Net(), "12 parsecs")
+    with pytest.raises(remat.BudgetError, match="memory_budget 0B: bytes must be positive"):
+        rt.auto_checkpoint(Net(), "0B")
+    assert rt.controller(rt.auto_checkpoint(Net(), "2 GiB")).memory_budget == "2 GiB"
     torch.manual_seed(0)
     model = rt.auto_checkpoint(Net(), 1000)  # bytes: below anything reachable
     (ids, labels), _ = net_batch()

@@ -753,7 +753,10 @@ def _budget_bytes(budget, store_all: int, static_bytes: int) -> int:
             fraction = None
         if fraction is not None and 0.0 < fraction <= 1.0 and "." in text:
             return _budget_bytes(fraction, store_all, static_bytes)
-        return _native.parse_size(text)
+        size = _native.parse_size(text, "memory_budget")
+        if size <= 0:
+            raise BudgetError(f"memory_budget {text}: bytes must be positive")
+        return size
     raise BudgetError(
         f"memory_budget: give bytes (int), a fraction (float) or text, not {type(budget).__name__}")
 

@@ -374,6 +374,11 @@ def _check_budget(budget) -> None:
         from ..errors import BudgetError
 
         raise BudgetError(f"memory_budget {budget}: bytes must be positive")
+    if isinstance(budget, str):
+        # Text is read now, not at the first planned step: a typo fails where it is written.
+        from ._eager_plan import _budget_bytes
+
+        _budget_bytes(budget, 1, 0)
 
 
 def _signature(model, args, kwargs) -> tuple:
