@@ -7,10 +7,12 @@
 //! cores than ranks Open MPI needs `--oversubscribe`, and as root `--allow-run-as-root`.
 #![cfg(feature = "mpi")]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::read_dump;
 
 const REMAT: &str = env!("CARGO_BIN_EXE_remat");
 
@@ -46,24 +48,6 @@ fn run_ok(mut cmd: Command, what: &str) -> String {
     let out = cmd.output().expect("the command starts");
     assert!(out.status.success(), "{what}: {}", text(&out));
     text(&out)
-}
-
-/// Tensors as (name, shape, bytes), sorted by name, and the sorted metadata.
-type Dump = (Vec<(String, Vec<usize>, Vec<u8>)>, String);
-
-/// Gradient tensors and the sorted metadata of a `--dump-grads` file.
-fn read_dump(path: &Path) -> Dump {
-    let bytes = std::fs::read(path).unwrap();
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<_> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, t)| (name, t.shape().to_vec(), t.data().to_vec()))
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    let meta: BTreeMap<_, _> = meta.metadata().clone().into_iter().flatten().collect();
-    (tensors, format!("{meta:?}"))
 }
 
 /// A 4-block GPT with dropout, 8 sequences in 4 micro-batches, one step unless `extra` says.

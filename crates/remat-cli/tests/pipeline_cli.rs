@@ -1,14 +1,8 @@
 //! `remat train --stages` end to end: the per-stage table and the bubble line; bad flags are
 //! errors naming the flag.
 
-use std::process::{Command, Output};
-
-fn remat(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_remat"))
-        .args(args)
-        .output()
-        .expect("the remat binary runs")
-}
+mod common;
+use common::{read_dump, remat};
 
 const SMALL: [&str; 10] = [
     "train",
@@ -145,26 +139,6 @@ fn policy_is_refused_with_stages() {
         stderr.contains("--policy cannot be combined with --stages"),
         "{stderr}"
     );
-}
-
-/// Tensors as (name, shape, bytes), sorted by name, and the sorted metadata.
-type Dump = (Vec<(String, Vec<usize>, Vec<u8>)>, String);
-
-/// Every tensor of a safetensors file (gradients and the step's batch) and its metadata.
-fn read_dump(path: &std::path::Path) -> Dump {
-    let bytes = std::fs::read(path).unwrap();
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<_> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, t)| (name, t.shape().to_vec(), t.data().to_vec()))
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    // Sorted: the header's metadata map has no order of its own.
-    let meta: std::collections::BTreeMap<_, _> =
-        meta.metadata().clone().into_iter().flatten().collect();
-    (tensors, format!("{meta:?}"))
 }
 
 /// `--dump-grads` with `--stages`: the file of `--stages 2` and `--stages 3` (one thread per

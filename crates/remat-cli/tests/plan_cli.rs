@@ -7,40 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// An 8-layer training chain, 1 MiB activations, written in remat's JSON schema.
 fn write_graph(dir: &Path) -> PathBuf {
-    let layers = 8;
-    let mut nodes = Vec::new();
-    for i in 0..layers {
-        let inputs = if i == 0 {
-            String::new()
-        } else {
-            format!("{}", i - 1)
-        };
-        nodes.push(format!(
-            r#"{{"name": "fc{i}", "phase": "forward", "compute_time": 10, "output_bytes": 1048576, "inputs": [{inputs}]}}"#
-        ));
-    }
-    nodes.push(format!(
-        r#"{{"name": "loss", "phase": "backward", "compute_time": 1, "output_bytes": 4, "inputs": [{}]}}"#,
-        layers - 1
-    ));
-    for k in 0..layers {
-        let fw = layers - 1 - k;
-        let inputs = if fw == 0 {
-            format!("{}", layers + k)
-        } else {
-            format!("{}, {}", fw - 1, layers + k)
-        };
-        nodes.push(format!(
-            r#"{{"name": "fc{fw}_backward", "phase": "backward", "compute_time": 20, "output_bytes": 1048576, "inputs": [{inputs}]}}"#
-        ));
-    }
-    let text = format!(
-        r#"{{"format": "remat-graph", "version": 1, "name": "mlp8", "time_unit_s": 1e-6, "static_bytes": 0, "nodes": [{}]}}"#,
-        nodes.join(",\n")
-    );
-    let path = dir.join("mlp8.json");
-    std::fs::write(&path, text).expect("writes the graph");
-    path
+    common::write_chain(dir, "mlp8", 8, 10, 0)
 }
 
 #[test]

@@ -9,39 +9,7 @@ use std::path::{Path, PathBuf};
 /// A training chain of `layers` layers in remat's JSON schema: 1 MiB activations, forward
 /// 100 us per layer, backward 200 us, 1 MiB of static memory.
 fn write_chain(dir: &Path, name: &str, layers: usize) -> PathBuf {
-    let mut nodes = Vec::new();
-    for i in 0..layers {
-        let inputs = if i == 0 {
-            String::new()
-        } else {
-            (i - 1).to_string()
-        };
-        nodes.push(format!(
-            r#"{{"name": "fc{i}", "phase": "forward", "compute_time": 100, "output_bytes": 1048576, "inputs": [{inputs}]}}"#
-        ));
-    }
-    nodes.push(format!(
-        r#"{{"name": "loss", "phase": "backward", "compute_time": 1, "output_bytes": 4, "inputs": [{}]}}"#,
-        layers - 1
-    ));
-    for k in 0..layers {
-        let fw = layers - 1 - k;
-        let inputs = if fw == 0 {
-            format!("{}", layers + k)
-        } else {
-            format!("{}, {}", fw - 1, layers + k)
-        };
-        nodes.push(format!(
-            r#"{{"name": "fc{fw}_backward", "phase": "backward", "compute_time": 200, "output_bytes": 1048576, "inputs": [{inputs}]}}"#
-        ));
-    }
-    let text = format!(
-        r#"{{"format": "remat-graph", "version": 1, "name": "{name}", "time_unit_s": 1e-6, "static_bytes": 1048576, "nodes": [{}]}}"#,
-        nodes.join(",\n")
-    );
-    let path = dir.join(format!("{name}.json"));
-    std::fs::write(&path, text).expect("writes the graph");
-    path
+    common::write_chain(dir, name, layers, 100, 1 << 20)
 }
 
 fn utf8(p: &Path) -> &str {

@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::lower::lower;
+use remat_planner::synth::mirror_backward;
 use remat_planner::{Decision, Graph, Node, Phase, PlanError, Step, simulate, simulate_steps};
 use remat_planner::{Problem, registry};
 
@@ -26,7 +27,6 @@ fn training_dag() -> impl Strategy<Value = Graph> {
 }
 
 fn build(layers: &[(u64, u32, u32)], static_bytes: u64) -> Graph {
-    let n = layers.len();
     let mut nodes = Vec::new();
     for (i, &(bytes, time, seed)) in layers.iter().enumerate() {
         let mut inputs = Vec::new();
@@ -46,28 +46,7 @@ fn build(layers: &[(u64, u32, u32)], static_bytes: u64) -> Graph {
             inputs,
         });
     }
-    nodes.push(Node {
-        name: "loss".into(),
-        phase: Phase::Backward,
-        compute_time: 1.0,
-        output_bytes: 1,
-        inputs: vec![n - 1],
-    });
-    for k in 0..n {
-        let fw = n - 1 - k;
-        let mut inputs = nodes[fw].inputs.clone();
-        inputs.push(fw);
-        inputs.push(n + k);
-        inputs.sort_unstable();
-        inputs.dedup();
-        nodes.push(Node {
-            name: format!("b{fw}"),
-            phase: Phase::Backward,
-            compute_time: 2.0 * nodes[fw].compute_time,
-            output_bytes: nodes[fw].output_bytes,
-            inputs,
-        });
-    }
+    let nodes = mirror_backward(nodes, 1.0, 1, |fw| format!("b{fw}"));
     Graph::new("random", nodes, static_bytes, 1.0).expect("generated graphs are valid")
 }
 

@@ -484,14 +484,7 @@ pub fn finalize(ckpt: &Checkpoint, plan: &Plan, dst: &Path, overwrite: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::geometry::Region;
-
-    fn r(offsets: &[u64], sizes: &[u64]) -> Region {
-        Region {
-            offsets: offsets.to_vec(),
-            sizes: sizes.to_vec(),
-        }
-    }
+    use crate::geometry::r;
 
     #[test]
     fn tasks_cut_big_chunks_at_block_boundaries_and_group_small_ones() {

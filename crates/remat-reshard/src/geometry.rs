@@ -11,6 +11,16 @@ pub struct Region {
     pub sizes: Vec<u64>,
 }
 
+/// The region with these offsets and sizes: the tests' shorthand (here, in `exec` and in
+/// `stream`).
+#[cfg(test)]
+pub(crate) fn r(offsets: &[u64], sizes: &[u64]) -> Region {
+    Region {
+        offsets: offsets.to_vec(),
+        sizes: sizes.to_vec(),
+    }
+}
+
 impl Region {
     /// The box covering a whole tensor of `shape`.
     pub fn whole(shape: &[u64]) -> Region {
@@ -373,13 +383,6 @@ pub fn for_each_run(copy: &StridedCopy, mut f: impl FnMut(u64, u64)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn r(offsets: &[u64], sizes: &[u64]) -> Region {
-        Region {
-            offsets: offsets.to_vec(),
-            sizes: sizes.to_vec(),
-        }
-    }
 
     #[test]
     fn torch_split_matches_ceil_chunks() {

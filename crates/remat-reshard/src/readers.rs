@@ -1,4 +1,8 @@
 //! Readers of the three layouts, each gathering pieces into global tensors.
+//!
+//! Why one file of ~610 lines: the three layouts' readers fill one `Builder` and share its
+//! checks (every piece indexed, foreign files skipped and reported); the tests are already
+//! in `readers/tests.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -322,14 +322,7 @@ impl<'s> BlockHasher<'s> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::geometry::{Region, for_each_run, strided_copy};
-
-    fn r(offsets: &[u64], sizes: &[u64]) -> Region {
-        Region {
-            offsets: offsets.to_vec(),
-            sizes: sizes.to_vec(),
-        }
-    }
+    use crate::geometry::{for_each_run, r, strided_copy};
 
     /// Seeking anywhere lands on the first byte the copy writes at or after that point.
     #[test]

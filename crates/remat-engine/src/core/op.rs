@@ -231,9 +231,45 @@ impl<'a> OpCtx<'a> {
         self.alloc_in(shape, dtype, self.grad_category(slot), Init::Overwritten)
     }
 
+    /// The gradient buffer of input `slot` (unspecified contents) when that input needs a
+    /// gradient, else scratch of the same shape: for a kernel that writes it in any case.
+    pub fn alloc_grad_or_scratch(
+        &self,
+        slot: usize,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        if self.needs_grad(slot) {
+            self.alloc_grad_overwritten(slot, shape, dtype)
+        } else {
+            self.alloc_temp(shape, dtype)
+        }
+    }
+
+    /// The first aux tensor forward saved (`what` names it in the error if it is missing).
+    pub fn saved_aux<'s>(&self, saved: &Saved<'s>, what: &str) -> Result<&'s Tensor> {
+        saved
+            .aux
+            .first()
+            .ok_or_else(|| self.shape_error(format!("the saved {what} is missing")))
+    }
+
     /// Whether input `slot` needs a gradient.
     pub fn needs_grad(&self, slot: usize) -> bool {
         self.grad_slots.get(slot).is_some_and(|s| s.0)
+    }
+
+    /// The backward result of an op with one input: `[None]` when that input needs no
+    /// gradient (`grad` is not called), else `[Some(grad(cx))]`.
+    pub fn single_grad(
+        &mut self,
+        grad: impl FnOnce(&mut Self) -> Result<Tensor>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![if self.needs_grad(0) {
+            Some(grad(self)?)
+        } else {
+            None
+        }])
     }
 
     /// A random state addressing `count` counters. In forward it is drawn from the graph's

@@ -18,7 +18,6 @@
 use crate::core::context::ExecContext;
 use crate::core::error::{EngineError, Result};
 use crate::core::graph::{Graph, NodeId};
-use crate::core::ops::attention::Attention;
 use crate::core::policy::Policy;
 use crate::models::gpt::{BlockNodes, Checkpointing, GptConfig};
 use crate::models::multi::{ModelStep, MultiStepOutput, record_model, take_grads};
@@ -355,13 +354,7 @@ impl FusedModels<'_> {
         name(g, q, "q_proj")?;
         name(g, k, "k_proj")?;
         name(g, v, "v_proj")?;
-        let op = Attention {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim(),
-            rope_theta: Some(c.rope_theta),
-        };
-        let a = g.attention(q, k, v, op)?;
+        let a = g.attention(q, k, v, c.attention())?;
         name(g, a, "self_attn")?;
         let mut o = g.grouped_matmul(a, &w(|b| b.o_proj))?;
         name(g, o, "o_proj")?;

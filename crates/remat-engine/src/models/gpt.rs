@@ -17,6 +17,10 @@
 //! `ceil(sqrt(L))` blocks, keeping only each segment's input (the residual stream).
 //! [`block_forward`] applies one block to a hidden state, for callers assembling their own
 //! models or pipeline stages.
+//!
+//! Why one file of ~610 lines: the model's config, checkpointing choices, weights, step and
+//! [`block_forward`] are one definition that the fused and multi-model recorders and the
+//! pipeline stages build on; its tests are already in `gpt/tests.rs`.
 
 pub mod hf;
 
@@ -73,6 +77,16 @@ impl GptConfig {
 
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads.max(1)
+    }
+
+    /// The attention op of a block of this shape (RoPE at `rope_theta`).
+    pub fn attention(&self) -> Attention {
+        Attention {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim(),
+            rope_theta: Some(self.rope_theta),
+        }
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -567,13 +581,7 @@ pub fn block_forward(
     name(g, q, "q_proj")?;
     name(g, k, "k_proj")?;
     name(g, v, "v_proj")?;
-    let op = Attention {
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim(),
-        rope_theta: Some(c.rope_theta),
-    };
-    let a = g.attention(q, k, v, op)?;
+    let a = g.attention(q, k, v, c.attention())?;
     name(g, a, "self_attn")?;
     let mut o = g.matmul(a, w.o_proj)?;
     name(g, o, "o_proj")?;

@@ -28,6 +28,10 @@
 //! nodes. Since no single weighting is best on every graph (chains favor `b = 1`, graphs with
 //! long skip connections favor a stronger distance term), the strategy runs a handful of
 //! weightings and keeps the fastest plan that the simulator confirms under the budget.
+//!
+//! Why one file of ~620 lines: one strategy, the eviction pass with its scores, the search
+//! over weightings and the refinement that reruns the pass; the tests are already in
+//! `evict/tests.rs`.
 
 use crate::error::PlanError;
 use crate::ir::{Graph, NodeId};

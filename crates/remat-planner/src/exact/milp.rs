@@ -31,6 +31,9 @@
 //! [`MilpOutcome`], so a caller can print "the optimum is at least X". Infeasibility proofs
 //! stay answers ([`MilpError::Infeasible`]); graphs above [`MilpOptions::max_nodes`] are
 //! refused with a message that says to use a fast strategy.
+//!
+//! Why one file of ~610 lines: one MILP, from its variables and rows to the schedule read back
+//! from a solution and the strategy around it; its rows are read best beside each other.
 
 use std::time::{Duration, Instant};
 

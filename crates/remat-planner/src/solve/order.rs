@@ -26,6 +26,10 @@
 //! [`Graph::with_fixed_order`] keeps its order; the readers of a pinned tensor keep their
 //! relative order, since a pinned tensor is one later operations accumulate into in place
 //! (see [`Graph::with_pinned`]) and the order of those additions is part of the result.
+//!
+//! Why one file of ~610 lines: precedence, the incremental peak evaluator, list scheduling and
+//! the local search share the `Searched` state and form one half of the solver, read in
+//! order; the tests are already in `order/tests.rs`.
 
 use crate::ir::GraphError;
 use crate::ir::{Graph, NodeId};

@@ -46,12 +46,32 @@ pub fn training_graph(layers: usize, seed: u64) -> Graph {
             inputs,
         });
     }
+    let nodes = mirror_backward(nodes, 10.0, 4, |fw| format!("layer{fw}_backward"));
+    // Inputs always point backwards by construction.
+    match Graph::new(format!("synthetic-{layers}x2-seed{seed}"), nodes, 0, 1e-6) {
+        Ok(graph) => graph,
+        Err(e) => unreachable!("synthetic graphs are valid by construction: {e}"),
+    }
+}
+
+/// `forward` (a chain of forward ops whose last one is the model's output) followed by the
+/// loss (`loss_time`, `loss_bytes`, reading that output) and the backward pass mirroring
+/// it: in reverse, the gradient op of layer `i`, named `backward_name(i)`, reads layer
+/// `i`'s inputs, its output and the previous gradient, takes twice layer `i`'s time and
+/// produces a tensor of its size. With no forward op, the loss reads nothing.
+pub fn mirror_backward(
+    mut nodes: Vec<Node>,
+    loss_time: f64,
+    loss_bytes: u64,
+    backward_name: impl Fn(usize) -> String,
+) -> Vec<Node> {
+    let layers = nodes.len();
     nodes.push(Node {
         name: "loss".into(),
         phase: Phase::Backward,
-        compute_time: 10.0,
-        output_bytes: 4,
-        inputs: vec![layers - 1],
+        compute_time: loss_time,
+        output_bytes: loss_bytes,
+        inputs: layers.checked_sub(1).into_iter().collect(),
     });
     for k in 0..layers {
         let fw = layers - 1 - k;
@@ -61,18 +81,14 @@ pub fn training_graph(layers: usize, seed: u64) -> Graph {
         inputs.sort_unstable();
         inputs.dedup();
         nodes.push(Node {
-            name: format!("layer{fw}_backward"),
+            name: backward_name(fw),
             phase: Phase::Backward,
             compute_time: 2.0 * nodes[fw].compute_time,
             output_bytes: nodes[fw].output_bytes,
             inputs,
         });
     }
-    // Inputs always point backwards by construction.
-    match Graph::new(format!("synthetic-{layers}x2-seed{seed}"), nodes, 0, 1e-6) {
-        Ok(graph) => graph,
-        Err(e) => unreachable!("synthetic graphs are valid by construction: {e}"),
-    }
+    nodes
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! of its parameters and a seed.
 //!
 //! - [`training_graph`] ([`chain`]): a chain of layers with occasional skips and its mirrored
-//!   backward pass.
+//!   backward pass ([`mirror_backward`], which also serves graphs built elsewhere).
 //! - [`random_layered`] ([`layered`]): the random layered DAGs of the Moccasin benchmark
 //!   (Gagrani et al., "Neural Topological Ordering for Computation Graphs", NeurIPS 2022,
 //!   Appendix A), with the parameters its file names spell.
@@ -15,7 +15,7 @@ pub mod chain;
 pub mod layered;
 pub mod transformer;
 
-pub use chain::training_graph;
+pub use chain::{mirror_backward, training_graph};
 pub use layered::{LayeredParams, random_layered};
 pub use transformer::{TransformerParams, transformer};
 

@@ -153,9 +153,7 @@ impl Graph {
 
     fn run_backward(&mut self, c: usize, grad_out: &Tensor) -> Result<()> {
         let node = &self.nodes[c];
-        let op = node
-            .op()
-            .ok_or_else(|| EngineError::Invalid(format!("{} is a leaf", node.name)))?;
+        let op = node.op_or_leaf_error()?;
         for (slot, j) in node.inputs.iter().enumerate() {
             if op.saves_input(slot) {
                 self.check_value_version(c, j.0, slot)?;

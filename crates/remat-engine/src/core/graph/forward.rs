@@ -218,23 +218,8 @@ impl Graph {
             rng,
             grad_slots: &[],
         };
-        let op = node
-            .op()
-            .ok_or_else(|| EngineError::Invalid(format!("{} is a leaf", node.name)))?;
-        let refs: Vec<&Tensor> = inputs.iter().collect();
-        let out = op.forward(&mut cx, &refs)?;
-        if out.value.shape() != node.shape.as_slice() {
-            return Err(EngineError::Shape {
-                node: node.name.clone(),
-                message: format!(
-                    "forward produced shape {:?}, recorded shape is {:?}",
-                    out.value.shape(),
-                    node.shape
-                ),
-            });
-        }
+        let out = node.run_forward(&mut cx, &inputs)?;
         let elapsed = start.elapsed();
-        drop(refs);
         drop(inputs);
         let node = &mut self.nodes[i];
         node.value_version = out.value.version();

@@ -14,7 +14,7 @@ use crate::core::checkpoint::{CheckpointOptions, RebuildMode, Retention};
 use crate::core::context::ExecContext;
 use crate::core::dtype::DType;
 use crate::core::error::{EngineError, Result};
-use crate::core::op::{Op, Phase};
+use crate::core::op::{Op, OpCtx, OpOutput, Phase};
 use crate::core::rng::{RngState, RngStreams};
 use crate::core::tensor::Tensor;
 
@@ -76,6 +76,30 @@ impl Node {
             NodeKind::Op(op) => Some(op.as_ref()),
             _ => None,
         }
+    }
+
+    /// The node's op, or an error naming the node when it is a leaf.
+    pub(crate) fn op_or_leaf_error(&self) -> Result<&dyn Op> {
+        self.op()
+            .ok_or_else(|| EngineError::Invalid(format!("{} is a leaf", self.name)))
+    }
+
+    /// Runs the node's op forward in `cx` on `inputs` (a forward or a recompute, by the
+    /// graph or by the plan executor) and checks the output has the recorded shape.
+    pub(crate) fn run_forward(&self, cx: &mut OpCtx<'_>, inputs: &[Tensor]) -> Result<OpOutput> {
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let out = self.op_or_leaf_error()?.forward(cx, &refs)?;
+        if out.value.shape() != self.shape.as_slice() {
+            return Err(EngineError::Shape {
+                node: self.name.clone(),
+                message: format!(
+                    "forward produced shape {:?}, recorded shape is {:?}",
+                    out.value.shape(),
+                    self.shape
+                ),
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -67,17 +67,16 @@ impl Op for Pointwise {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let x = saved.input(0)?;
-        let dx = cx.alloc_grad(0, x.shape(), x.dtype())?;
-        float_dispatch!(x.dtype(), cx.node_name(), T => {
-            let (_, df) = self.0.kernels::<T>();
-            let (xr, gr) = (x.read(), g.read());
-            df(xr.as_slice::<T>()?, gr.as_slice::<T>()?, dx.write().as_mut_slice::<T>()?).map_err(|e| e.at(cx.node_name()))
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let x = saved.input(0)?;
+            let dx = cx.alloc_grad(0, x.shape(), x.dtype())?;
+            float_dispatch!(x.dtype(), cx.node_name(), T => {
+                let (_, df) = self.0.kernels::<T>();
+                let (xr, gr) = (x.read(), g.read());
+                df(xr.as_slice::<T>()?, gr.as_slice::<T>()?, dx.write().as_mut_slice::<T>()?).map_err(|e| e.at(cx.node_name()))
+            })?;
+            Ok(dx)
+        })
     }
 }
 
@@ -121,15 +120,10 @@ impl Op for SwiGlu {
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
         let (gate, up) = (saved.input(0)?, saved.input(1)?);
-        let alloc = |cx: &OpCtx<'_>, slot| {
-            // The kernel writes every element of both.
-            if cx.needs_grad(slot) {
-                cx.alloc_grad_overwritten(slot, gate.shape(), gate.dtype())
-            } else {
-                cx.alloc_temp(gate.shape(), gate.dtype())
-            }
-        };
-        let (dgate, dup) = (alloc(cx, 0)?, alloc(cx, 1)?);
+        // The kernel writes every element of both.
+        let (shape, dtype) = (gate.shape(), gate.dtype());
+        let dgate = cx.alloc_grad_or_scratch(0, shape, dtype)?;
+        let dup = cx.alloc_grad_or_scratch(1, shape, dtype)?;
         float_dispatch!(gate.dtype(), cx.node_name(), T => {
             let (gr, ur, dr) = (gate.read(), up.read(), g.read());
             let (mut dg, mut du) = (dgate.write(), dup.write());

@@ -136,10 +136,7 @@ impl Op for Attention {
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
         let (q, k, v) = (saved.input(0)?, saved.input(1)?, saved.input(2)?);
-        let lse = saved
-            .aux
-            .first()
-            .ok_or_else(|| cx.shape_error("the saved log-sum-exp is missing"))?;
+        let lse = cx.saved_aux(saved, "log-sum-exp")?;
         let shape = self.shape_of(q.shape()).map_err(|m| cx.shape_error(m))?;
         let alloc = |cx: &OpCtx<'_>, slot: usize, t: &Tensor| {
             if cx.needs_grad(slot) {

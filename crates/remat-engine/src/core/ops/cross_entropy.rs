@@ -81,25 +81,21 @@ impl Op for CrossEntropy {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let x = saved.input(0)?;
-        let lse = saved
-            .aux
-            .first()
-            .ok_or_else(|| cx.shape_error("the saved log-sum-exp is missing"))?;
-        let vocab = *x.shape().last().unwrap_or(&1);
-        let dx = cx.alloc_grad(0, x.shape(), x.dtype())?;
-        float_dispatch!(x.dtype(), cx.node_name(), T => {
-            let (xr, lr, gr) = (x.read(), lse.read(), g.read());
-            let dloss = gr.as_slice::<T>()?.first().copied().unwrap_or(<T as Float>::ZERO);
-            kernels::cross_entropy_backward(
-                xr.as_slice::<T>()?, &self.targets, vocab, lr.as_slice::<T>()?, dloss, dx.write().as_mut_slice::<T>()?,
-            )
-            .map_err(|e| e.at(cx.node_name()))
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let x = saved.input(0)?;
+            let lse = cx.saved_aux(saved, "log-sum-exp")?;
+            let vocab = *x.shape().last().unwrap_or(&1);
+            let dx = cx.alloc_grad(0, x.shape(), x.dtype())?;
+            float_dispatch!(x.dtype(), cx.node_name(), T => {
+                let (xr, lr, gr) = (x.read(), lse.read(), g.read());
+                let dloss = gr.as_slice::<T>()?.first().copied().unwrap_or(<T as Float>::ZERO);
+                kernels::cross_entropy_backward(
+                    xr.as_slice::<T>()?, &self.targets, vocab, lr.as_slice::<T>()?, dloss, dx.write().as_mut_slice::<T>()?,
+                )
+                .map_err(|e| e.at(cx.node_name()))
+            })?;
+            Ok(dx)
+        })
     }
 }
 

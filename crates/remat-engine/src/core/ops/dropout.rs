@@ -41,6 +41,43 @@ pub(crate) fn apply_mask<T: Element>(dst: &mut [T], src: &[T], state: RngState, 
 
 const CHUNK: usize = 1 << 13;
 
+/// Masks (or copies) every slice of `src [G, ...]` into `dst`: slice `g` with probability
+/// `p[g]`, drawing on the next of `states` where `p[g] > 0` (a slice with `p = 0` drew none).
+pub(crate) fn mask_slices<T: Element>(dst: &mut [T], src: &[T], p: &[f32], states: &[RngState]) {
+    let per = src.len() / p.len().max(1);
+    let mut next = states.iter();
+    for (g, &p) in p.iter().enumerate() {
+        let (d, s) = (&mut dst[g * per..][..per], &src[g * per..][..per]);
+        match (p > 0.0).then(|| next.next()).flatten() {
+            Some(&state) => apply_mask(d, s, state, p),
+            None => d.copy_from_slice(s),
+        }
+    }
+}
+
+/// A new tensor of `x` masked by [`mask_slices`]: the output in forward and recompute, the
+/// gradient of input 0 in backward (which masks the incoming gradient with the same bits).
+pub(crate) fn masked_copy(
+    cx: &OpCtx<'_>,
+    x: &Tensor,
+    grad: bool,
+    p: &[f32],
+    states: &[RngState],
+) -> Result<Tensor> {
+    let out = if grad {
+        cx.alloc_grad(0, x.shape(), x.dtype())?
+    } else {
+        cx.alloc_output(x.shape(), x.dtype())?
+    };
+    float_dispatch!(x.dtype(), cx.node_name(), T => {
+        let xr = x.read();
+        let mut w = out.write();
+        mask_slices(w.as_mut_slice::<T>()?, xr.as_slice::<T>()?, p, states);
+        Ok::<(), crate::EngineError>(())
+    })?;
+    Ok(out)
+}
+
 impl Op for Dropout {
     fn kind(&self) -> &'static str {
         "dropout"
@@ -59,14 +96,7 @@ impl Op for Dropout {
     fn forward(&self, cx: &mut OpCtx<'_>, inputs: &[&Tensor]) -> Result<OpOutput> {
         let x = inputs[0];
         let state = cx.rng(x.numel() as u64)?;
-        let out = cx.alloc_output(x.shape(), x.dtype())?;
-        float_dispatch!(x.dtype(), cx.node_name(), T => {
-            let xr = x.read();
-            let mut w = out.write();
-            apply_mask(w.as_mut_slice::<T>()?, xr.as_slice::<T>()?, state, self.p);
-            Ok::<(), crate::EngineError>(())
-        })?;
-        Ok(out.into())
+        Ok(masked_copy(cx, x, false, &[self.p], &[state])?.into())
     }
 
     fn backward(
@@ -75,18 +105,10 @@ impl Op for Dropout {
         _saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let state = cx.rng(g.numel() as u64)?;
-        let dx = cx.alloc_grad(0, g.shape(), g.dtype())?;
-        float_dispatch!(g.dtype(), cx.node_name(), T => {
-            let gr = g.read();
-            let mut w = dx.write();
-            apply_mask(w.as_mut_slice::<T>()?, gr.as_slice::<T>()?, state, self.p);
-            Ok::<(), crate::EngineError>(())
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let state = cx.rng(g.numel() as u64)?;
+            masked_copy(cx, g, true, &[self.p], &[state])
+        })
     }
 }
 

@@ -72,18 +72,17 @@ impl Op for Embedding {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let (vocab, dim) = (saved.input_shapes[0][0], saved.input_shapes[0][1]);
-        let dw = cx.alloc_grad(0, &[vocab, dim], g.dtype())?;
-        float_dispatch!(g.dtype(), cx.node_name(), T => {
-            let gr = g.read();
-            let mut w = dw.write();
-            kernels::embedding_backward(&self.ids, gr.as_slice::<T>()?, vocab, dim, w.as_mut_slice::<T>()?)
-                .map_err(|e| e.at(cx.node_name()))
-        })?;
-        Ok(vec![Some(dw)])
+        cx.single_grad(|cx| {
+            let (vocab, dim) = (saved.input_shapes[0][0], saved.input_shapes[0][1]);
+            let dw = cx.alloc_grad(0, &[vocab, dim], g.dtype())?;
+            float_dispatch!(g.dtype(), cx.node_name(), T => {
+                let gr = g.read();
+                let mut w = dw.write();
+                kernels::embedding_backward(&self.ids, gr.as_slice::<T>()?, vocab, dim, w.as_mut_slice::<T>()?)
+                    .map_err(|e| e.at(cx.node_name()))
+            })?;
+            Ok(dw)
+        })
     }
 }
 

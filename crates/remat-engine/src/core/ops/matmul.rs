@@ -107,16 +107,14 @@ impl Op for MatMul {
     ) -> Result<Vec<Option<Tensor>>> {
         let (a, b) = (saved.input(0)?, saved.input(1)?);
         let d = dims(a.shape(), b.shape()).map_err(|m| cx.shape_error(m))?;
-        let da = if cx.needs_grad(0) {
-            Some(cx.alloc_grad_overwritten(0, a.shape(), a.dtype())?)
-        } else {
-            None
-        };
-        let db = if cx.needs_grad(1) {
-            Some(cx.alloc_grad_overwritten(1, b.shape(), b.dtype())?)
-        } else {
-            None
-        };
+        let da = cx
+            .needs_grad(0)
+            .then(|| cx.alloc_grad_overwritten(0, a.shape(), a.dtype()))
+            .transpose()?;
+        let db = cx
+            .needs_grad(1)
+            .then(|| cx.alloc_grad_overwritten(1, b.shape(), b.dtype()))
+            .transpose()?;
         // dA and dB are independent products of about the same size: with both needed and
         // two or more threads, they run side by side on halves of the threads, which keeps
         // both cores busier than splitting each product in turn (each result does not

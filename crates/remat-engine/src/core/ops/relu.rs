@@ -45,18 +45,17 @@ impl Op for Relu {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let y = saved.output()?;
-        let dx = cx.alloc_grad(0, g.shape(), g.dtype())?;
-        float_dispatch!(g.dtype(), cx.node_name(), T => {
-            let (gr, yr) = (g.read(), y.read());
-            let mut w = dx.write();
-            elementwise::zip_map(w.as_mut_slice::<T>()?, gr.as_slice::<T>()?, yr.as_slice::<T>()?, |gv, yv| if yv > T::ZERO { gv } else { T::ZERO });
-            Ok::<(), crate::EngineError>(())
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let y = saved.output()?;
+            let dx = cx.alloc_grad(0, g.shape(), g.dtype())?;
+            float_dispatch!(g.dtype(), cx.node_name(), T => {
+                let (gr, yr) = (g.read(), y.read());
+                let mut w = dx.write();
+                elementwise::zip_map(w.as_mut_slice::<T>()?, gr.as_slice::<T>()?, yr.as_slice::<T>()?, |gv, yv| if yv > T::ZERO { gv } else { T::ZERO });
+                Ok::<(), crate::EngineError>(())
+            })?;
+            Ok(dx)
+        })
     }
 }
 

@@ -33,10 +33,7 @@ impl Op for Reshape {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        Ok(vec![Some(g.reshaped(saved.input_shapes[0])?)])
+        cx.single_grad(|_| g.reshaped(saved.input_shapes[0]))
     }
 }
 

@@ -63,22 +63,14 @@ impl Op for RmsNorm {
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
         let (x, w) = (saved.input(0)?, saved.input(1)?);
-        let rstd = saved
-            .aux
-            .first()
-            .ok_or_else(|| cx.shape_error("the saved reciprocal std is missing"))?;
+        let rstd = cx.saved_aux(saved, "reciprocal std")?;
         // The kernel produces dx in any case (an unneeded one goes to scratch); the weight
         // gradient only when it is needed.
-        let dx = if cx.needs_grad(0) {
-            cx.alloc_grad_overwritten(0, x.shape(), x.dtype())?
-        } else {
-            cx.alloc_temp(x.shape(), x.dtype())?
-        };
-        let dw = if cx.needs_grad(1) {
-            Some(cx.alloc_grad(1, w.shape(), w.dtype())?)
-        } else {
-            None
-        };
+        let dx = cx.alloc_grad_or_scratch(0, x.shape(), x.dtype())?;
+        let dw = cx
+            .needs_grad(1)
+            .then(|| cx.alloc_grad(1, w.shape(), w.dtype()))
+            .transpose()?;
         float_dispatch!(x.dtype(), cx.node_name(), T => {
             let (xr, wr, rr, gr) = (x.read(), w.read(), rstd.read(), g.read());
             let mut dxw = dx.write();

@@ -50,10 +50,7 @@ impl Op for Scale {
         _saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        Ok(vec![Some(scaled(cx, g, self.factor, Some(0))?)])
+        cx.single_grad(|cx| scaled(cx, g, self.factor, Some(0)))
     }
 }
 

@@ -97,18 +97,17 @@ impl Op for Slice {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let shape = saved.input_shapes[0];
-        let dx = cx.alloc_grad(0, shape, g.dtype())?;
-        float_dispatch!(g.dtype(), cx.node_name(), T => {
-            let gr = g.read();
-            let mut w = dx.write();
-            scatter_band(w.as_mut_slice::<T>()?, gr.as_slice::<T>()?, shape, self.axis, self.start, self.len);
-            Ok::<(), crate::EngineError>(())
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let shape = saved.input_shapes[0];
+            let dx = cx.alloc_grad(0, shape, g.dtype())?;
+            float_dispatch!(g.dtype(), cx.node_name(), T => {
+                let gr = g.read();
+                let mut w = dx.write();
+                scatter_band(w.as_mut_slice::<T>()?, gr.as_slice::<T>()?, shape, self.axis, self.start, self.len);
+                Ok::<(), crate::EngineError>(())
+            })?;
+            Ok(dx)
+        })
     }
 }
 

@@ -46,18 +46,17 @@ impl Op for Softmax {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let y = saved.output()?;
-        let dim = *y.shape().last().unwrap_or(&1);
-        let dx = cx.alloc_grad(0, y.shape(), y.dtype())?;
-        float_dispatch!(y.dtype(), cx.node_name(), T => {
-            let (yr, gr) = (y.read(), g.read());
-            kernels::softmax_backward(yr.as_slice::<T>()?, gr.as_slice::<T>()?, dim, dx.write().as_mut_slice::<T>()?)
-                .map_err(|e| e.at(cx.node_name()))
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let y = saved.output()?;
+            let dim = *y.shape().last().unwrap_or(&1);
+            let dx = cx.alloc_grad(0, y.shape(), y.dtype())?;
+            float_dispatch!(y.dtype(), cx.node_name(), T => {
+                let (yr, gr) = (y.read(), g.read());
+                kernels::softmax_backward(yr.as_slice::<T>()?, gr.as_slice::<T>()?, dim, dx.write().as_mut_slice::<T>()?)
+                    .map_err(|e| e.at(cx.node_name()))
+            })?;
+            Ok(dx)
+        })
     }
 }
 

@@ -107,10 +107,7 @@ impl Op for Transpose {
         _saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        Ok(vec![Some(transposed(cx, g, self, Some(0))?)])
+        cx.single_grad(|cx| transposed(cx, g, self, Some(0)))
     }
 }
 

@@ -45,22 +45,7 @@ impl Runner<'_> {
             rng,
             grad_slots: &[],
         };
-        let op = node
-            .op()
-            .ok_or_else(|| PlanExecError::Invalid(format!("{} is a leaf", node.name)))?;
-        let refs: Vec<&Tensor> = inputs.iter().collect();
-        let out = op.forward(&mut cx, &refs)?;
-        if out.value.shape() != node.shape.as_slice() {
-            return Err(EngineError::Shape {
-                node: node.name.clone(),
-                message: format!(
-                    "forward produced {:?}, recorded {:?}",
-                    out.value.shape(),
-                    node.shape
-                ),
-            }
-            .into());
-        }
+        let out = node.run_forward(&mut cx, &inputs)?;
         let mut tensors = Vec::with_capacity(1 + out.aux.len());
         for t in std::iter::once(out.value).chain(out.aux) {
             tensors.push(own_storage(

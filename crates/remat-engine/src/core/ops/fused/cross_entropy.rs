@@ -106,35 +106,31 @@ impl Op for FusedCrossEntropy {
         saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let x = saved.input(0)?;
-        let lse = saved
-            .aux
-            .first()
-            .ok_or_else(|| cx.shape_error("the saved log-sum-exp is missing"))?;
-        let vocab = *x.shape().last().unwrap_or(&1);
-        let dx = cx.alloc_grad(0, x.shape(), x.dtype())?;
-        float_dispatch!(x.dtype(), cx.node_name(), T => {
-            let (xr, lr, gr) = (x.read(), lse.read(), g.read());
-            let (xv, lv, gv) = (xr.as_slice::<T>()?, lr.as_slice::<T>()?, gr.as_slice::<T>()?);
-            let mut dw = dx.write();
-            let dv = dw.as_mut_slice::<T>()?;
-            let mut row = 0;
-            for (group, targets) in self.targets.iter().enumerate() {
-                let n = targets.len();
-                let dloss = *gv.get(group).ok_or_else(|| cx.shape_error("upstream gradient is shorter than the group count"))?;
-                kernels::cross_entropy_backward(
-                    &xv[row * vocab..][..n * vocab], targets, vocab, &lv[row..][..n], dloss,
-                    &mut dv[row * vocab..][..n * vocab],
-                )
-                .map_err(|e| e.at(cx.node_name()))?;
-                row += n;
-            }
-            Ok::<(), crate::EngineError>(())
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let x = saved.input(0)?;
+            let lse = cx.saved_aux(saved, "log-sum-exp")?;
+            let vocab = *x.shape().last().unwrap_or(&1);
+            let dx = cx.alloc_grad(0, x.shape(), x.dtype())?;
+            float_dispatch!(x.dtype(), cx.node_name(), T => {
+                let (xr, lr, gr) = (x.read(), lse.read(), g.read());
+                let (xv, lv, gv) = (xr.as_slice::<T>()?, lr.as_slice::<T>()?, gr.as_slice::<T>()?);
+                let mut dw = dx.write();
+                let dv = dw.as_mut_slice::<T>()?;
+                let mut row = 0;
+                for (group, targets) in self.targets.iter().enumerate() {
+                    let n = targets.len();
+                    let dloss = *gv.get(group).ok_or_else(|| cx.shape_error("upstream gradient is shorter than the group count"))?;
+                    kernels::cross_entropy_backward(
+                        &xv[row * vocab..][..n * vocab], targets, vocab, &lv[row..][..n], dloss,
+                        &mut dv[row * vocab..][..n * vocab],
+                    )
+                    .map_err(|e| e.at(cx.node_name()))?;
+                    row += n;
+                }
+                Ok::<(), crate::EngineError>(())
+            })?;
+            Ok(dx)
+        })
     }
 }
 

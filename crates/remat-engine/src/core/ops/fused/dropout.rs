@@ -6,10 +6,9 @@
 use crate::core::error::Result;
 use crate::core::graph::{Graph, NodeId};
 use crate::core::op::{Op, OpCtx, OpOutput, Saved};
-use crate::core::ops::dropout::apply_mask;
+use crate::core::ops::dropout::masked_copy;
 use crate::core::rng::RngState;
 use crate::core::tensor::Tensor;
-use crate::float_dispatch;
 
 use super::group_split;
 
@@ -22,20 +21,6 @@ pub struct FusedDropout {
 }
 
 impl FusedDropout {
-    /// Masks (or copies) every slice of `src` into `dst`; `states` are the masked slices'.
-    fn apply<T: crate::core::dtype::Element>(&self, dst: &mut [T], src: &[T], states: &[RngState]) {
-        let per = src.len() / self.p.len().max(1);
-        let mut next = states.iter();
-        for (g, &p) in self.p.iter().enumerate() {
-            let (d, s) = (&mut dst[g * per..][..per], &src[g * per..][..per]);
-            // Only masked slices drew a state (see `draw`).
-            match (p > 0.0).then(|| next.next()).flatten() {
-                Some(&state) => apply_mask(d, s, state, p),
-                None => d.copy_from_slice(s),
-            }
-        }
-    }
-
     /// The states of the masked slices, drawn now (forward) or replayed (recompute).
     fn draw(&self, cx: &mut OpCtx<'_>, per: usize) -> Result<Vec<RngState>> {
         let mut states = Vec::with_capacity(self.p.len());
@@ -74,14 +59,7 @@ impl Op for FusedDropout {
         let x = inputs[0];
         let per = x.numel() / self.p.len().max(1);
         let states = self.draw(cx, per)?;
-        let out = cx.alloc_output(x.shape(), x.dtype())?;
-        float_dispatch!(x.dtype(), cx.node_name(), T => {
-            let xr = x.read();
-            let mut w = out.write();
-            self.apply(w.as_mut_slice::<T>()?, xr.as_slice::<T>()?, &states);
-            Ok::<(), crate::EngineError>(())
-        })?;
-        Ok(out.into())
+        Ok(masked_copy(cx, x, false, &self.p, &states)?.into())
     }
 
     fn backward(
@@ -90,25 +68,17 @@ impl Op for FusedDropout {
         _saved: &Saved<'_>,
         g: &Tensor,
     ) -> Result<Vec<Option<Tensor>>> {
-        if !cx.needs_grad(0) {
-            return Ok(vec![None]);
-        }
-        let states = cx.rng_states().to_vec();
-        let masked = self.p.iter().filter(|&&p| p > 0.0).count();
-        if states.len() != masked {
-            return Err(cx.shape_error(format!(
-                "forward drew {} random states for {masked} masked slices",
-                states.len()
-            )));
-        }
-        let dx = cx.alloc_grad(0, g.shape(), g.dtype())?;
-        float_dispatch!(g.dtype(), cx.node_name(), T => {
-            let gr = g.read();
-            let mut w = dx.write();
-            self.apply(w.as_mut_slice::<T>()?, gr.as_slice::<T>()?, &states);
-            Ok::<(), crate::EngineError>(())
-        })?;
-        Ok(vec![Some(dx)])
+        cx.single_grad(|cx| {
+            let states = cx.rng_states().to_vec();
+            let masked = self.p.iter().filter(|&&p| p > 0.0).count();
+            if states.len() != masked {
+                return Err(cx.shape_error(format!(
+                    "forward drew {} random states for {masked} masked slices",
+                    states.len()
+                )));
+            }
+            masked_copy(cx, g, true, &self.p, &states)
+        })
     }
 }
 

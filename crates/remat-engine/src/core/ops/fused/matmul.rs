@@ -105,18 +105,17 @@ impl Op for GroupedMatMul {
         let weights = (1..=d.groups)
             .map(|slot| saved.input(slot))
             .collect::<Result<Vec<_>>>()?;
-        let da = if cx.needs_grad(0) {
-            Some(cx.alloc_grad_overwritten(0, a.shape(), a.dtype())?)
-        } else {
-            None
-        };
+        let da = cx
+            .needs_grad(0)
+            .then(|| cx.alloc_grad_overwritten(0, a.shape(), a.dtype()))
+            .transpose()?;
         let mut dbs = Vec::with_capacity(d.groups);
         for (g, b) in weights.iter().enumerate() {
-            dbs.push(if cx.needs_grad(g + 1) {
-                Some(cx.alloc_grad_overwritten(g + 1, b.shape(), b.dtype())?)
-            } else {
-                None
-            });
+            dbs.push(
+                cx.needs_grad(g + 1)
+                    .then(|| cx.alloc_grad_overwritten(g + 1, b.shape(), b.dtype()))
+                    .transpose()?,
+            );
         }
         // As MatMul: dA and dB side by side on halves of the threads when both are needed
         // (each gemm's result does not depend on the split, this only keeps cores busy).

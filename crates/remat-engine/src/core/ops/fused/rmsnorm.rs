@@ -91,15 +91,8 @@ impl Op for FusedRmsNorm {
         let per = slice_len(&saved.input_shapes).map_err(|m| cx.shape_error(m))?;
         let groups = saved.input_shapes.len() - 1;
         let x = saved.input(0)?;
-        let rstd = saved
-            .aux
-            .first()
-            .ok_or_else(|| cx.shape_error("the saved reciprocal std is missing"))?;
-        let dx = if cx.needs_grad(0) {
-            cx.alloc_grad_overwritten(0, x.shape(), x.dtype())?
-        } else {
-            cx.alloc_temp(x.shape(), x.dtype())?
-        };
+        let rstd = cx.saved_aux(saved, "reciprocal std")?;
+        let dx = cx.alloc_grad_or_scratch(0, x.shape(), x.dtype())?;
         let mut grads = vec![None; groups + 1];
         float_dispatch!(x.dtype(), cx.node_name(), T => {
             let (xr, rr, gr) = (x.read(), rstd.read(), g.read());
@@ -110,11 +103,7 @@ impl Op for FusedRmsNorm {
                 let w = saved.input(group + 1)?;
                 let dim = w.numel().max(1);
                 let rows = per / dim;
-                let dw = if cx.needs_grad(group + 1) {
-                    Some(cx.alloc_grad(group + 1, w.shape(), w.dtype())?)
-                } else {
-                    None
-                };
+                let dw = cx.needs_grad(group + 1).then(|| cx.alloc_grad(group + 1, w.shape(), w.dtype())).transpose()?;
                 let (wr, mut dww) = (w.read(), dw.as_ref().map(Tensor::write));
                 let dw_slice = match dww.as_mut() {
                     Some(d) => Some(d.as_mut_slice::<T>()?),
