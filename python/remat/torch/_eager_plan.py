@@ -154,7 +154,9 @@ class StepGraph:
         # A forward op's storages that autograd never unpacks (no decision is taken on them)
         # get part nodes too, where the op keeps another in its own node: a layer norm's
         # output that only the next op reads leaves then, while its saved mean and rstd stay
-        # to the backward.
+        # to the backward. (Not those autograd keeps: a rebuild that replays the op for one
+        # of them while another is held makes a second copy of that one, which one node per
+        # storage cannot count.)
         forward: dict[int, list[int]] = {}
         for value in values:
             if value.nbytes > 0 and value.op < profile.forward_ops:
@@ -238,6 +240,11 @@ class StepGraph:
         for value in values:
             self.bytes[self.sum_node.get(value.id, self.op_node[value.op])] += value.nbytes
         self._graph: Optional[Graph] = None
+
+    def node_of(self, vid: int) -> int:
+        """The node whose output holds value ``vid``."""
+        own = self.sum_node.get(vid)
+        return own if own is not None else self.op_node[self.profile.values[vid].op]
 
     def expiry(self, vid: int) -> int:
         """The position at which value ``vid`` leaves the device at the latest: when the
@@ -479,23 +486,23 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
             held.update(frames.get(g, ()))
         for a in held:
             last_anchor_use[a] = max(last_anchor_use.get(a, 0), until)
-    by_op: dict[int, list[int]] = {}  # the values of each op's own node
-    own_frees_at: dict[int, list[int]] = {}  # position -> sum and part nodes gone there
+    forward_ops = profile.forward_ops
+    by_node: dict[int, list[int]] = {}  # the values of each forward node (op or part)
+    own_frees_at: dict[int, list[int]] = {}  # position -> backward sum and part nodes gone
     for value in values:
-        if value.id in sg.sum_node:
-            gone = max(sg.expiry(value.id) if value.expiry is not None else n,
-                       last_anchor_use.get(value.id, -1) + 1)
+        if value.id in sg.sum_node and value.op >= forward_ops:
+            gone = sg.expiry(value.id) if value.expiry is not None else n
             if gone < n:
                 own_frees_at.setdefault(gone, []).append(sg.sum_node[value.id])
         else:
-            by_op.setdefault(value.op, []).append(value.id)
-    release: dict[int, int] = {}  # op -> position it leaves the device for good
-    early: dict[int, int] = {}  # op -> position it leaves the device after the forward
-    back_at: dict[int, list[tuple[str, int]]] = {}  # position -> (how, op) coming back
-    for op, vids in by_op.items():
+            by_node.setdefault(sg.node_of(value.id), []).append(value.id)
+    release: dict[int, int] = {}  # node -> position it leaves the device for good
+    early: dict[int, int] = {}  # node -> position it leaves the device after the forward
+    back_at: dict[int, list[tuple[str, int]]] = {}  # position -> (how, node) coming back
+    for nd, vids in by_node.items():
         expiry = max(sg.expiry(v) for v in vids)
         anchor_until = max((last_anchor_use.get(v, -1) + 1 for v in vids), default=-1)
-        release[op] = max(expiry, anchor_until)
+        release[nd] = max(expiry, anchor_until)
         kinds = {decisions.get(v, KEEP) for v in vids}
         moved = kinds & {RECOMPUTE, OFFLOAD}
         if not moved or KEEP in kinds or any(v in last_anchor_use for v in vids):
@@ -506,24 +513,28 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
         comeback = min(values[v].first_unpack for v in vids if decisions.get(v) in moved)
         if death >= comeback:
             continue
-        early[op] = death
+        early[nd] = death
         if OFFLOAD in moved:
             at = min(prefetch_at.get(v, comeback) for v in vids if v in prefetch_at)
-            back_at.setdefault(max(at, death), []).append(("swap_in", op))
-        # A rebuilt op comes back with its group, at the group's trigger (below).
+            back_at.setdefault(max(at, death), []).append(("swap_in", nd))
+        # A rebuilt node comes back with its group, at the group's trigger (below).
     for g, at in trigger.items():
         back_at.setdefault(at, []).append(("group", g))
     frees_at: dict[int, list[int]] = {}
-    for op, p in release.items():
+    for nd, p in release.items():
         if p < n:
-            frees_at.setdefault(p, []).append(op)
+            frees_at.setdefault(p, []).append(nd)
     early_at: dict[int, list[int]] = {}
-    for op, p in early.items():
-        early_at.setdefault(p, []).append(op)
-    node = sg.op_node
+    for nd, p in early.items():
+        early_at.setdefault(p, []).append(nd)
     steps: list[tuple[str, int]] = []
-    resident: set[int] = set()  # ops whose node is on the device
-    parts_resident: set[int] = set()  # sum and part nodes on the device
+    resident: set[int] = set()  # nodes on the device
+
+    def free(nd: int) -> None:
+        if nd in resident:
+            steps.append(("free", nd))
+            resident.discard(nd)
+
     for p in range(n):
         # What is gone by position p left before anything comes back at p: a value
         # expires at p when the node that read it last released its saved tensors, and
@@ -534,39 +545,31 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
         # Autograd summed the gradients op p reads first while the summands were alive.
         for v in sg.sums.get(p, ()):
             steps.append(("compute", sg.sum_node[v]))
-            parts_resident.add(sg.sum_node[v])
-        for op in early_at.get(p, ()):
-            if op in resident:
-                steps.append(("free", node[op]))
-                resident.discard(op)
-        for own in own_frees_at.get(p, ()):
-            if own in parts_resident:
-                steps.append(("free", own))
-                parts_resident.discard(own)
-        for op in frees_at.get(p, ()):
-            if op in resident:
-                steps.append(("free", node[op]))
-                resident.discard(op)
+            resident.add(sg.sum_node[v])
+        for nd in early_at.get(p, ()):
+            free(nd)
+        for nd in own_frees_at.get(p, ()):
+            free(nd)
+        for nd in frees_at.get(p, ()):
+            free(nd)
         for how, x in sorted(back_at.get(p, ())):
             if how == "swap_in":
-                steps.append(("swap_in", node[x]))
+                steps.append(("swap_in", x))
                 resident.add(x)
             else:
                 _recompute_steps(sg, group_recipes[x].ops, steps, resident,
-                                 {values[u].op for u in members[x]}, parts_resident,
-                                 frames is not None)
-        steps.append(("compute", node[p]))
-        resident.add(p)
-        for v in sg.parts.get(p, ()):
-            steps.append(("compute", sg.sum_node[v]))
-            parts_resident.add(sg.sum_node[v])
-        if p in early and any(decisions.get(v) == OFFLOAD for v in by_op[p]):
-            steps.append(("swap_out", node[p]))
-        if sg.bytes[node[p]] == 0:
+                                 {sg.node_of(u) for u in members[x]}, frames is not None)
+        made = [sg.op_node[p]] + [sg.sum_node[v] for v in sg.parts.get(p, ())]
+        for nd in made:
+            steps.append(("compute", nd))
+            resident.add(nd)
+        for nd in made:
+            if nd in early and any(decisions.get(v) == OFFLOAD for v in by_node[nd]):
+                steps.append(("swap_out", nd))
+        if sg.bytes[sg.op_node[p]] == 0:
             # Owns nothing (a view, an in-place write): no residency, and a rebuild may run it
             # again.
-            steps.append(("free", node[p]))
-            resident.discard(p)
+            free(sg.op_node[p])
         if p in sg.hold_node:
             steps.append(("compute", sg.hold_node[p]))
             steps.append(("free", sg.hold_node[p]))
@@ -574,21 +577,20 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
     return steps
 
 
-def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident, retain: set[int],
-                     parts_resident: set[int], frames: bool = False):
-    """Steps of one group's rebuild: its ops in order (those not on the device), each
-    transient freed after the last op of the rebuild that reads it, as the runtime drops it
-    (``_Group._replay``); the ops in ``retain`` (the members) stay until their own unpack
-    (note 4). An op's part nodes (storages no decision concerns) are made with it and go
-    with it. ``frames``: the rebuild is checkpoint re-running the module's own code, whose
+def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident: set[int],
+                     retain: set[int], frames: bool = False):
+    """Steps of one group's rebuild: its ops in order (those whose nodes are not all on the
+    device), each node it makes freed after the last op of the rebuild that reads it, as the
+    runtime drops it (``_Group._replay``); the nodes in ``retain`` (the members') stay until
+    their own unpack (note 4). An op on the device whose part a later op of the rebuild reads
+    is replayed for it (the runtime replays what is not an anchor); only the part is counted
+    again. ``frames``: the rebuild is checkpoint re-running the module's own code, whose
     Python variables hold a transient as long as they did in the forward (to the op before
     its python death), or to the rebuild's end where that lies beyond it."""
-    def missing_parts(i: int) -> bool:
-        return any(sg.sum_node[v] not in parts_resident for v in sg.parts.get(i, ()))
+    def nodes_of(i: int) -> list[int]:
+        return [sg.op_node[i]] + [sg.sum_node[v] for v in sg.parts.get(i, ())]
 
-    # An op on the device whose part a later op of the rebuild reads is replayed for it
-    # (the runtime replays what is not an anchor); only the part is counted again.
-    computed = [i for i in ops if i not in resident or missing_parts(i)]
+    computed = [i for i in ops if any(nd not in resident for nd in nodes_of(i))]
     last_read: dict[int, int] = {}
     for k, i in enumerate(computed):
         last_read[i] = k
@@ -606,28 +608,19 @@ def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident, retain: set
             last_read[i] = max(last_read[i], held)
     gone_after: dict[int, list[int]] = {}
     for i, k in last_read.items():
-        if i not in retain:
-            gone_after.setdefault(k, []).append(i)
-    made: dict[int, list[int]] = {}  # op -> its part nodes this rebuild made
-    held = {i for i in computed if i in resident}
+        gone_after.setdefault(k, []).append(i)
+    made: dict[int, list[int]] = {}  # op -> the nodes this rebuild made for it
     for k, i in enumerate(computed):
-        if i not in held:
-            steps.append(("compute", sg.op_node[i]))
-            resident.add(i)
-        for v in sg.parts.get(i, ()):
-            part = sg.sum_node[v]
-            if part not in parts_resident:
-                steps.append(("compute", part))
-                made.setdefault(i, []).append(part)
+        for nd in nodes_of(i):
+            if nd not in resident:
+                steps.append(("compute", nd))
+                resident.add(nd)
+                made.setdefault(i, []).append(nd)
         for j in gone_after.get(k, ()):
-            if j not in held:
-                steps.append(("free", sg.op_node[j]))
-                resident.discard(j)
-            for part in made.pop(j, ()):
-                steps.append(("free", part))
-    for i, parts in made.items():  # the members' parts: nothing else holds them
-        for part in parts:
-            steps.append(("free", part))
+            for nd in made.pop(j, ()):
+                if nd not in retain:
+                    steps.append(("free", nd))
+                    resident.discard(nd)
 
 
 # ---- planning -----------------------------------------------------------------------------
@@ -773,7 +766,7 @@ def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) 
     for value in profile.values:
         if not value.saved or value.first_unpack is None:
             continue
-        d = decisions_by_node[sg.op_node[value.op]]
+        d = decisions_by_node[sg.node_of(value.id)]
         kind = d.get("kind")
         if kind == "recompute" and value.recomputable:
             decisions[value.id] = RECOMPUTE
