@@ -3,37 +3,12 @@
 //! name, and the mix of keep, recompute and offload chosen for a budget
 //! ([`remat_engine::session::spec_mix`]) printed per layer.
 
-use std::path::Path;
-
 use remat_engine::spec::mix::{self, Mix, MixModel, Profile, Tuned};
-use remat_engine::spec::shipped::ShippedBlock;
-use remat_engine::spec::{BlockSpec, ModelConfig};
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
 /// Loads SPEC (a path or a shipped block name) and its config with overrides applied.
-pub fn load_spec_and_config(
-    spec: &str,
-    config: Option<&Path>,
-    overrides: &[String],
-) -> anyhow::Result<(BlockSpec, ModelConfig)> {
-    let shipped = ShippedBlock::by_name(spec);
-    let block = match shipped {
-        Some(b) if !Path::new(spec).exists() => b.spec()?,
-        _ => BlockSpec::load(Path::new(spec))?,
-    };
-    let mut model = match (config, shipped) {
-        (Some(path), _) => ModelConfig::load(path)?,
-        (None, Some(b)) => b.config()?,
-        (None, None) => anyhow::bail!(
-            "spec {spec}: no --config given (needed for every spec but the shipped qwen3 and qwen3-moe)"
-        ),
-    };
-    for assignment in overrides {
-        model.apply_override(assignment)?;
-    }
-    Ok((block, model))
-}
+pub use remat_engine::session::spec_train::load_spec_and_config;
 
 /// The chosen mix per layer: what is rebuilt and offloaded, the bytes kept, the time.
 pub fn print_mix(model: &MixModel, profile: &Profile, mix: &Mix, base: u64) {

@@ -5,8 +5,11 @@ use std::path::PathBuf;
 
 use crate::core::error::EngineError;
 use crate::core::swap::SwapError;
+use crate::models::hf_file::HfError;
 use crate::plan_exec::PlanExecError;
+use crate::spec::SpecError;
 use crate::spec::mix::MixError;
+use crate::spec::run::error::RunError;
 use remat_units::human_bytes;
 
 /// What can go wrong in a session.
@@ -24,6 +27,15 @@ pub enum SessionError {
     Multi(#[from] remat_planner::multi::MultiError),
     #[error(transparent)]
     Mix(#[from] MixError),
+    /// A spec or model config that could not be read or compiled.
+    #[error(transparent)]
+    Spec(Box<SpecError>),
+    /// A spec-driven model that could not be built or stepped.
+    #[error(transparent)]
+    Run(Box<RunError>),
+    /// A Hugging Face file that could not be read or written (`--init`, `--dump-grads`).
+    #[error(transparent)]
+    Hf(Box<HfError>),
     /// A setting refused before any work; the message names the flag or field.
     #[error("{0}")]
     Invalid(String),
@@ -54,6 +66,25 @@ pub enum SessionError {
         #[source]
         source: Box<SessionError>,
     },
+}
+
+// Boxed: these errors are large, and every session result carries the enum.
+impl From<SpecError> for SessionError {
+    fn from(e: SpecError) -> Self {
+        SessionError::Spec(Box::new(e))
+    }
+}
+
+impl From<RunError> for SessionError {
+    fn from(e: RunError) -> Self {
+        SessionError::Run(Box::new(e))
+    }
+}
+
+impl From<HfError> for SessionError {
+    fn from(e: HfError) -> Self {
+        SessionError::Hf(Box::new(e))
+    }
 }
 
 pub type Result<T, E = SessionError> = std::result::Result<T, E>;
@@ -89,6 +120,22 @@ impl<T, E: Into<SessionError>> During<T> for std::result::Result<T, E> {
     }
 }
 
+/// An error shown with its causes, `outer: cause: cause` (as `{:#}` shows an
+/// `anyhow::Error`), for messages that carry an error as text.
+pub(crate) struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, ": {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
+}
+
 /// Bytes in MiB without the unit, for table columns headed in MiB (prose uses
 /// [`remat_units::human_bytes`]).
 pub fn mib(bytes: u64) -> String {
@@ -105,5 +152,6 @@ mod tests {
         assert_eq!(err.to_string(), "profiling the training step");
         let source = std::error::Error::source(&err).map(ToString::to_string);
         assert_eq!(source.as_deref(), Some("x"));
+        assert_eq!(Chain(&err).to_string(), "profiling the training step: x");
     }
 }

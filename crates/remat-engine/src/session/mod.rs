@@ -17,6 +17,8 @@
 //!   batch, recorded and profiled.
 //! - [`spec_mix`]: the mix of keep, recompute and offload per layer of a spec-driven model,
 //!   profiled and tuned for a budget.
+//! - [`spec_train`]: a spec-driven model (Qwen3, Mamba, hybrid) trained under its compiled
+//!   plans, or the mix chosen for a budget, with AdamW over its named buffers.
 //!
 //! Errors are [`SessionError`]s; messages name the flag or setting at fault as the `remat`
 //! command spells it.
@@ -27,6 +29,7 @@ pub mod model;
 pub mod models;
 pub mod multiplexed;
 pub mod spec_mix;
+pub mod spec_train;
 pub mod task;
 
 pub use error::{Result, SessionError};
