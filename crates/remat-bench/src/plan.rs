@@ -17,6 +17,7 @@
 //! rather than into the per-strategy table, at the paper's byte budgets).
 
 pub mod multi;
+pub mod near_floor;
 pub mod scale;
 
 use std::path::{Path, PathBuf};
@@ -79,6 +80,16 @@ pub struct Args {
     /// With --multi: layers of the synthetic transformer (`synth::TransformerParams::gpt`).
     #[arg(long, default_value_t = 2)]
     pub multi_layers: usize,
+    /// Only the near-the-floor section ([`near_floor`]): transformer graphs of 8 and 32
+    /// layers at the floor + 5% ... 50%, recompute-only and with swaps.
+    #[arg(long, conflicts_with_all = ["scale_only", "scale_worker", "multi"])]
+    pub near_floor: bool,
+    /// Seconds each solve of the near-the-floor section may take.
+    #[arg(long, default_value_t = 1.0)]
+    pub near_floor_time_limit: f64,
+    /// Skip the near-the-floor section.
+    #[arg(long, conflicts_with = "near_floor")]
+    pub no_near_floor: bool,
     /// Internal: run one solve of the scale section (SPEC|BUDGET|SOLVER) and print it.
     #[arg(long, hide = true)]
     pub scale_worker: Option<String>,
@@ -306,6 +317,10 @@ pub fn run(args: Args) -> Result<()> {
             time_limit: std::time::Duration::from_secs(1),
         });
     }
+    let near_floor = near_floor_bench(&args, bandwidth)?;
+    if args.near_floor {
+        return near_floor::run(&near_floor);
+    }
     let strategies = strategies(&args);
     if !cfg!(feature = "milp") {
         println!(
@@ -358,10 +373,27 @@ pub fn run(args: Args) -> Result<()> {
         args.exact_max_nodes,
         args.milp_time_limit,
     );
+    if !args.no_near_floor {
+        println!();
+        near_floor::run(&near_floor)?;
+    }
     if !args.no_scale {
         run_scale(&args, options)?;
     }
     Ok(())
+}
+
+/// The near-the-floor section's settings, checked.
+fn near_floor_bench(args: &Args, bandwidth: f64) -> Result<near_floor::NearFloorBench> {
+    let limit = args.near_floor_time_limit;
+    if !(limit.is_finite() && limit > 0.0 && limit <= 1e6) {
+        bail!("--near-floor-time-limit {limit}: give a number of seconds above 0 (at most 1e6)");
+    }
+    Ok(near_floor::NearFloorBench {
+        layers: vec![8, 32],
+        bandwidth,
+        time_limit: std::time::Duration::from_secs_f64(limit),
+    })
 }
 
 fn run_scale(args: &Args, import: ImportOptions) -> Result<()> {
