@@ -11,10 +11,9 @@
 //! that optimum with a pass/fail column for the goal (fast overhead within 2% of the
 //! optimal overhead), and solve times on the synthetic graphs.
 //!
-//! Then the scale section ([`scale`]): the default search, `evict` and `mutwo` on random
-//! layered graphs of 250 to 5,000 nodes and transformer graphs of 1,000 to 10,000 nodes, and
-//! on Moccasin's published files found in `--graphs` (those of 250 nodes or more go there
-//! rather than into the per-strategy table, at the paper's byte budgets).
+//! Then the near-the-floor section ([`near_floor`]) and the scale section ([`scale`]): the
+//! default search, `evict` and `mutwo` on random layered graphs of 250-5,000 nodes, on
+//! transformers of 1,000-10,000, on Moccasin's files of 250 nodes up (at the paper's budgets).
 
 pub mod multi;
 pub mod near_floor;
@@ -80,8 +79,7 @@ pub struct Args {
     /// With --multi: layers of the synthetic transformer (`synth::TransformerParams::gpt`).
     #[arg(long, default_value_t = 2)]
     pub multi_layers: usize,
-    /// Only the near-the-floor section ([`near_floor`]): transformer graphs of 8 and 32
-    /// layers at the floor + 5% ... 50%, recompute-only and with swaps.
+    /// Only the near-the-floor section.
     #[arg(long, conflicts_with_all = ["scale_only", "scale_worker", "multi"])]
     pub near_floor: bool,
     /// Seconds each solve of the near-the-floor section may take.
@@ -317,7 +315,7 @@ pub fn run(args: Args) -> Result<()> {
             time_limit: std::time::Duration::from_secs(1),
         });
     }
-    let near_floor = near_floor_bench(&args, bandwidth)?;
+    let near_floor = near_floor::NearFloorBench::new(args.near_floor_time_limit, bandwidth)?;
     if args.near_floor {
         return near_floor::run(&near_floor);
     }
@@ -374,26 +372,12 @@ pub fn run(args: Args) -> Result<()> {
         args.milp_time_limit,
     );
     if !args.no_near_floor {
-        println!();
         near_floor::run(&near_floor)?;
     }
     if !args.no_scale {
         run_scale(&args, options)?;
     }
     Ok(())
-}
-
-/// The near-the-floor section's settings, checked.
-fn near_floor_bench(args: &Args, bandwidth: f64) -> Result<near_floor::NearFloorBench> {
-    let limit = args.near_floor_time_limit;
-    if !(limit.is_finite() && limit > 0.0 && limit <= 1e6) {
-        bail!("--near-floor-time-limit {limit}: give a number of seconds above 0 (at most 1e6)");
-    }
-    Ok(near_floor::NearFloorBench {
-        layers: vec![8, 32],
-        bandwidth,
-        time_limit: std::time::Duration::from_secs_f64(limit),
-    })
 }
 
 fn run_scale(args: &Args, import: ImportOptions) -> Result<()> {

@@ -17,7 +17,7 @@ use remat_planner::{Graph, Problem};
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
-use crate::error::Result;
+use crate::error::{Result, bail};
 
 /// The margins above the floor the section plans at.
 pub const MARGINS: [f64; 4] = [0.05, 0.10, 0.25, 0.50];
@@ -29,9 +29,25 @@ pub struct NearFloorBench {
     pub time_limit: Duration,
 }
 
+impl NearFloorBench {
+    /// The section's settings: 8 and 32 layers, `time_limit_s` seconds per solve (checked).
+    pub fn new(time_limit_s: f64, bandwidth: f64) -> Result<NearFloorBench> {
+        if !(time_limit_s.is_finite() && time_limit_s > 0.0 && time_limit_s <= 1e6) {
+            bail!(
+                "--near-floor-time-limit {time_limit_s}: give a number of seconds above 0 (at most 1e6)"
+            );
+        }
+        Ok(NearFloorBench {
+            layers: vec![8, 32],
+            bandwidth,
+            time_limit: Duration::from_secs_f64(time_limit_s),
+        })
+    }
+}
+
 pub fn run(bench: &NearFloorBench) -> Result<()> {
     println!(
-        "near the floor: transformer joint graphs at the floor + {}; recompute-only above the recompute floor, swaps at {:.0} GB/s above today's floor; {:.1} s per solve",
+        "\nnear the floor: transformer joint graphs at the floor + {}; recompute-only above the recompute floor, swaps at {:.0} GB/s above today's floor; {:.1} s per solve",
         MARGINS.map(|m| format!("{:.0}%", 100.0 * m)).join(", "),
         bench.bandwidth / 1e9,
         bench.time_limit.as_secs_f64()
