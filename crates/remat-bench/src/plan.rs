@@ -11,12 +11,12 @@
 //! that optimum with a pass/fail column for the goal (fast overhead within 2% of the
 //! optimal overhead), and solve times on the synthetic graphs.
 //!
-//! Then the scale section ([`scale`]): the default search, `evict` and `mutwo` on random
-//! layered graphs of 250 to 5,000 nodes and transformer graphs of 1,000 to 10,000 nodes, and
-//! on Moccasin's published files found in `--graphs` (those of 250 nodes or more go there
-//! rather than into the per-strategy table, at the paper's byte budgets).
+//! Then the near-the-floor section ([`near_floor`]) and the scale section ([`scale`]): the
+//! default search, `evict` and `mutwo` on random layered graphs of 250-5,000 nodes, on
+//! transformers of 1,000-10,000, on Moccasin's files of 250 nodes up (at the paper's budgets).
 
 pub mod multi;
+pub mod near_floor;
 pub mod scale;
 
 use std::path::{Path, PathBuf};
@@ -79,6 +79,15 @@ pub struct Args {
     /// With --multi: layers of the synthetic transformer (`synth::TransformerParams::gpt`).
     #[arg(long, default_value_t = 2)]
     pub multi_layers: usize,
+    /// Only the near-the-floor section.
+    #[arg(long, conflicts_with_all = ["scale_only", "scale_worker", "multi"])]
+    pub near_floor: bool,
+    /// Seconds each solve of the near-the-floor section may take.
+    #[arg(long, default_value_t = 1.0)]
+    pub near_floor_time_limit: f64,
+    /// Skip the near-the-floor section.
+    #[arg(long, conflicts_with = "near_floor")]
+    pub no_near_floor: bool,
     /// Internal: run one solve of the scale section (SPEC|BUDGET|SOLVER) and print it.
     #[arg(long, hide = true)]
     pub scale_worker: Option<String>,
@@ -306,6 +315,10 @@ pub fn run(args: Args) -> Result<()> {
             time_limit: std::time::Duration::from_secs(1),
         });
     }
+    let near_floor = near_floor::NearFloorBench::new(args.near_floor_time_limit, bandwidth)?;
+    if args.near_floor {
+        return near_floor::run(&near_floor);
+    }
     let strategies = strategies(&args);
     if !cfg!(feature = "milp") {
         println!(
@@ -358,6 +371,9 @@ pub fn run(args: Args) -> Result<()> {
         args.exact_max_nodes,
         args.milp_time_limit,
     );
+    if !args.no_near_floor {
+        near_floor::run(&near_floor)?;
+    }
     if !args.no_scale {
         run_scale(&args, options)?;
     }

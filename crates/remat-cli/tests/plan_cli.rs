@@ -240,3 +240,43 @@ fn a_directory_of_graphs_is_refused_with_its_graph_files_named() {
         "{text}"
     );
 }
+
+/// `a` (pinned, 10 B) is read by `b` and by `d`, three operations later: without swaps it
+/// stays on the device across `c` (20 B, from `b`, 20 B), so the recompute floor is 50 B
+/// against today's 40 B.
+fn write_pinned_graph(dir: &Path) -> PathBuf {
+    let path = dir.join("pinned.json");
+    let text = r#"{"format": "remat-graph", "version": 1, "name": "pinned", "static_bytes": 0, "time_unit_s": 1e-6, "nodes": [
+        {"name": "a", "phase": "forward", "compute_time": 1, "output_bytes": 10, "inputs": [], "pinned": true},
+        {"name": "b", "phase": "forward", "compute_time": 1, "output_bytes": 20, "inputs": [0]},
+        {"name": "c", "phase": "forward", "compute_time": 1, "output_bytes": 20, "inputs": [1]},
+        {"name": "d", "phase": "backward", "compute_time": 1, "output_bytes": 1, "inputs": [2, 0]}
+    ]}"#;
+    std::fs::write(&path, text).expect("write graph");
+    path
+}
+
+#[test]
+fn recompute_only_refuses_a_budget_under_the_recompute_floor_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let graph = write_pinned_graph(dir.path());
+    let g = graph.to_str().expect("utf-8 path");
+    let (ok, text) = remat(&["plan", g, "--budget", "45", "--recompute-only"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("floor 40 B, recompute floor 50 B (exact)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("budget 45 B is below the graph's recompute floor 50 B"),
+        "{text}"
+    );
+    // Swaps allowed: not refused up front, with a note that every plan there swaps.
+    let (_, text) = remat(&["plan", g, "--budget", "45"]);
+    assert!(text.contains("below the recompute floor 50 B"), "{text}");
+    assert!(!text.contains("is below the graph's"), "{text}");
+    // At the recompute floor a plan without swaps is found.
+    let (ok, text) = remat(&["plan", g, "--budget", "50", "--recompute-only"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("swapped 0 B"), "{text}");
+}

@@ -114,6 +114,17 @@ pub enum PlanError {
         "budget of {budget} bytes is below the graph's floor of {floor} bytes (its largest operation's output plus its inputs, plus static memory): no schedule fits"
     )]
     BelowFloor { budget: u64, floor: u64 },
+    /// A recompute-only request under the recompute floor ([`crate::floor`]): no schedule
+    /// without swaps fits.
+    #[error(
+        "budget of {budget} bytes is below the graph's recompute floor of {floor} bytes ({}): no schedule without swaps fits",
+        crate::floor::floor_kind(*exact)
+    )]
+    BelowRecomputeFloor {
+        budget: u64,
+        floor: u64,
+        exact: bool,
+    },
     #[error("strategy `{strategy}` does not apply: {why}")]
     NotApplicable { strategy: String, why: String },
     #[error("unknown strategy `{name}`; known: {known}")]

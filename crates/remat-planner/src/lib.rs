@@ -42,6 +42,7 @@ pub mod attrs;
 pub mod budget;
 pub mod error;
 pub mod exact;
+pub mod floor;
 pub mod import;
 pub mod ir;
 pub mod lower;

@@ -45,6 +45,21 @@ pub fn check_floor(problem: &Problem) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Refuses a budget under the graph's recompute floor ([`crate::floor::recompute_floor`]),
+/// naming it: no schedule without swaps fits there. For recompute-only requests; with swaps
+/// the floor is [`check_floor`]'s.
+pub fn check_recompute_floor(problem: &Problem) -> Result<(), PlanError> {
+    let floor = crate::floor::recompute_floor(problem.graph);
+    if problem.budget_bytes < floor.bytes {
+        return Err(PlanError::BelowRecomputeFloor {
+            budget: problem.budget_bytes,
+            floor: floor.bytes,
+            exact: floor.exact,
+        });
+    }
+    Ok(())
+}
+
 /// Lowers per-tensor decisions, simulates them and checks the budget.
 pub fn plan_from_decisions(
     problem: &Problem,

@@ -45,6 +45,33 @@ pub enum RequestError {
         human_bytes(*floor)
     )]
     BelowFloor { budget: u64, floor: u64 },
+    /// A recompute-only request under the recompute floor ([`crate::floor`]): no plan
+    /// without swaps fits, whatever the strategy, so none is tried.
+    #[error(
+        "budget {} is below the graph's recompute floor {} ({}): no recompute-only plan fits",
+        human_bytes(*budget),
+        human_bytes(*floor),
+        crate::floor::floor_kind(*exact)
+    )]
+    BelowRecomputeFloor {
+        budget: u64,
+        floor: u64,
+        exact: bool,
+    },
+    /// A recompute-only request whose fastest plan found still swaps: no plan without swaps
+    /// was found under the budget (the recompute floor is below it, so one may exist).
+    #[error(
+        "budget {} has no recompute-only plan found: the fastest plan ({strategy}) swaps {} (the recompute floor is {})",
+        human_bytes(*budget),
+        human_bytes(*swapped),
+        human_bytes(*floor)
+    )]
+    SwapsNeeded {
+        budget: u64,
+        floor: u64,
+        swapped: u64,
+        strategy: String,
+    },
     /// Any other planner error, as the planner words it.
     #[error(transparent)]
     Plan(PlanError),
@@ -63,6 +90,15 @@ impl From<PlanError> for RequestError {
                 strategy,
             },
             PlanError::BelowFloor { budget, floor } => RequestError::BelowFloor { budget, floor },
+            PlanError::BelowRecomputeFloor {
+                budget,
+                floor,
+                exact,
+            } => RequestError::BelowRecomputeFloor {
+                budget,
+                floor,
+                exact,
+            },
             other => RequestError::Plan(other),
         }
     }
@@ -73,6 +109,11 @@ impl From<PlanError> for RequestError {
 pub fn check_floor(problem: &Problem) -> Result<(), RequestError> {
     crate::problem::check_floor(problem).map_err(RequestError::from)
 }
+
+/// The bandwidth a recompute-only request plans at ([`plan_recompute_only`]): a swap of one
+/// byte costs a second, so any plan that recomputes instead is faster, and a plan without
+/// swaps runs the same at every bandwidth.
+pub const RECOMPUTE_ONLY_BANDWIDTH: f64 = 1.0;
 
 /// What a request found, with the search's notes (empty for a named strategy).
 #[derive(Debug)]
@@ -125,6 +166,45 @@ pub fn plan(
             }
         }
     }
+}
+
+/// [`plan`] with no swaps: refuses a budget under the recompute floor
+/// ([`crate::problem::check_recompute_floor`]) before anything runs, plans at
+/// [`RECOMPUTE_ONLY_BANDWIDTH`] (the plan records that bandwidth), and reports
+/// [`RequestError::SwapsNeeded`] when the fastest plan found still swaps.
+pub fn plan_recompute_only(
+    problem: &Problem,
+    strategy: Option<&str>,
+    time_limit: Option<Duration>,
+    progress: impl FnMut(&SearchProgress),
+) -> Outcome {
+    let refused = check_floor(problem)
+        .and_then(|()| crate::problem::check_recompute_floor(problem).map_err(RequestError::from));
+    if let Err(error) = refused {
+        return Outcome {
+            result: Err(error),
+            skipped: Vec::new(),
+            failed: Vec::new(),
+            bound: None,
+        };
+    }
+    let recompute_only = Problem {
+        bandwidth: RECOMPUTE_ONLY_BANDWIDTH,
+        ..*problem
+    };
+    let mut outcome = plan(&recompute_only, strategy, time_limit, progress);
+    if let Ok(planned) = &outcome.result {
+        let swapped = planned.report.swapped_out_bytes;
+        if swapped > 0 {
+            outcome.result = Err(RequestError::SwapsNeeded {
+                budget: problem.budget_bytes,
+                floor: crate::floor::recompute_floor(problem.graph).bytes,
+                swapped,
+                strategy: planned.plan.strategy.clone(),
+            });
+        }
+    }
+    outcome
 }
 
 /// One strategy by name, then the covering bound for a tenth of the time the plan took

@@ -116,7 +116,11 @@ fn request_error(py: Python<'_>, graph: &Graph, error: RequestError) -> PyErr {
         })
     };
     match &error {
-        RequestError::BelowFloor { budget, .. } => budget_error(*budget, None, None),
+        RequestError::BelowFloor { budget, .. }
+        | RequestError::BelowRecomputeFloor { budget, .. } => budget_error(*budget, None, None),
+        RequestError::SwapsNeeded {
+            budget, strategy, ..
+        } => budget_error(*budget, None, Some(strategy)),
         RequestError::Infeasible {
             budget,
             best_peak,

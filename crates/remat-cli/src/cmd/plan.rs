@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use remat_planner::floor::recompute_floor;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::output::{check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, Outcome, ratio};
@@ -60,6 +61,11 @@ pub struct Args {
     /// Seconds per unit of the graph's compute costs, for unitless networkx graphs.
     #[arg(long, default_value_t = 1e-6)]
     pub time_unit: f64,
+    /// Plan without swaps (recomputation only; --bandwidth is not used): a budget under
+    /// the graph's recompute floor is refused, naming it, and a budget where only plans
+    /// that swap were found is an error.
+    #[arg(long)]
+    pub recompute_only: bool,
     /// Write the plan as JSON.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -109,15 +115,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|b| parse_budget(b, &graph))
         .collect::<anyhow::Result<Vec<u64>>>()?;
     let time_limit = time_limit.unwrap_or_else(|| default_time_limit(graph.len()));
+    let recompute_floor = recompute_floor(&graph);
     println!(
-        "graph {}: {} nodes, store-all peak {}, floor {}",
+        "graph {}: {} nodes, store-all peak {}, floor {}, recompute floor {} ({})",
         graph.name(),
         graph.len(),
         human_bytes(graph.store_all_peak()),
-        human_bytes(graph.memory_floor())
+        human_bytes(graph.memory_floor()),
+        human_bytes(recompute_floor.bytes),
+        if recompute_floor.exact {
+            "exact"
+        } else {
+            "lower bound"
+        }
     );
     if args.compare {
         let ignored: Vec<&str> = [
+            ("--recompute-only", args.recompute_only),
             ("--strategy", args.strategy.is_some()),
             ("--out", args.out.is_some()),
             ("--plot", args.plot.is_some()),
@@ -152,8 +166,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         budget_bytes: budget,
         bandwidth,
     };
+    if !args.recompute_only && (graph.memory_floor()..recompute_floor.bytes).contains(&budget) {
+        println!(
+            "note: the budget is below the recompute floor {}: every plan here swaps",
+            human_bytes(recompute_floor.bytes)
+        );
+    }
     let started = Instant::now();
-    let (planned, bound) = plan_with_progress(&problem, args.strategy.as_deref(), time_limit)?;
+    let (planned, bound) = plan_with_progress(
+        &problem,
+        args.strategy.as_deref(),
+        time_limit,
+        args.recompute_only,
+    )?;
     print!("{}", request::summary(&graph, &planned));
     print!("{}", request::bound_lines(&planned, bound.as_ref()));
     println!("solve time    {:.3} s", started.elapsed().as_secs_f64());
@@ -183,10 +208,14 @@ fn run_multi(
     options: ImportOptions,
     time_limit: Option<Duration>,
 ) -> anyhow::Result<()> {
-    let refused: Vec<&str> = [("--compare", args.compare), ("--plot", args.plot.is_some())]
-        .iter()
-        .filter_map(|&(flag, given)| given.then_some(flag))
-        .collect();
+    let refused: Vec<&str> = [
+        ("--compare", args.compare),
+        ("--plot", args.plot.is_some()),
+        ("--recompute-only", args.recompute_only),
+    ]
+    .iter()
+    .filter_map(|&(flag, given)| given.then_some(flag))
+    .collect();
     if !refused.is_empty() {
         bail!(
             "{} graphs are planned together: {} takes one graph",
@@ -215,11 +244,12 @@ fn plot_format(path: &Path) -> anyhow::Result<ImageFormat> {
 
 /// The named strategy, or the anytime search with a progress bar once it has run for a
 /// second, then a note for each strategy that was skipped (too slow for the time left, or
-/// not applicable) or failed.
+/// not applicable) or failed. `recompute_only`: [`request::plan_recompute_only`].
 fn plan_with_progress(
     problem: &Problem,
     strategy: Option<&str>,
     limit: Duration,
+    recompute_only: bool,
 ) -> anyhow::Result<(Planned, Option<Bound>)> {
     let millis = limit.as_millis().max(1) as u64;
     let bar = indicatif::ProgressBar::hidden();
@@ -231,12 +261,7 @@ fn plan_with_progress(
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let mut shown = false;
-    let Outcome {
-        result,
-        skipped,
-        failed,
-        bound,
-    } = request::plan(problem, strategy, Some(limit), |p: &SearchProgress| {
+    let progress = |p: &SearchProgress| {
         if !shown && p.elapsed >= Duration::from_secs(1) {
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
             bar.enable_steady_tick(Duration::from_millis(200));
@@ -248,7 +273,17 @@ fn plan_with_progress(
             |o| format!("best {:.2}%", 100.0 * o),
         );
         bar.set_message(format!("{}; {best}", p.stage));
-    });
+    };
+    let Outcome {
+        result,
+        skipped,
+        failed,
+        bound,
+    } = if recompute_only {
+        request::plan_recompute_only(problem, strategy, Some(limit), progress)
+    } else {
+        request::plan(problem, strategy, Some(limit), progress)
+    };
     bar.finish_and_clear();
     for (name, why) in &skipped {
         println!("note: {name}: {why}");

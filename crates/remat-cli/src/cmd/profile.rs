@@ -104,6 +104,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         g.store_all_peak() - g.static_bytes()
     );
     println!("memory floor      {:>12} bytes", g.memory_floor());
+    let recompute = remat_planner::floor::recompute_floor(g);
+    println!(
+        "recompute floor   {:>12} bytes ({})",
+        recompute.bytes,
+        if recompute.exact {
+            "exact"
+        } else {
+            "lower bound, without swaps"
+        }
+    );
     println!(
         "step time         {:>12.2} ms (sum of op medians {:.2} ms; op times scaled by {:.2} to match the step)",
         profile.measured_step_time * 1e3,
