@@ -186,11 +186,6 @@ class StepGraph:
                         read_keys[op.index].add(key(ref.value))
         self.reads = reads  # op -> the ops whose values it reads
         self.seconds = steady_seconds(profile)
-        self.last_read: dict[int, int] = {}  # value -> the last op that reads it
-        for op in ops:
-            for ref in _refs(op.leaves):
-                if ref.value >= 0:
-                    self.last_read[ref.value] = op.index
         holds: list[set] = [set() for _ in range(self.n + 1)]
         for value in values:
             if value.nbytes == 0:
@@ -947,32 +942,30 @@ def _module_segments(sg, bandwidth, budget_bytes, store_all) -> list[EagerPlan]:
         if not plan.count(RECOMPUTE):
             continue
         plans.append(plan)
-        modules = _rebuilt_modules(profile, segments, depth, plan)
-        if modules:
-            plans.append(_as_checkpointed(sg, plan, segments, modules, bandwidth,
-                                          budget_bytes, store_all, depth))
+        module_of = _rebuilt_modules(profile, segments, depth, plan)
+        if module_of:
+            plans.append(_as_checkpointed(sg, plan, module_of, bandwidth, budget_bytes,
+                                          store_all, depth))
         if plan.predicted_peak > budget_bytes:
             continue
         plans.append(_relax(sg, segments, plan, bandwidth, budget_bytes, store_all, depth))
     return plans
 
 
-def _as_checkpointed(sg, plan: EagerPlan, segments, modules, bandwidth, budget_bytes,
-                     store_all, depth) -> EagerPlan:
-    """``plan`` (one group per module) run by ``torch.utils.checkpoint`` around ``modules``
-    (note 5): its frames hold the modules' inputs longer than remat's groups do, and each
-    call costs what the checkpoint machinery costs in Python, in place of the dispatch
-    mode's per-op cost."""
-    profile = sg.profile
-    segment_of = {i: k for k, ops in enumerate(segments) for i in ops}
-    names = _checkpointable(profile, segments, depth)
-    frames = {g: profile.module_inputs.get(names[segment_of[r.ops[0]]], ())
-              for g, r in plan.group_recipes.items()}
+def _as_checkpointed(sg, plan: EagerPlan, module_of: dict[int, str], bandwidth,
+                     budget_bytes, store_all, depth) -> EagerPlan:
+    """``plan`` run by ``torch.utils.checkpoint`` around the module of each of its groups
+    (note 5): its frames hold the modules' arguments longer than remat's groups hold their
+    anchors, and each call costs what the checkpoint machinery costs in Python, in place of
+    the dispatch mode's per-op cost."""
+    frames = {g: sg.profile.module_inputs.get(name, ()) for g, name in module_of.items()}
     run = _evaluate_as(sg, plan.decisions, plan.recipes, {}, bandwidth, budget_bytes,
                        f"checkpoint:depth{depth}", store_all, True, frames=frames)
     base = run.report["base_time"] * TIME_UNIT_S
-    calls = len(modules) * checkpoint_call_seconds() / base if base > 0 else 0.0
-    return dataclasses.replace(run, checkpoint_modules=tuple(modules), hook_overhead=calls)
+    calls = len(module_of) * checkpoint_call_seconds() / base if base > 0 else 0.0
+    modules = tuple(module_of[g] for g in sorted(
+        module_of, key=lambda g: plan.group_recipes[g].ops[0]))
+    return dataclasses.replace(run, checkpoint_modules=modules, hook_overhead=calls)
 
 
 def _checkpoint_only(sg, bandwidth, budget_bytes, store_all, keep_all) -> EagerPlan:
@@ -993,25 +986,23 @@ def _checkpoint_only(sg, bandwidth, budget_bytes, store_all, keep_all) -> EagerP
 
 
 def _rebuilt_modules(profile: Profile, segments, depth: int, plan: EagerPlan
-                     ) -> tuple[str, ...]:
-    """The modules to run under ``torch.utils.checkpoint`` for a segmented ``plan``: those
-    whose segment the plan rebuilds, each as one group (checkpoint rebuilds a module at
-    once); a segment that rebuilds nothing runs as it is (autograd keeps what it saves,
-    as the plan does). () when the segments are no module calls or a segment's rebuilds
-    form several groups."""
+                     ) -> dict[int, str]:
+    """The modules to run under ``torch.utils.checkpoint`` for a segmented ``plan``, by the
+    group each rebuilds: those whose segment the plan rebuilds, each as one group
+    (checkpoint rebuilds a module at once); a segment that rebuilds nothing runs as it is
+    (autograd keeps what it saves, as the plan does). Empty when the segments are no module
+    calls or a segment's rebuilds form several groups."""
     names = _checkpointable(profile, segments, depth)
     if not names:
-        return ()
+        return {}
     segment_of = {i: k for k, ops in enumerate(segments) for i in ops}
-    rebuilt: dict[int, int] = {}  # segment -> groups rebuilding in it
-    for recipe in plan.group_recipes.values():
+    module_of: dict[int, str] = {}
+    for g, recipe in plan.group_recipes.items():
         k = segment_of.get(recipe.ops[0]) if recipe.ops else None
-        if k is None:
-            return ()
-        rebuilt[k] = rebuilt.get(k, 0) + 1
-    if not rebuilt or any(count > 1 for count in rebuilt.values()):
-        return ()
-    return tuple(names[k] for k in sorted(rebuilt))
+        if k is None or names[k] in module_of.values():
+            return {}
+        module_of[g] = names[k]
+    return module_of
 
 
 def _checkpointable(profile: Profile, segments, depth: int) -> tuple[str, ...]:

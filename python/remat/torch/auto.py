@@ -35,7 +35,8 @@ import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
 from .. import _native
-from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, plan_step
+from ._eager_plan import (KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, _budget_bytes,
+                          plan_step)
 from ._eager_profile import Profile, Profiler
 from ._eager_run import RunMode, RuntimePlan, StepState, make_hooks
 from .capture import _device_of
@@ -376,8 +377,6 @@ def _check_budget(budget) -> None:
         raise BudgetError(f"memory_budget {budget}: bytes must be positive")
     if isinstance(budget, str):
         # Text is read now, not at the first planned step: a typo fails where it is written.
-        from ._eager_plan import _budget_bytes
-
         _budget_bytes(budget, 1, 0)
 
 
