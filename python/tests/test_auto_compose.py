@@ -471,11 +471,6 @@ def test_loss_outside_the_model_identical():
     assert rt.controller(model).plan.count("recompute") > 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the profile sees the model's forward and the backward through its graph only: what a "
-    "loss computed outside the model makes (cross_entropy's log_softmax output and its "
-    "gradient, each as large as the logits, alive at the start of the backward) is in no "
-    "prediction, so the measured peak exceeds the predicted one by about that much"))
 def test_loss_outside_the_model_measured_within_predicted():
     torch.manual_seed(0)
     model = rt.auto_checkpoint(LogitsLM(), 0.6)
@@ -487,4 +482,62 @@ def test_loss_outside_the_model_measured_within_predicted():
         _outside_step(model, ids)
         model.zero_grad(set_to_none=True)
     entry = rt.controller(model).entry()
-    assert tracker.peak_bytes + entry.static_bytes <= entry.plan.predicted_peak
+    measured = tracker.peak_bytes + entry.static_bytes
+    activations = entry.plan.store_all_peak - entry.static_bytes
+    print("measured", measured, "predicted", entry.plan.predicted_peak, "activations", activations)
+    # The loss's log_softmax output and the gradients it makes (each as large as the
+    # logits) are seen by the profile's outside mode: within the prediction, and close.
+    assert measured <= entry.plan.predicted_peak <= measured + activations // 100
+
+
+def test_outside_mode_leaves_the_callers_stack_as_it_found_it():
+    """The profiled step's mode watches the caller's loss until the model's backward starts;
+    it comes off the caller's dispatch stack at the optimizer's next step, and from under a
+    mode the caller entered since at the model's next call, with torch's "a mode is active"
+    flag as the caller left it."""
+    from torch.utils._python_dispatch import (_get_current_dispatch_mode_stack,
+                                              is_in_torch_dispatch_mode)
+
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(LogitsLM(), 0.6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ids = torch.randint(0, 512, (8, 64), generator=torch.Generator().manual_seed(0))
+    _outside_step(model, ids)  # profiled
+    assert len(_get_current_dispatch_mode_stack()) == 1  # the outside mode, until released
+    opt.step()
+    assert _get_current_dispatch_mode_stack() == []
+    assert not is_in_torch_dispatch_mode()
+    model.zero_grad(set_to_none=True)
+    rt.controller(model).entries.clear()
+    _outside_step(model, ids)  # profiled again: the mode stays on
+    with rt.StorageTracker() as tracker:
+        assert _get_current_dispatch_mode_stack()[-1] is tracker
+        _outside_step(model, ids)  # planned: takes the outside mode from under the tracker
+        assert _get_current_dispatch_mode_stack() == [tracker]
+    assert _get_current_dispatch_mode_stack() == []
+    assert not is_in_torch_dispatch_mode()
+    assert tracker.peak_bytes > 0
+
+
+def test_no_outside_mode_under_a_callers_mode():
+    """A forward called inside the caller's own mode pushes nothing past it (popping it
+    later would pop the caller's): the step is profiled as before, and gradients are
+    eager's."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    torch.manual_seed(0)
+    base = LogitsLM()
+    ids = torch.randint(0, 512, (8, 64), generator=torch.Generator().manual_seed(0))
+    eager, model = copy.deepcopy(base), rt.auto_checkpoint(copy.deepcopy(base), 0.6)
+    for step in range(2):
+        with rt.StorageTracker() as tracker:
+            torch.manual_seed(step)
+            b = _outside_step(model, ids)
+            assert _get_current_dispatch_mode_stack() == [tracker]
+        torch.manual_seed(step)
+        a = _outside_step(eager, ids)
+        assert torch.equal(a, b)
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert torch.equal(p.grad, q.grad), n
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)

@@ -7,6 +7,16 @@ node's ``apply``, so the backward's ops and the gradients they make are seen too
 autograd's own order. Nothing is traced, decomposed or re-run: the profiled step is the
 user's step, and its results are the user's.
 
+What runs after the model returns and before its first backward node (a loss computed by
+the caller, ``F.cross_entropy(model(x), y)``, and that loss's own backward nodes) is seen
+too, where it can be without disturbing the caller: when no other dispatch mode is active
+as the forward returns, the mode stays pushed (ops there are backward-phase ops "outside
+the model", run once, never rebuilt) until the first node of the model's graph runs; from
+then on it only passes ops through. Autograd copies the thread's modes into the backward,
+and restores them after, so the mode is taken off the caller's stack only on the caller's
+thread, outside autograd: at the model's next call, an optimizer's next step, or the next
+module call after the backward (:func:`release_outside_modes`).
+
 Bytes are counted per storage (a *value*): views own nothing, aliases count once. Each
 value's life is read off the storage itself:
 
@@ -39,7 +49,9 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+OUTSIDE = "outside the model"  # where an op after the forward, before the model's backward ran
 
 # Batch-norm kernels update running statistics in place without saying so in their schema;
 # a replay must not apply the update a second time. Value: argument positions.
@@ -236,6 +248,10 @@ class Profiler(TorchDispatchMode):
         self.static_seen: dict[int, int] = {}
         self._module_hooks = []
         self.on_complete = None
+        self.outside = False  # the mode stays pushed past the forward (module notes)
+        self.after_forward = False  # outside the model, before its first backward node
+        self.backward_started = False
+        self.dispatching = False  # inside our own op: a second push of this mode passes
 
     # ---- module tracking (for messages) -------------------------------------------------
     def _push_module(self, module, *_):
@@ -283,12 +299,25 @@ class Profiler(TorchDispatchMode):
         self.profile.forward_ops = len(self.profile.ops)
         self._poll()
         self._hook_backward(outputs)
+        if torch.is_grad_enabled() and not _get_current_dispatch_mode_stack():
+            # What the caller does before the backward reaches the model (its loss) is part
+            # of the step's memory: watched until then (module notes).
+            self.phase = "backward"
+            self.node_name = OUTSIDE
+            self.after_forward = True
+            self.outside = True
+            self.__enter__()
+            _hold_outside(self)
 
     # ---- the dispatch mode ------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.internal or self.profile.complete:
+        if self.internal or self.profile.complete or self.dispatching:
             return func(*args, **kwargs)  # our own bookkeeping, or a mode left on a thread
+        if self.backward_started and self.depth == 0:
+            # The outside mode between backward nodes: autograd's own sums, seen where a
+            # node first reads them (``_ref``), as without it.
+            return func(*args, **kwargs)
         self._poll()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         refs = [self._ref(x) if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -301,7 +330,11 @@ class Profiler(TorchDispatchMode):
         static_writes = set(stats_leaves)
         self.sync()
         start = time.perf_counter()
-        out = func(*args, **kwargs)
+        self.dispatching = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.dispatching = False
         self.sync()
         seconds = time.perf_counter() - start
         index = len(self.profile.ops)
@@ -364,7 +397,7 @@ class Profiler(TorchDispatchMode):
             return TensorRef(vid, -1, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
                              t.dtype, version)
         sid = self.static_by_cdata.get(key) if key is not None else None
-        if sid is None and key is not None and self.phase == "backward":
+        if sid is None and key is not None and self.phase == "backward" and not self.after_forward:
             # A gradient autograd made between nodes: a value from here on.
             vid = self._new_value(t, key, len(self.profile.ops))
             return TensorRef(vid, -1, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
@@ -386,7 +419,7 @@ class Profiler(TorchDispatchMode):
     def _poll(self) -> None:
         """Marks python deaths and expiries at the current position."""
         position = len(self.profile.ops)
-        forward = self.phase == "forward"
+        forward = self.phase == "forward" or self.after_forward
         gone = []
         for key, live in self.live.items():
             vid = self.value_by_cdata.get(key)
@@ -487,7 +520,9 @@ class Profiler(TorchDispatchMode):
     def _node_start(self, node):
         if self.profile.complete:
             return  # a node that outlived the profiled step (DDP keeps grad accumulators)
-        if self.phase == "forward":
+        if not self.backward_started:
+            self.backward_started = True
+            self.after_forward = False
             self.phase = "backward"
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
         self.node_name = node.name()
@@ -520,6 +555,78 @@ class Profiler(TorchDispatchMode):
         self.node_hooks = []
         if self.on_complete is not None:
             self.on_complete(self.profile)
+        # A mode left on the caller's stack until it is released holds nothing of the model.
+        self.model = None
+        self.names = {}
+        self.module_names = {}
+
+
+# ---- the outside mode's release ------------------------------------------------------------
+
+_HELD: list[Profiler] = []  # profilers whose outside mode may still be on a thread's stack
+_RELEASE_HOOKS: list = []
+
+
+def _hold_outside(profiler: Profiler) -> None:
+    _HELD.append(profiler)
+    if not _RELEASE_HOOKS:
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer
+
+        _RELEASE_HOOKS.append(optimizer.register_optimizer_step_pre_hook(
+            lambda *_: release_outside_modes()))
+        _RELEASE_HOOKS.append(nn_module.register_module_forward_pre_hook(
+            lambda *_: release_outside_modes()))
+
+
+def release_outside_modes(force: bool = False) -> None:
+    """Takes the outside modes of finished profiles (all of them with ``force``: the model
+    is called again) off this thread's dispatch stack. Called on the caller's thread only,
+    outside autograd, which would restore what it saw when its backward began."""
+    if not _HELD or torch._C._current_graph_task_id() != -1:
+        return
+    for profiler in list(_HELD):
+        if not (force or profiler.profile.complete):
+            continue
+        if profiler.outside:
+            if not _remove_from_stack(profiler):
+                continue  # another thread's stack: released when that thread gets here
+            profiler.outside = False
+            profiler.after_forward = False
+        _HELD.remove(profiler)
+    if not _HELD:
+        for h in _RELEASE_HOOKS:
+            h.remove()
+        _RELEASE_HOOKS.clear()
+
+
+_MODE_FLAGS = ("old_dispatch_mode_flags", "old_non_infra_dispatch_mode_flags",
+               "old_without_ignore_compile_internals_dispatch_mode_flags")
+
+
+def _remove_from_stack(mode: TorchDispatchMode) -> bool:
+    """Pops ``mode`` off this thread's dispatch stack, under the modes the caller pushed since
+    (which stay, in their order). Whether it was there."""
+    stack = _get_current_dispatch_mode_stack()
+    at = next((i for i in range(len(stack) - 1, -1, -1) if stack[i] is mode), None)
+    if at is None:
+        return False
+    if at == len(stack) - 1:
+        mode.__exit__(None, None, None)
+        return True
+    above = stack[at + 1]
+    # The mode just above entered while ours was on: on its exit it restores the "a mode is
+    # active" flags to what they were before ours entered, which ours saved.
+    for name in _MODE_FLAGS:
+        mine, theirs = getattr(mode, name, None), getattr(above, name, None)
+        if mine:
+            saved = mine.pop()
+            if theirs and sum(m is above for m in stack) == 1:
+                theirs[-1] = saved
+    popped = [torch._C._pop_torch_dispatch_stack(None) for _ in range(len(stack) - at)]
+    for other in reversed(popped[:-1]):
+        torch._C._push_on_torch_dispatch_stack(other)
+    return True
 
 
 def _cdata(t: torch.Tensor) -> int | None:

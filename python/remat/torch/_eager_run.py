@@ -5,7 +5,8 @@ replays the recorded aten ops (eager's own kernels, on the same arguments).
 Notes on what keeps the result bit-identical to plain eager:
 
 1. Every op of the forward is checked against the profiled one (the op and its output
-   shapes); the ops a rebuild will replay are also checked for the exact tensors they read.
+   shapes); the ops a rebuild will replay are also checked for the exact tensors they read,
+   and replay with the constants they ran with (a scale set between steps).
    A step that diverges keeps everything it saves from there on, and a saved tensor whose
    rebuild would need an op past the divergence is refused at unpack with an error naming
    the module and op: never a wrong gradient.
@@ -30,7 +31,7 @@ Notes on what keeps the result bit-identical to plain eager:
 from __future__ import annotations
 
 import weakref
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch.utils import _pytree as pytree
@@ -95,7 +96,9 @@ class StepState:
         self.op = 0
         self.packs = 0
         self.unpacks = 0
-        self.static_args: dict[int, dict[int, torch.Tensor]] = {}
+        # Op -> what a replay passes where the profile has a static tensor (this step's
+        # tensor there) or a constant this step changed.
+        self.static_args: dict[int, dict[int, Any]] = {}
         self.rng: dict[int, tuple] = {}
         self.anchors: dict[int, torch.UntypedStorage] = {}
         self.values: dict[int, "_Value"] = {}
@@ -296,7 +299,7 @@ class _Group:
                 leaves = []
                 for p, leaf in enumerate(rec.leaves):
                     if not isinstance(leaf, TensorRef):
-                        leaves.append(leaf)
+                        leaves.append(statics.get(p, leaf))
                     elif leaf.value < 0:
                         t = statics[p]
                         if t.untyped_storage().nbytes() < _extent_bytes(leaf):
@@ -451,12 +454,19 @@ class RunMode(TorchDispatchMode):
         """Keeps the statics op ``i`` reads (and its generator state), after checking that
         it reads the very tensors the profile saw."""
         st = self.state
-        leaves = pytree.tree_leaves((args, kwargs))
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != rec.spec:
+            st.diverge(i, f"{rec.name} is called with other arguments than profiled")
+            return False
         statics = {}
         for p, ref in enumerate(rec.leaves):
             if not isinstance(ref, TensorRef):
+                # A constant that differs from the profiled one (a scale set between steps)
+                # is what this forward ran with, and so what its replay must run with.
+                if not _same_constant(leaves[p], ref):
+                    statics[p] = leaves[p]
                 continue
-            t = leaves[p] if p < len(leaves) else None
+            t = leaves[p]
             if not isinstance(t, torch.Tensor):
                 st.diverge(i, f"{rec.name} argument {p} is no longer a tensor")
                 return False
@@ -496,6 +506,19 @@ class RunMode(TorchDispatchMode):
                     finally:
                         st.internal = False
                     st.offloaded[vid] = weakref.ref(value)
+
+
+def _same_constant(now, profiled) -> bool:
+    if now is profiled:
+        return True
+    if type(now) is not type(profiled):
+        return False
+    if isinstance(now, float) and now != now:
+        return profiled != profiled  # NaN as recorded
+    try:
+        return bool(now == profiled)
+    except (TypeError, RuntimeError):
+        return False
 
 
 def make_hooks(state: StepState):

@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 from .. import _native
 from ._eager_plan import (KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, _budget_bytes,
                           plan_step)
-from ._eager_profile import Profile, Profiler
+from ._eager_profile import Profile, Profiler, release_outside_modes
 from ._eager_run import RunMode, RuntimePlan, StepState, make_hooks
 from .capture import _device_of
 from .errors import CaptureError
@@ -81,6 +81,7 @@ class AutoCheckpoint:
 
     # ---- the forward --------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        release_outside_modes(force=True)  # a profiled step's outside mode ends here at last
         if not self._active():
             return self.forward(*args, **kwargs)
         key = _signature(self.model, args, kwargs)
