@@ -2,9 +2,9 @@
 
 The model's own forward runs under a ``TorchDispatchMode`` (every aten op, its arguments and
 outputs, its time) and ``saved_tensors_hooks`` (every tensor autograd saves for backward).
-During the backward that follows, hooks on the autograd nodes push the same mode around each
-node's ``apply``, so the backward's ops and the gradients they make are seen too, in
-autograd's own order. Nothing is traced, decomposed or re-run: the profiled step is the
+During the backward that follows, hooks on the autograd nodes push the same mode for each
+node's evaluation (its ``apply``, then the gradient sums autograd makes from its outputs),
+so the backward's ops and the gradients they make are seen too, in autograd's own order. Nothing is traced, decomposed or re-run: the profiled step is the
 user's step, and its results are the user's.
 
 What runs after the model returns and before its first backward node (a loss computed by
@@ -243,7 +243,6 @@ class Profiler(TorchDispatchMode):
         self.phase = "forward"
         self.node_name = ""
         self.node_hooks: list = []
-        self.depth = 0
         self.internal = False
         self.static_seen: dict[int, int] = {}
         self._module_hooks = []
@@ -251,6 +250,7 @@ class Profiler(TorchDispatchMode):
         self.outside = False  # the mode stays pushed past the forward (module notes)
         self.after_forward = False  # outside the model, before its first backward node
         self.backward_started = False
+        self.backward_from = 1 << 62  # the op position where the model's backward began
         self.dispatching = False  # inside our own op: a second push of this mode passes
 
     # ---- module tracking (for messages) -------------------------------------------------
@@ -314,10 +314,6 @@ class Profiler(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.internal or self.profile.complete or self.dispatching:
             return func(*args, **kwargs)  # our own bookkeeping, or a mode left on a thread
-        if self.backward_started and self.depth == 0:
-            # The outside mode between backward nodes: autograd's own sums, seen where a
-            # node first reads them (``_ref``), as without it.
-            return func(*args, **kwargs)
         self._poll()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         refs = [self._ref(x) if isinstance(x, torch.Tensor) else x for x in leaves]
@@ -475,8 +471,10 @@ class Profiler(TorchDispatchMode):
             if value.first_unpack is None or position < value.first_unpack:
                 value.first_unpack = position
             # Autograd skips its version check when hooks are set: ours, from the writes
-            # this mode saw.
-            now = 1 + len(value.writers)
+            # this mode saw before the backward began (FSDP2 gathers a parameter into its
+            # storage again in the backward, through another tensor than the one saved,
+            # whose version autograd would not see changed).
+            now = 1 + sum(1 for w in value.writers if w < self.backward_from)
             if now != record.ref.version:
                 raise RuntimeError(version_message(record, record.ref.version, now))
         return handle.tensor
@@ -514,7 +512,6 @@ class Profiler(TorchDispatchMode):
             seen.add(node)
             self.node_hooks.append(
                 node.register_prehook(lambda grads, n=node: self._node_start(n)))
-            self.node_hooks.append(node.register_hook(self._node_end))
             stack.extend(n for n, _ in node.next_functions)
 
     def _node_start(self, node):
@@ -522,20 +519,17 @@ class Profiler(TorchDispatchMode):
             return  # a node that outlived the profiled step (DDP keeps grad accumulators)
         if not self.backward_started:
             self.backward_started = True
+            self.backward_from = len(self.profile.ops)
             self.after_forward = False
             self.phase = "backward"
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
         self.node_name = node.name()
-        # Autograd restores its thread-local state around every node, so the mode is pushed
-        # per node; what autograd makes between nodes (gradient sums, the loss's seed) is
-        # seen where a node's op first reads it (``_ref``).
-        self.__enter__()
-        self.depth += 1
-
-    def _node_end(self, grad_inputs, grad_outputs):
-        if self.depth > 0:
-            self.depth -= 1
-            self.__exit__(None, None, None)
+        # Autograd sets the thread's modes as they were when the backward began around each
+        # node it evaluates, and restores them after: pushed here (without the flags
+        # ``__enter__`` keeps, which nothing would restore), the mode sees the node's ops and
+        # then the gradient sums autograd makes from the node's outputs, and goes with the
+        # node's evaluation.
+        torch._C._push_on_torch_dispatch_stack(self)
 
     def _finish(self):
         self._poll()
