@@ -359,6 +359,54 @@ def test_gradient_sums_between_nodes_are_predicted():
     assert entry.plan.count("recompute") > 0
 
 
+def test_cpu_plan_offloads_to_a_store_identically(tmp_path):
+    """On CPU a plan offloads only to a store the caller names: every offloaded saved tensor
+    (dropout masks among them, filled in place after they are made) goes to a file and comes
+    back as it was; losses, gradients and state equal eager's, the peak is within the
+    prediction, and no file is left."""
+    torch.manual_seed(0)
+    base = Net(d=64, layers=4)
+    batches = [net_batch(0, seq=128)]
+    eager = train(copy.deepcopy(base), batches)
+    model = rt.auto_checkpoint(copy.deepcopy(base), 0.5, store=tmp_path, bandwidth="100GB/s")
+    planned = train(model, batches)
+    assert_identical(eager, planned)
+    plan = rt.controller(model).plan
+    assert plan.count("offload") > 0, rt.controller(model).table()
+    assert list(tmp_path.iterdir()) == []
+    (args, kwargs), = batches
+    with rt.StorageTracker() as tracker:
+        model(*args, **kwargs).backward()
+    assert tracker.peak_bytes + rt.controller(model).entry().static_bytes <= plan.predicted_peak
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cpu_plans_recompute_only_without_a_store():
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(d=64, layers=4), 0.5, bandwidth="100GB/s")
+    (args, kwargs), = [net_batch(0, seq=128)]
+    for _ in range(2):
+        model(*args, **kwargs).backward()
+    assert rt.controller(model).plan.count("offload") == 0
+
+
+def test_store_errors_name_the_store_and_the_file(tmp_path):
+    with pytest.raises(remat.ArgumentError, match="store .* is not a directory"):
+        rt.auto_checkpoint(Net(), 0.5, store=tmp_path / "missing")
+    store = tmp_path / "store"
+    store.mkdir()
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(d=64, layers=4), 0.5, store=store, bandwidth="100GB/s")
+    (args, kwargs), = [net_batch(0, seq=128)]
+    for _ in range(2):
+        model(*args, **kwargs).backward()
+    assert rt.controller(model).plan.count("offload") > 0
+    store.rmdir()  # the next step's writes fail: its backward says where
+    with pytest.raises(rt.StoreError, match=str(store)) as info:
+        model(*args, **kwargs).backward()
+    assert info.value.step == "write" and info.value.path.startswith(str(store))
+
+
 def test_budget_errors_name_the_budget():
     with pytest.raises(remat.BudgetError, match="memory_budget"):
         rt.auto_checkpoint(Net(), 1.5)

@@ -17,6 +17,7 @@ from .auto import AutoCheckpoint, auto_checkpoint, controller
 from .capture import Captured, capture
 from .errors import CaptureError, StepDivergedError
 from .memory import StorageTracker, peak_from_profiler
+from ._store import StoreError
 
 __all__ = [
     "AutoCheckpoint",
@@ -24,6 +25,7 @@ __all__ = [
     "CaptureError",
     "StepDivergedError",
     "StorageTracker",
+    "StoreError",
     "auto_checkpoint",
     "capture",
     "controller",

@@ -771,7 +771,8 @@ def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) 
                 if (sg.kinds[src] == "op" and sg.node_op[src] < profile.forward_ops
                         and decisions_by_node[src].get("kind") == "keep"):
                     anchors.update(by_op.get(sg.node_op[src], ()))
-        elif kind == "swap" and bandwidth:
+        elif kind == "swap" and bandwidth and all(w < profile.forward_ops
+                                                  for w in value.writers):
             decisions[value.id] = OFFLOAD
             at = sg.node_op[int(d.get("prefetch_at", sg.op_node[value.first_unpack]))]
             prefetch[value.id] = min(at, value.first_unpack)

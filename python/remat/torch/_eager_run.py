@@ -22,7 +22,8 @@ Notes on what keeps the result bit-identical to plain eager:
    the compute stream; the device block is marked used by that stream (``record_stream``),
    so the allocator cannot hand it out before the copy ends. The copy back runs on another
    side stream and the unpack makes the compute stream wait on its event; nothing
-   synchronizes the device.
+   synchronizes the device. On CPU, offload goes to the caller's file store (``_store``):
+   a worker thread writes the storage to a file and reads it back before its reader.
 6. Lifetimes: a dropped or offloaded tensor is held by nothing of ours; a rebuilt one is
    held by the handles autograd keeps, so it goes when its last backward node has run.
    Anchors (tensors rebuilds start from) are held by the rebuilds that need them.
@@ -39,25 +40,34 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan
 from ._eager_profile import Profile, TensorRef, _cdata, version_message, view_of
+from ._store import FileStore
 from .errors import StepDivergedError
 
-CAPTURE, REGISTER, CREATE, ANCHOR = 1, 2, 4, 8
+CAPTURE, REGISTER, CREATE, ANCHOR, SEND = 1, 2, 4, 8, 16
 
 
 class RuntimePlan:
     """Per-op flags and lookups derived once from a plan."""
 
-    def __init__(self, profile: Profile, plan: EagerPlan, device: torch.device):
+    def __init__(self, profile: Profile, plan: EagerPlan, device: torch.device,
+                 store: Optional[FileStore] = None):
         self.profile = profile
         self.plan = plan
         self.device = device
         n = profile.forward_ops
         self.flags = [0] * n
+        self.send_after: dict[int, list[int]] = {}  # op -> offloaded values to copy after it
         read_by_recipes: set[int] = set()
         for vid, kind in plan.decisions.items():
             value = profile.values[vid]
             if kind in (RECOMPUTE, OFFLOAD):
                 self.flags[value.op] |= CREATE | REGISTER
+            if kind == OFFLOAD:
+                # The copy starts once the forward's last in-place write into the storage
+                # has run (a dropout mask is made empty, then filled): its bytes as saved.
+                last = max([value.op, *(w for w in value.writers if w < n)])
+                self.flags[last] |= SEND
+                self.send_after.setdefault(last, []).append(vid)
             if kind == RECOMPUTE:
                 r = plan.recipes[vid]
                 for i in r.ops:
@@ -84,8 +94,12 @@ class RuntimePlan:
             self.prefetch_after.setdefault(trigger, []).append(vid)
         self.refused = False  # a rebuild refused (a static or anchor freed): profile again
         self.streams = None
-        if device.type == "cuda" and any(k == OFFLOAD for k in plan.decisions.values()):
-            self.streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        self.store = None  # a CPU plan's file store (``_store``), where it offloads
+        if any(k == OFFLOAD for k in plan.decisions.values()):
+            if device.type == "cuda":
+                self.streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+            else:
+                self.store = store
 
 
 class StepState:
@@ -105,6 +119,7 @@ class StepState:
         self.cdata: dict[int, int] = {}  # value -> storage cdata, while the forward runs
         self.weak: list[int] = []
         self.offloaded: dict[int, weakref.ref] = {}
+        self.sending: dict[int, torch.UntypedStorage] = {}  # offloaded, copy not started
         self.diverged_at: Optional[int] = None
         self.divergence = ""
         self.internal = False
@@ -137,6 +152,14 @@ class StepState:
                 group = groups[g] = _Group(g, self, {
                     a: self.anchors[a] for a in recipe.anchors if a in self.anchors})
             value.group = group
+        # Offloads whose last profiled write never came (the step diverged before it): the
+        # storage is final now.
+        for vid, storage in self.sending.items():
+            value = self.values.get(vid)
+            if value is not None:
+                value.offload(storage)
+                self.offloaded[vid] = weakref.ref(value)
+        self.sending = {}
         self.values = {}
         self.anchors = {}
         self.cdata = {}
@@ -178,8 +201,12 @@ class _Value:
         self.event = None
         self.fetched = None
 
-    # ---- offload (CUDA) -------------------------------------------------------------------
+    # ---- offload (CUDA: pinned host memory; CPU: the caller's file store) ----------------
     def offload(self, storage: torch.UntypedStorage) -> None:
+        store = self.state.rt.store
+        if store is not None:
+            self.host = store.put(storage)
+            return
         d2h, _ = self.state.rt.streams
         device = storage.device
         raw = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
@@ -193,6 +220,10 @@ class _Value:
 
     def prefetch(self) -> None:
         if self.fetched is not None or self.kind != OFFLOAD:
+            return
+        store = self.state.rt.store
+        if store is not None:
+            self.fetched = store.get(self.host)
             return
         _, h2d = self.state.rt.streams
         device = self.state.rt.device
@@ -210,6 +241,11 @@ class _Value:
     # ---- the storage, back on the device ------------------------------------------------
     def materialize(self) -> torch.UntypedStorage:
         if self.storage is not None:
+            return self.storage
+        if self.kind == OFFLOAD and self.state.rt.store is not None:
+            self.prefetch()
+            self.storage = self.fetched.result().untyped_storage()  # StoreError if it failed
+            self.host = self.fetched = None
             return self.storage
         if self.kind == OFFLOAD:
             self.prefetch()
@@ -448,7 +484,24 @@ class RunMode(TorchDispatchMode):
                     return out
             if flags & (REGISTER | CREATE | ANCHOR):
                 self._made(rec, flags, leaves)
+        if flags & SEND:
+            self._send(i)
         return out
+
+    def _send(self, i: int) -> None:
+        """Starts the offload copies due after op ``i`` (their storages are final)."""
+        st = self.state
+        for vid in st.rt.send_after[i]:
+            value = st.values.get(vid)
+            storage = st.sending.pop(vid, None)
+            if value is None or storage is None:
+                continue  # not made as profiled (a divergence keeps it)
+            st.internal = True
+            try:
+                value.offload(storage)
+            finally:
+                st.internal = False
+            st.offloaded[vid] = weakref.ref(value)
 
     def _capture(self, i, rec, args, kwargs) -> bool:
         """Keeps the statics op ``i`` reads (and its generator state), after checking that
@@ -500,12 +553,7 @@ class RunMode(TorchDispatchMode):
                 if kind == RECOMPUTE:
                     st.members[vid] = weakref.ref(value)
                 if kind == OFFLOAD:
-                    st.internal = True
-                    try:
-                        value.offload(storage)
-                    finally:
-                        st.internal = False
-                    st.offloaded[vid] = weakref.ref(value)
+                    st.sending[vid] = storage  # until its copy starts (``_send``)
 
 
 def _same_constant(now, profiled) -> bool:

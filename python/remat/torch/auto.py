@@ -28,6 +28,7 @@ import os
 import time
 import types
 import warnings
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -39,6 +40,7 @@ from ._eager_plan import (KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, _budge
                           plan_step)
 from ._eager_profile import Profile, Profiler, release_outside_modes
 from ._eager_run import RunMode, RuntimePlan, StepState, make_hooks
+from ._store import FileStore, check_store, measure_store_bandwidth
 from .capture import _device_of
 from .errors import CaptureError
 
@@ -65,8 +67,9 @@ class AutoCheckpoint:
 
     def __init__(self, model: torch.nn.Module, memory_budget, *, offload: Optional[bool],
                  bandwidth: Optional[float], time_limit: Optional[float],
-                 max_plans: int, strategy: Optional[str]):
+                 max_plans: int, strategy: Optional[str], store: Optional[Path] = None):
         self.model = model
+        self.store = FileStore(store) if store is not None else None
         self.memory_budget = memory_budget
         self.offload = offload
         self.bandwidth = bandwidth
@@ -160,13 +163,19 @@ class AutoCheckpoint:
                                strategy=self.strategy,
                                checkpointable=not entry.caches_keys)
         entry.plan_seconds = time.perf_counter() - start
-        entry.runtime = RuntimePlan(entry.profile, entry.plan, device)
+        entry.runtime = RuntimePlan(entry.profile, entry.plan, device, self.store)
 
     def _bandwidth(self, device: torch.device) -> Optional[float]:
         if self.offload is False:
             return None
         if device.type != "cuda":
-            return None  # the host is this device's own memory: recompute only
+            # The host is this device's own memory: recompute only, unless the caller named
+            # a store to offload to (a directory; its files' bytes leave the process).
+            if self.store is None:
+                return None
+            if self.bandwidth is not None:
+                return float(self.bandwidth)
+            return measure_store_bandwidth(self.store.directory)
         if self.bandwidth is not None:
             return float(self.bandwidth)
         return _measure_copy_bandwidth(device)
@@ -284,7 +293,7 @@ def plan_table(profile: Profile, plan: EagerPlan) -> str:
 def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
                     offload: Optional[bool] = None, bandwidth: Optional[float] = None,
                     time_limit: Optional[float] = None, max_plans: int = 8,
-                    strategy: Optional[str] = None) -> torch.nn.Module:
+                    strategy: Optional[str] = None, store=None) -> torch.nn.Module:
     """Plans keep / offload / recompute for ``model``'s training steps under
     ``memory_budget`` and runs the plan inside eager autograd. Returns ``model`` itself
     (same parameters, ``state_dict`` keys and attributes), its ``forward`` wrapped.
@@ -293,7 +302,10 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
         gradients included), or a float in (0, 1]: that fraction of the step's activation
         bytes.
     offload: False plans recompute only; None (default) offloads on CUDA where the planner
-        finds it faster, never on CPU (the host is the same memory there).
+        finds it faster, and on CPU only to a ``store`` (the host is the same memory there).
+    store: a directory where a CPU model's offloaded saved tensors are written, one file
+        each, read back before the backward needs them and deleted then (the only way a
+        CPU plan offloads; ``bandwidth`` defaults to the directory's measured throughput).
     bandwidth: host copy bytes per second for the planner, a number or text ("25GB/s",
         "12GiB/s": remat's one units parser); default: measured on CUDA.
     time_limit: seconds the planner may take per input signature (default: its own).
@@ -307,13 +319,19 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
         raise CaptureError(f"max_plans must be a positive int, got {max_plans!r}")
     _check_budget(memory_budget)
     bandwidth = _parse_bandwidth(bandwidth)
+    store = check_store(store) if store is not None else None
     existing = getattr(model, _ATTR, None)
-    if existing is not None:
+    if existing is not None:  # called again: the new options, planned afresh
         existing.memory_budget = memory_budget
+        existing.offload, existing.bandwidth = offload, bandwidth
+        existing.time_limit, existing.strategy = time_limit, strategy
+        existing.max_plans = max_plans
+        existing.store = FileStore(store) if store is not None else None
         existing.entries.clear()
         return model
     controller = AutoCheckpoint(model, memory_budget, offload=offload, bandwidth=bandwidth,
-                                time_limit=time_limit, max_plans=max_plans, strategy=strategy)
+                                time_limit=time_limit, max_plans=max_plans, strategy=strategy,
+                                store=store)
     object.__setattr__(model, _ATTR, controller)
 
     @functools.wraps(controller.forward)

@@ -1,0 +1,165 @@
+"""Where a CPU plan offloads: a directory of files, one per saved storage.
+
+On a CPU device the host is the device's own memory, so copying a saved tensor "to the host"
+frees nothing; a plan there recomputes only, unless the caller names a store
+(``auto_checkpoint(..., store=directory)``): then an offloaded storage is written to a file
+in that directory after the op that made it, its memory goes when the write is done, and it
+is read back into a fresh buffer before the backward node that reads it. Bytes go out and
+come back as they were, so gradients stay eager's.
+
+Notes:
+
+1. One worker thread does every write and read, in the order they were asked for: a value's
+   read always follows its write, and the planner's one link (``bandwidth``) is what this
+   thread is. File I/O releases the GIL, so the copies run beside the step's compute.
+2. A write holds its storage until the bytes are in the file; then the storage goes as soon
+   as nothing else holds it (the model's own references, as in eager).
+3. The buffer a read fills is allocated on the caller's thread when the prefetch is asked
+   for (where the planner counts it), not on the worker's.
+4. A file is deleted when it has been read back, and when its value is dropped unread (a
+   step abandoned before its backward); nothing is left in the directory after a step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from ..errors import ArgumentError, RematError
+
+
+class StoreError(RematError):
+    """An offloaded tensor that could not be written to or read back from the store.
+    Attributes: ``path`` (the file) and ``step`` ("write" or "read")."""
+
+    path: str | None = None
+    step: str | None = None
+
+
+def check_store(store) -> Path:
+    """The store directory, checked before any step runs: it must exist and be writable."""
+    try:
+        path = Path(os.fspath(store))
+    except TypeError:
+        raise ArgumentError(f"store must be a directory path, got {store!r}",
+                            argument="store") from None
+    if not path.is_dir():
+        raise ArgumentError(f"store {str(path)!r} is not a directory", argument="store")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ArgumentError(f"store {str(path)!r} is not writable", argument="store")
+    return path
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous uint8 CPU tensor, without copying (no numpy needed)."""
+    n = t.numel()
+    if n == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+class FileStore:
+    """One directory, one worker thread (note 1)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remat-store")
+        self.names = itertools.count()
+        self.lock = threading.Lock()
+
+    def _path(self) -> Path:
+        with self.lock:
+            k = next(self.names)
+        return self.directory / f"remat-{os.getpid()}-{id(self):x}-{k}.bin"
+
+    def put(self, storage: torch.UntypedStorage) -> "Written":
+        """Starts writing ``storage`` to a new file (note 2)."""
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage)
+        path = self._path()
+        written = Written(path, raw.numel())
+        written.future = self.pool.submit(_write, path, raw)
+        # Note 4: the file goes with its value if it is never read back.
+        written.finalizer = weakref.finalize(written, _remove, path)
+        return written
+
+    def get(self, written: "Written") -> Future:
+        """Starts reading ``written`` back into a buffer made here (note 3)."""
+        buffer = torch.empty(written.nbytes, dtype=torch.uint8)
+        return self.pool.submit(_read, written, buffer)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class Written:
+    """A storage on its way to, or in, a file."""
+
+    __slots__ = ("path", "nbytes", "future", "finalizer", "__weakref__")
+
+    def __init__(self, path: Path, nbytes: int):
+        self.path = path
+        self.nbytes = nbytes
+        self.future: Future | None = None
+        self.finalizer = None
+
+
+def _write(path: Path, raw: torch.Tensor) -> None:
+    try:
+        with open(path, "wb") as f:
+            f.write(_bytes_of(raw))
+    except OSError as error:
+        _remove(path)
+        raise StoreError(f"remat could not write an offloaded tensor ({raw.numel()} bytes) "
+                         f"to {path}: {error}", path=str(path), step="write") from error
+
+
+def _read(written: Written, buffer: torch.Tensor) -> torch.Tensor:
+    written.future.result()  # the write's error, if any, is this read's
+    path = written.path
+    try:
+        with open(path, "rb") as f:
+            got = f.readinto(_bytes_of(buffer))
+    except OSError as error:
+        raise StoreError(f"remat could not read an offloaded tensor back from {path}: {error}",
+                         path=str(path), step="read") from error
+    finally:
+        written.finalizer()  # the file goes once read (or found unreadable)
+    if got != written.nbytes:
+        raise StoreError(f"remat read {got} of the {written.nbytes} bytes it wrote to {path}",
+                         path=str(path), step="read")
+    return buffer
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def measure_store_bandwidth(directory: Path, nbytes: int = 16 << 20) -> float:
+    """Bytes per second through the store, one way, as the worker moves them: the median of
+    three rounds, each writing and reading back ``nbytes`` (the page cache included, as in
+    a step)."""
+    data = torch.zeros(nbytes, dtype=torch.uint8)
+    path = directory / f"remat-{os.getpid()}-bandwidth.bin"
+    times = []
+    try:
+        for _ in range(3):
+            start = time.perf_counter()
+            with open(path, "wb") as f:
+                f.write(_bytes_of(data))
+            with open(path, "rb") as f:
+                f.readinto(_bytes_of(data))
+            times.append(time.perf_counter() - start)
+    finally:
+        _remove(path)
+    return 2 * nbytes / max(sorted(times)[1], 1e-9)
