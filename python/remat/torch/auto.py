@@ -26,7 +26,6 @@ import collections
 import functools
 import os
 import time
-import types
 import warnings
 from pathlib import Path
 from typing import Any, Optional
