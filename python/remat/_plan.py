@@ -69,6 +69,18 @@ class Graph:
         return self._native.memory_floor
 
     @property
+    def recompute_floor(self) -> int:
+        """The least peak recomputation alone can reach (no swaps), static bytes included:
+        exact on small graphs, else a certified lower bound (see
+        :attr:`recompute_floor_exact`). A budget under it needs swaps."""
+        return self._native.recompute_floor[0]
+
+    @property
+    def recompute_floor_exact(self) -> bool:
+        """Whether :attr:`recompute_floor` is the least peak itself, not a bound on it."""
+        return self._native.recompute_floor[1]
+
+    @property
     def static_bytes(self) -> int:
         return self._native.static_bytes
 
@@ -100,7 +112,9 @@ class Graph:
         return (
             f"remat.Graph({self.name!r}: {self.num_nodes} nodes, store-all peak "
             f"{_native.human_bytes(self.store_all_peak)}, floor "
-            f"{_native.human_bytes(self.memory_floor)})"
+            f"{_native.human_bytes(self.memory_floor)}, recompute floor "
+            f"{_native.human_bytes(self.recompute_floor)} "
+            f"({'exact' if self.recompute_floor_exact else 'lower bound'}))"
         )
 
 

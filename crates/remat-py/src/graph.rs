@@ -59,6 +59,14 @@ impl PyGraph {
     fn memory_floor(&self) -> u64 {
         self.graph.memory_floor()
     }
+    /// The least peak recomputation alone can reach, static bytes included, and whether
+    /// that is the least peak itself (the exact search, small graphs) or a certified lower
+    /// bound on it (pinned tensors held across each operation).
+    #[getter]
+    fn recompute_floor(&self) -> (u64, bool) {
+        let floor = remat_planner::floor::recompute_floor(&self.graph);
+        (floor.bytes, floor.exact)
+    }
     #[getter]
     fn static_bytes(&self) -> u64 {
         self.graph.static_bytes()
