@@ -528,8 +528,11 @@ class Profiler(TorchDispatchMode):
         # node it evaluates, and restores them after: pushed here (without the flags
         # ``__enter__`` keeps, which nothing would restore), the mode sees the node's ops and
         # then the gradient sums autograd makes from the node's outputs, and goes with the
-        # node's evaluation.
-        torch._C._push_on_torch_dispatch_stack(self)
+        # node's evaluation. (Not again where it is on top already: the outside mode, which
+        # autograd's copy of the caller's modes carries.)
+        stack = _get_current_dispatch_mode_stack()
+        if not stack or stack[-1] is not self:
+            torch._C._push_on_torch_dispatch_stack(self)
 
     def _finish(self):
         self._poll()
