@@ -324,6 +324,50 @@ pub fn conform(graph: &Graph, steps: &[Step]) -> Result<Vec<Step>, EagerError> {
     Ok(shadow.out)
 }
 
+/// Per-tensor summary of an eager schedule, for people and for runtimes that act per saved
+/// value (`remat.torch`): a tensor computed more than once is recomputed (as
+/// [`crate::exact::chain_graph::decisions_of`] says it), one copied to the host is swapped
+/// (out right after its producer; prefetched when the first computation after its first copy
+/// back starts, for its first backward reader), every other tensor kept.
+pub fn decisions(graph: &Graph, steps: &[Step]) -> Vec<crate::plan::Decision> {
+    use crate::plan::Decision;
+    let mut decisions = crate::exact::chain_graph::decisions_of(graph, steps);
+    // The first computation after each tensor's first copy back.
+    let mut waiting: Vec<NodeId> = Vec::new();
+    let mut prefetch_at: Vec<Option<NodeId>> = vec![None; graph.len()];
+    let mut first_done = vec![false; graph.len()];
+    for s in steps {
+        match *s {
+            Step::SwapIn { tensor } if tensor < graph.len() && prefetch_at[tensor].is_none() => {
+                waiting.push(tensor);
+            }
+            Step::Compute { node } if node < graph.len() && !first_done[node] => {
+                first_done[node] = true;
+                for t in waiting.drain(..) {
+                    prefetch_at[t].get_or_insert(node);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (v, at) in prefetch_at.iter().enumerate() {
+        if let (Some(at), Decision::Keep) = (*at, &decisions[v]) {
+            let use_at = graph
+                .users(v)
+                .iter()
+                .copied()
+                .find(|&u| graph.node(u).phase == Phase::Backward)
+                .unwrap_or_else(|| graph.last_use(v));
+            decisions[v] = Decision::Swap {
+                swap_out_after: v,
+                prefetch_at: at,
+                use_at,
+            };
+        }
+    }
+    decisions
+}
+
 /// The state of [`conform`]: the given schedule's residency (`theirs`) beside the eager
 /// schedule's (`ours`).
 struct Shadow<'g> {
@@ -339,6 +383,8 @@ struct Shadow<'g> {
     backward_started: bool,
     /// Tensors we may hold that the given schedule does not (checked again at each trim).
     extra: Vec<NodeId>,
+    /// Reads of each tensor still ahead in the rebuild in progress.
+    pending: Vec<u32>,
     out: Vec<Step>,
 }
 
@@ -365,6 +411,7 @@ impl<'g> Shadow<'g> {
             next_first: 0,
             backward_started: false,
             extra: Vec::new(),
+            pending: vec![0; n],
             out: Vec::with_capacity(steps.len()),
         }
     }
@@ -469,12 +516,11 @@ impl<'g> Shadow<'g> {
                 stack.pop();
                 continue;
             }
-            let why = if !self.backward_started || self.graph.node(reader).phase != Phase::Backward
-            {
+            let why = if !self.backward_started || graph.node(reader).phase != Phase::Backward {
                 Some("it is gone during the forward, where eager autograd rebuilds nothing")
-            } else if self.graph.node(x).phase == Phase::Backward {
+            } else if graph.node(x).phase == Phase::Backward {
                 Some("it is a backward value, which eager autograd never recomputes")
-            } else if self.graph.is_pinned(x) {
+            } else if graph.is_pinned(x) {
                 Some("it is pinned (computed exactly once) and not on the host")
             } else {
                 None
@@ -491,7 +537,10 @@ impl<'g> Shadow<'g> {
                 if let Some(top) = stack.last_mut() {
                     top.1 = true;
                 }
-                for &i in &self.graph.node(x).inputs {
+                // Every input of x is read once more before x is made: counted so that a
+                // helper leaves after its last read in this rebuild, in constant time.
+                for &i in &graph.node(x).inputs {
+                    self.pending[i] += 1;
                     if !self.ours[i] {
                         stack.push((i, false));
                     }
@@ -503,14 +552,13 @@ impl<'g> Shadow<'g> {
             self.ours[x] = true;
             self.extra.push(x);
             // Helpers read for the last time in this rebuild leave now: not read by the
-            // reader, by what is left on the stack, nor held by the given schedule.
+            // reader or by what is left to make, nor held by the given schedule.
             for &i in &graph.node(x).inputs {
-                let needed = self.theirs[i]
+                self.pending[i] -= 1;
+                let needed = self.pending[i] > 0
+                    || self.theirs[i]
                     || self.held(i)
-                    || graph.node(reader).inputs.contains(&i)
-                    || stack
-                        .iter()
-                        .any(|&(y, _)| y == i || graph.node(y).inputs.contains(&i));
+                    || graph.node(reader).inputs.contains(&i);
                 if self.ours[i] && !needed {
                     self.release(i);
                 }

@@ -158,6 +158,6 @@ fn in_eager_form(
             error: Box::new(error),
         },
     })?;
-    let decisions = crate::exact::chain_graph::decisions_of(graph, &eager);
+    let decisions = crate::eager::decisions(graph, &eager);
     Ok((eager, decisions))
 }

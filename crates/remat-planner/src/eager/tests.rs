@@ -221,6 +221,14 @@ fn conform_holds_values_moves_copies_to_the_producer_and_rebuilds_in_the_backwar
         .expect("b offloaded");
     assert_eq!(eager[copy - 1], c(1), "{eager:?}");
     assert!(eager.contains(&back(1)));
+    // b is swapped out after itself and prefetched before gc, its first backward reader.
+    let swap = crate::plan::Decision::Swap {
+        swap_out_after: 1,
+        prefetch_at: 4,
+        use_at: 4,
+    };
+    assert_eq!(decisions(&g, &eager)[1], swap);
+    assert_eq!(decisions(&g, &eager)[0], crate::plan::Decision::Keep);
     // An eager schedule is its own form.
     assert_eq!(conform(&g, &eager_schedule()).unwrap(), eager_schedule());
 }
