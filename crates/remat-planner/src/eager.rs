@@ -127,6 +127,9 @@ struct Checker<'g> {
     last_compute: Option<(NodeId, bool)>,
     /// The recomputations of the rebuild run in progress: (step, node).
     run: Vec<(usize, NodeId)>,
+    /// `read_later[v] == stamp`: a recomputation after the one being checked reads `v`.
+    read_later: Vec<usize>,
+    stamp: usize,
 }
 
 impl<'g> Checker<'g> {
@@ -141,6 +144,8 @@ impl<'g> Checker<'g> {
             backward_started: false,
             last_compute: None,
             run: Vec::new(),
+            read_later: vec![0; n],
+            stamp: 0,
         }
     }
 
@@ -187,14 +192,21 @@ impl<'g> Checker<'g> {
         let backward = self.graph.node(node).phase == Phase::Backward;
         self.backward_started |= backward;
         let run = std::mem::take(&mut self.run);
-        for (k, &(at, x)) in run.iter().enumerate() {
-            if !backward {
-                return Err(EagerError::RebuildBeforeForwardNode {
-                    step: at,
-                    node: self.name(x),
-                    next: self.name(node),
-                });
-            }
+        if let Some(&(at, x)) = run.first()
+            && !backward
+        {
+            return Err(EagerError::RebuildBeforeForwardNode {
+                step: at,
+                node: self.name(x),
+                next: self.name(node),
+            });
+        }
+        // Walked from its end, so that "read by a later recomputation of the run" is one
+        // mark per input (runs thousands long rebuild whole chains); the first offender
+        // in step order is the one reported.
+        self.stamp += 1;
+        let mut offender = None;
+        for &(at, x) in run.iter().rev() {
             // Read by this node or a later backward node (first computations are in node
             // order, so a reader at or after `node` has not run yet), or by a later
             // recomputation of the run.
@@ -203,16 +215,19 @@ impl<'g> Checker<'g> {
                 .users(x)
                 .iter()
                 .any(|&u| u >= node && self.graph.node(u).phase == Phase::Backward);
-            let for_rebuild = run[k + 1..]
-                .iter()
-                .any(|&(_, y)| self.graph.node(y).inputs.contains(&x));
-            if !(for_backward || for_rebuild) {
-                return Err(EagerError::RebuildNotForReader {
-                    step: at,
-                    node: self.name(x),
-                    next: self.name(node),
-                });
+            if !(for_backward || self.read_later[x] == self.stamp) {
+                offender = Some((at, x));
             }
+            for &i in &self.graph.node(x).inputs {
+                self.read_later[i] = self.stamp;
+            }
+        }
+        if let Some((at, x)) = offender {
+            return Err(EagerError::RebuildNotForReader {
+                step: at,
+                node: self.name(x),
+                next: self.name(node),
+            });
         }
         self.first_done[node] = true;
         self.next_first += 1;
