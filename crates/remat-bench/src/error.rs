@@ -37,6 +37,8 @@ pub enum BenchError {
     #[error(transparent)]
     Synth(#[from] remat_planner::synth::SynthError),
     #[error(transparent)]
+    Graph(#[from] remat_planner::GraphError),
+    #[error(transparent)]
     Multi(#[from] remat_planner::multi::MultiError),
     #[error(transparent)]
     Units(#[from] remat_units::UnitError),

@@ -81,6 +81,12 @@ pub enum SimError {
     },
     #[error("bandwidth {value} bytes/s is not a positive finite number")]
     Bandwidth { value: f64 },
+    /// A plan in the eager order ([`crate::plan::PlanOrder::Eager`]) whose steps break
+    /// the form ([`crate::eager::check`]).
+    #[error("the plan is in the eager order, but {error}")]
+    NotEager {
+        error: Box<crate::eager::EagerError>,
+    },
 }
 
 /// Why a strategy produced no plan.
@@ -125,6 +131,12 @@ pub enum PlanError {
         floor: u64,
         exact: bool,
     },
+    /// A budget under the eager floor ([`crate::eager::floor`]) of a graph planned in the
+    /// eager order: no eager plan fits.
+    #[error(
+        "budget of {budget} bytes is below the graph's eager floor of {floor} bytes (every value eager autograd holds at some operation, with its inputs and output, plus static memory): no eager-order plan fits"
+    )]
+    BelowEagerFloor { budget: u64, floor: u64 },
     #[error("strategy `{strategy}` does not apply: {why}")]
     NotApplicable { strategy: String, why: String },
     #[error("unknown strategy `{name}`; known: {known}")]

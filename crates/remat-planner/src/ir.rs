@@ -50,6 +50,10 @@ pub enum GraphError {
     TimeOverflow { node: String, total: f64 },
     #[error("pinned node {id} does not exist: the graph has {count} nodes")]
     PinnedMissing { id: NodeId, count: usize },
+    #[error(
+        "graph `{graph}` marks no backward node: the eager order recomputes only in the backward pass, so it needs the nodes' phases (`phase: backward` from the loss on)"
+    )]
+    EagerWithoutBackward { graph: String },
 }
 
 /// Which pass of the training step an operation belongs to. The loss counts as backward,
@@ -93,6 +97,9 @@ pub struct Graph {
     /// Whether schedules must compute nodes for the first time in node order (see
     /// [`Graph::with_fixed_order`]).
     fixed_order: bool,
+    /// With the eager order ([`Graph::with_eager_order`]), `held_until[v]`: the node before
+    /// whose first computation `v` may not leave the device ([`Graph::eager_holds`]).
+    held_until: Option<Vec<NodeId>>,
 }
 
 impl Graph {
@@ -131,6 +138,7 @@ impl Graph {
             pinned: vec![false; count],
             may_drop: vec![true; count],
             fixed_order: false,
+            held_until: None,
         })
     }
 
@@ -179,6 +187,60 @@ impl Graph {
     /// Whether first computations must follow node order ([`Graph::with_fixed_order`]).
     pub fn order_is_fixed(&self) -> bool {
         self.fixed_order
+    }
+
+    /// The same graph, planned in the eager order: the plans PyTorch's autograd runs as they
+    /// are (see [`crate::eager`] for the rules and the checks). Fixes the node order too.
+    /// A graph without backward nodes is refused: the form recomputes only in the backward.
+    ///
+    /// The mark lives on the graph, as the fixed order does, so that every strategy sees it
+    /// through the [`crate::problem::Problem`] it already takes: the eviction keeps a held
+    /// tensor ([`Graph::eager_may_leave`]) and [`crate::problem::plan_from_steps`] puts any
+    /// strategy's schedule into the form before the simulator judges it.
+    pub fn with_eager_order(mut self) -> Result<Graph, GraphError> {
+        if !self.has_backward() {
+            return Err(GraphError::EagerWithoutBackward {
+                graph: self.name.clone(),
+            });
+        }
+        self.held_until = Some(self.eager_holds());
+        self.fixed_order = true;
+        Ok(self)
+    }
+
+    /// Whether plans must be in the eager order ([`Graph::with_eager_order`]).
+    pub fn order_is_eager(&self) -> bool {
+        self.held_until.is_some()
+    }
+
+    /// For every tensor, the node until whose first computation eager autograd holds it on
+    /// the device: a forward tensor until its last forward reader (the model's code holds
+    /// it until then; only the copy autograd saves may be dropped or offloaded), a backward
+    /// tensor until its last reader (autograd frees it, nothing rebuilds or offloads it).
+    /// A tensor with no such reader is held by nobody after its own computation (the entry
+    /// is the tensor itself). Computed from the phases, whether the graph is marked or not.
+    pub fn eager_holds(&self) -> Vec<NodeId> {
+        (0..self.len())
+            .map(|v| {
+                let backward = self.nodes[v].phase == Phase::Backward;
+                self.users[v]
+                    .iter()
+                    .rev()
+                    .find(|&&u| backward || self.nodes[u].phase == Phase::Forward)
+                    .copied()
+                    .unwrap_or(v)
+            })
+            .collect()
+    }
+
+    /// Whether, in a graph planned in the eager order, `tensor` may leave the device
+    /// (be freed, to be swapped back or rebuilt) once `now`'s first computation has run:
+    /// not while a node that holds it is still ahead. Always true in other orders.
+    pub fn eager_may_leave(&self, tensor: NodeId, now: NodeId) -> bool {
+        match &self.held_until {
+            Some(held) => held.get(tensor).is_none_or(|&h| h <= now),
+            None => true,
+        }
     }
 
     /// Whether `id` must be computed exactly once (kept or swapped, never recomputed).

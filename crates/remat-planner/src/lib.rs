@@ -11,6 +11,8 @@
 //! - [`sim`]: the simulator ([`simulate`]): validates a schedule, naming the first broken
 //!   step, and measures peak memory, time (compute, recompute, exposed swap) and the memory
 //!   timeline. [`sim::Machine`] applies one step at a time.
+//! - [`eager`]: the eager-order plan form (what PyTorch's autograd runs as it is): its
+//!   rules checked step by step, its floor, and any node-order schedule put into it.
 //! - [`lower`]: the shared lowering from per-tensor decisions to a schedule.
 //! - [`problem`]: what to plan for ([`Problem`]: graph, budget, bandwidth), what a strategy
 //!   returns ([`Planned`]: the plan and the simulator's report) and the one way a strategy
@@ -40,6 +42,7 @@
 
 pub mod attrs;
 pub mod budget;
+pub mod eager;
 pub mod error;
 pub mod exact;
 pub mod floor;
@@ -61,7 +64,7 @@ pub mod synth;
 
 pub use error::{ImportError, PlanError, SimError};
 pub use ir::{Graph, GraphError, Node, NodeId, Phase};
-pub use plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
+pub use plan::{Decision, PLAN_FORMAT_VERSION, Plan, PlanOrder, Step};
 pub use problem::{Planned, Problem};
 pub use registry::{lookup, registry};
 pub use sim::{SimReport, simulate, simulate_steps};

@@ -60,6 +60,54 @@ pub enum Decision {
     },
 }
 
+/// The order a plan was made in, which says what a runtime may expect of its steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanOrder {
+    /// Any topological order (the plan may run operations in another order than the
+    /// graph's). The default, for plans written before the field existed.
+    #[default]
+    Free,
+    /// First computations in node order ([`crate::ir::Graph::with_fixed_order`]);
+    /// recomputations and copies anywhere.
+    Node,
+    /// What PyTorch's eager autograd runs as it is ([`crate::eager`]): node order, every
+    /// tensor held while its forward readers (a backward tensor: all its readers) are
+    /// ahead, recomputation of forward nodes only right before a backward node that reads
+    /// them, a copy to the host only right after the value is made.
+    Eager,
+}
+
+impl PlanOrder {
+    /// Every order, in the order `--order` lists them.
+    pub const ALL: [PlanOrder; 3] = [PlanOrder::Free, PlanOrder::Node, PlanOrder::Eager];
+
+    /// The order a graph's plans are made in, from its marks.
+    pub fn of(graph: &crate::ir::Graph) -> PlanOrder {
+        if graph.order_is_eager() {
+            PlanOrder::Eager
+        } else if graph.order_is_fixed() {
+            PlanOrder::Node
+        } else {
+            PlanOrder::Free
+        }
+    }
+
+    /// The name `--order` and the JSON plan use.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanOrder::Free => "free",
+            PlanOrder::Node => "node",
+            PlanOrder::Eager => "eager",
+        }
+    }
+
+    /// The order named `text`, or `None`.
+    pub fn from_name(text: &str) -> Option<PlanOrder> {
+        PlanOrder::ALL.into_iter().find(|o| o.name() == text)
+    }
+}
+
 /// A plan for one graph under one budget.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -75,6 +123,10 @@ pub struct Plan {
     pub budget_bytes: u64,
     /// Host-device bandwidth (bytes per second) the swaps were planned with.
     pub bandwidth_bytes_per_s: f64,
+    /// The order the plan was made in; [`crate::sim::simulate`] checks an eager plan's
+    /// steps against the eager rules. Absent in plans written before it existed: free.
+    #[serde(default)]
+    pub order: PlanOrder,
     pub steps: Vec<Step>,
     /// One entry per tensor, indexed by node id.
     pub decisions: Vec<Decision>,
@@ -152,6 +204,7 @@ mod tests {
             strategy: "store-all".into(),
             budget_bytes: 10,
             bandwidth_bytes_per_s: 1e9,
+            order: PlanOrder::Node,
             steps: vec![
                 Step::Compute { node: 0 },
                 Step::SwapOut { tensor: 0 },
@@ -171,6 +224,12 @@ mod tests {
         let text = plan.to_json().expect("a plan serializes");
         assert!(text.contains("\"op\": \"swap_out\""), "{text}");
         assert_eq!(Plan::from_json(&text).unwrap(), plan);
+        assert!(text.contains("\"order\": \"node\""), "{text}");
+        // A plan written before the field existed reads as free order.
+        let older = text.replace("\"order\": \"node\",", "");
+        assert_eq!(Plan::from_json(&older).unwrap().order, PlanOrder::Free);
+        assert_eq!(PlanOrder::from_name("eager"), Some(PlanOrder::Eager));
+        assert_eq!(PlanOrder::from_name("zigzag"), None);
         let old = text.replace("\"version\": 1", "\"version\": 0");
         assert!(matches!(
             Plan::from_json(&old),

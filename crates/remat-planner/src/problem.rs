@@ -12,7 +12,7 @@
 use crate::error::PlanError;
 use crate::ir::Graph;
 use crate::lower::{Helpers, lower_with};
-use crate::plan::{Decision, PLAN_FORMAT_VERSION, Plan, Step};
+use crate::plan::{Decision, PLAN_FORMAT_VERSION, Plan, PlanOrder, Step};
 use crate::sim::{SimReport, simulate_steps};
 
 /// What to plan for.
@@ -41,6 +41,16 @@ pub fn check_floor(problem: &Problem) -> Result<(), PlanError> {
             budget: problem.budget_bytes,
             floor,
         });
+    }
+    // In the eager order the held values raise the floor ([`crate::eager::floor`]).
+    if problem.graph.order_is_eager() {
+        let floor = crate::eager::floor(problem.graph);
+        if problem.budget_bytes < floor {
+            return Err(PlanError::BelowEagerFloor {
+                budget: problem.budget_bytes,
+                floor,
+            });
+        }
     }
     Ok(())
 }
@@ -88,12 +98,23 @@ pub fn plan_from_decisions_with(
 }
 
 /// Simulates a schedule and checks the budget.
+///
+/// A graph planned in the eager order ([`Graph::with_eager_order`]) gets the schedule put
+/// into the form first ([`crate::eager::conform`]; its decisions are then read off the new
+/// steps), the form's rules checked ([`crate::eager::check`]) and only then simulated: every
+/// strategy comes through here, so every plan of an eager request is an eager plan, and a
+/// schedule the form cannot take is reported as not applicable.
 pub fn plan_from_steps(
     problem: &Problem,
     strategy: &str,
     steps: Vec<Step>,
     decisions: Vec<Decision>,
 ) -> Result<Planned, PlanError> {
+    let (steps, decisions) = if problem.graph.order_is_eager() {
+        in_eager_form(problem.graph, strategy, &steps)?
+    } else {
+        (steps, decisions)
+    };
     let report = simulate_steps(problem.graph, &steps, problem.bandwidth).map_err(|error| {
         PlanError::InvalidSchedule {
             strategy: strategy.to_string(),
@@ -114,8 +135,29 @@ pub fn plan_from_steps(
         strategy: strategy.to_string(),
         budget_bytes: problem.budget_bytes,
         bandwidth_bytes_per_s: problem.bandwidth,
+        order: PlanOrder::of(problem.graph),
         steps,
         decisions,
     };
     Ok(Planned { plan, report })
+}
+
+/// `steps` in the eager form, checked, with the decisions they make.
+fn in_eager_form(
+    graph: &Graph,
+    strategy: &str,
+    steps: &[Step],
+) -> Result<(Vec<Step>, Vec<Decision>), PlanError> {
+    let eager = crate::eager::conform(graph, steps).map_err(|e| PlanError::NotApplicable {
+        strategy: strategy.to_string(),
+        why: format!("its schedule has no eager-order form: {e}"),
+    })?;
+    crate::eager::check(graph, &eager).map_err(|error| PlanError::InvalidSchedule {
+        strategy: strategy.to_string(),
+        error: crate::error::SimError::NotEager {
+            error: Box::new(error),
+        },
+    })?;
+    let decisions = crate::eager::decisions(graph, &eager);
+    Ok((eager, decisions))
 }

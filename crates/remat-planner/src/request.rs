@@ -14,6 +14,7 @@ use thiserror::Error;
 
 use crate::error::PlanError;
 use crate::ir::Graph;
+use crate::plan::PlanOrder;
 use crate::plot::{Chart, PlotError, Series};
 use crate::problem::{Planned, Problem};
 use crate::registry::{lookup, registry};
@@ -58,6 +59,21 @@ pub enum RequestError {
         floor: u64,
         exact: bool,
     },
+    /// An eager-order request under the eager floor ([`crate::eager::floor`]): no eager
+    /// plan fits, whatever is recomputed or offloaded, so none is tried.
+    #[error(
+        "budget {} is below the graph's eager floor {} (every value eager autograd holds at some operation, with its inputs and output): no eager-order plan fits",
+        human_bytes(*budget),
+        human_bytes(*floor)
+    )]
+    BelowEagerFloor { budget: u64, floor: u64 },
+    /// A plan order the graph cannot be planned in ([`with_order`]).
+    #[error("graph `{graph}` cannot be planned in {} order: {why}", order.name())]
+    Order {
+        graph: String,
+        order: PlanOrder,
+        why: String,
+    },
     /// A recompute-only request whose fastest plan found still swaps: no plan without swaps
     /// was found under the budget (the recompute floor is below it, so one may exist).
     #[error(
@@ -99,7 +115,45 @@ impl From<PlanError> for RequestError {
                 floor,
                 exact,
             },
+            PlanError::BelowEagerFloor { budget, floor } => {
+                RequestError::BelowEagerFloor { budget, floor }
+            }
             other => RequestError::Plan(other),
+        }
+    }
+}
+
+/// `graph` marked for planning in `order`, the request's plan form: `Free` keeps a graph
+/// that does not fix its order as it is (a graph whose order is fixed, the engine's and
+/// `remat.torch`'s steps, is refused: another order would change its results' bits),
+/// `Node` fixes the node order ([`Graph::with_fixed_order`]), `Eager` asks for plans
+/// PyTorch's eager autograd runs as they are ([`Graph::with_eager_order`], [`crate::eager`]).
+/// Every strategy and the search then plan in that form, and the plans say so
+/// ([`crate::plan::Plan::order`]).
+pub fn with_order(graph: Graph, order: PlanOrder) -> Result<Graph, RequestError> {
+    let refuse = |graph: &Graph, why: String| RequestError::Order {
+        graph: graph.name().to_string(),
+        order,
+        why,
+    };
+    match order {
+        PlanOrder::Free if graph.order_is_fixed() => Err(refuse(
+            &graph,
+            "it fixes its order (`fixed_order`): its operations have effects in node order".into(),
+        )),
+        PlanOrder::Free => Ok(graph),
+        PlanOrder::Node if graph.order_is_eager() => Err(refuse(
+            &graph,
+            "it is marked for the eager order already".into(),
+        )),
+        PlanOrder::Node => Ok(graph.with_fixed_order()),
+        PlanOrder::Eager => {
+            let name = graph.name().to_string();
+            graph.with_eager_order().map_err(|e| RequestError::Order {
+                graph: name,
+                order,
+                why: e.to_string(),
+            })
         }
     }
 }
@@ -277,7 +331,9 @@ pub fn bound_lines(planned: &Planned, bound: Option<&Bound>) -> String {
             100.0 * b.gap(planned.report.overhead())
         ));
     }
-    text.push_str(if planned.plan.reorders() {
+    text.push_str(if planned.plan.order == PlanOrder::Eager {
+        "order         eager: the forward and backward in node order, held values kept while their readers are ahead, recomputation only right before a backward reader, offload right after the producer (checked step by step)\n"
+    } else if planned.plan.reorders() {
         "order         changed: the plan runs the operations in a memory-aware topological order, not the graph's (the simulator checked every input is computed before it is read)\n"
     } else {
         "order         the graph's own\n"

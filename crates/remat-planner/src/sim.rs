@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::error::SimError;
 use crate::ir::{Graph, NodeId};
-use crate::plan::{Plan, Step};
+use crate::plan::{Plan, PlanOrder, Step};
 
 /// Memory after a step that changed it.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -87,13 +87,20 @@ impl SimReport {
     }
 }
 
-/// Simulates a plan. The plan must be for this graph (same node count).
+/// Simulates a plan. The plan must be for this graph (same node count). A plan that says
+/// it is in the eager order ([`PlanOrder::Eager`]) is checked against the form's rules
+/// first ([`crate::eager::check`]), whatever the graph's marks.
 pub fn simulate(graph: &Graph, plan: &Plan) -> Result<SimReport, SimError> {
     if plan.node_count != graph.len() {
         return Err(SimError::GraphMismatch {
             plan_nodes: plan.node_count,
             graph_nodes: graph.len(),
         });
+    }
+    if plan.order == PlanOrder::Eager {
+        crate::eager::check(graph, &plan.steps).map_err(|error| SimError::NotEager {
+            error: Box::new(error),
+        })?;
     }
     simulate_steps(graph, &plan.steps, plan.bandwidth_bytes_per_s)
 }

@@ -10,7 +10,7 @@ use remat_planner::budget;
 use remat_planner::output::{OutputError, check_outputs, write_all_atomic};
 use remat_planner::request::{self, ImageFormat, RequestError};
 use remat_planner::solve::bound::Bound;
-use remat_planner::{Graph, PlanError, Planned, Problem, Step, registry};
+use remat_planner::{Graph, PlanError, PlanOrder, Planned, Problem, Step, registry};
 
 use crate::errors::{plain, raise};
 use crate::graph::PyGraph;
@@ -46,9 +46,12 @@ pub fn human_bytes(bytes: u64) -> String {
 /// Plans `graph` under `budget_bytes` with the strategy named `strategy`, or with the
 /// anytime search when it is None (the fastest plan found within `time_limit` seconds;
 /// default: 1 s up to 1,000 nodes, 1 ms per node above), as `remat plan` does. Refuses a
-/// budget below the graph's memory floor before planning.
+/// budget below the graph's memory floor before planning. `order` is the plan form, as
+/// `remat plan --order` takes it for one graph (`free`, `node`, `eager`; default: the
+/// graph's own marks); an eager plan's JSON says `"order": "eager"`, and a budget under
+/// the eager floor is a `BudgetError`.
 #[pyfunction]
-#[pyo3(signature = (graph, budget_bytes, strategy = None, bandwidth = 32e9, time_limit = None))]
+#[pyo3(signature = (graph, budget_bytes, strategy = None, bandwidth = 32e9, time_limit = None, order = None))]
 pub fn plan(
     py: Python<'_>,
     graph: &PyGraph,
@@ -56,6 +59,7 @@ pub fn plan(
     strategy: Option<String>,
     bandwidth: f64,
     time_limit: Option<f64>,
+    order: Option<String>,
 ) -> PyResult<PyPlan> {
     if !(bandwidth.is_finite() && bandwidth >= 1.0) {
         return Err(plain(
@@ -75,7 +79,22 @@ pub fn plan(
             format!("time_limit {t}: must be a positive finite number of seconds"),
         ));
     }
-    let graph = Arc::clone(&graph.graph);
+    let graph = match order.as_deref() {
+        None => Arc::clone(&graph.graph),
+        Some(name) => {
+            let Some(form) = PlanOrder::from_name(name) else {
+                let known: Vec<&str> = PlanOrder::ALL.iter().map(|o| o.name()).collect();
+                return Err(plain(
+                    py,
+                    "ArgumentError",
+                    format!("order {name:?}: unknown; known: {}", known.join(", ")),
+                ));
+            };
+            let marked = request::with_order(graph.graph.as_ref().clone(), form)
+                .map_err(|e| request_error(py, &graph.graph, e))?;
+            Arc::new(marked)
+        }
+    };
     let problem = Problem {
         graph: &graph,
         budget_bytes,
@@ -117,7 +136,9 @@ fn request_error(py: Python<'_>, graph: &Graph, error: RequestError) -> PyErr {
     };
     match &error {
         RequestError::BelowFloor { budget, .. }
-        | RequestError::BelowRecomputeFloor { budget, .. } => budget_error(*budget, None, None),
+        | RequestError::BelowRecomputeFloor { budget, .. }
+        | RequestError::BelowEagerFloor { budget, .. } => budget_error(*budget, None, None),
+        RequestError::Order { .. } => plain(py, "ArgumentError", error.to_string()),
         RequestError::SwapsNeeded {
             budget, strategy, ..
         } => budget_error(*budget, None, Some(strategy)),

@@ -1,19 +1,25 @@
 //! `remat bench plan --near-floor`: plans close to the floor, where users go when memory is
 //! really short (issue 30). Transformer joint graphs from the generator
-//! ([`TransformerParams::gpt`], 8 and 32 layers), in free order and in node order (as the
-//! engine and `remat.torch.capture` lay a step out), at the floor + 5%, 10%, 25% and 50%:
-//! recompute-only ([`request::plan_recompute_only`], above the recompute floor of
-//! [`remat_planner::floor`]) and with swaps at the bench's bandwidth (above today's floor,
-//! [`Graph::memory_floor`]). Each row: the plan's overhead, the lower bound the request
-//! proved, the gap between them in points, and the solve time. Every solve gets the same
-//! time limit (`--near-floor-time-limit`), so the section takes about 32 of them.
+//! ([`TransformerParams::gpt`], 8 and 32 layers) in free order, in node order (as the engine
+//! and `remat.torch.capture` lay a step out) and in the eager order (what PyTorch's eager
+//! autograd runs as it is, [`remat_planner::eager`]), and Moccasin's random layered graphs
+//! ([`LayeredParams::moccasin`], n = 250, 500, 1,000, seed 1, as the scale section builds
+//! them) in free order (they mark no backward pass, so they have no eager form), at the
+//! floor + 5%, 10%, 25% and 50% of each form: recompute-only
+//! ([`request::plan_recompute_only`], above the recompute floor of [`remat_planner::floor`],
+//! in the eager order above the eager floor where that is higher) and with swaps at the
+//! bench's bandwidth (above today's floor, [`Graph::memory_floor`], or the eager floor,
+//! [`remat_planner::eager::floor`]). Each row: the plan's overhead, the lower bound the
+//! request proved, the gap between them in points, and the solve time. Every solve gets
+//! the same time limit (`--near-floor-time-limit`), so the section takes about 72 of them
+//! (fewer where a plan without overhead ends a search early).
 
 use std::time::{Duration, Instant};
 
 use remat_planner::floor::recompute_floor;
 use remat_planner::request::{self, Outcome, RequestError};
-use remat_planner::synth::{TransformerParams, transformer};
-use remat_planner::{Graph, Problem};
+use remat_planner::synth::{LayeredParams, TransformerParams, random_layered, transformer};
+use remat_planner::{Graph, Problem, eager};
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
@@ -25,12 +31,15 @@ pub const MARGINS: [f64; 4] = [0.05, 0.10, 0.25, 0.50];
 /// What one run of the section measures.
 pub struct NearFloorBench {
     pub layers: Vec<usize>,
+    /// Nodes of Moccasin's random layered graphs (seed 1), planned in free order.
+    pub layered: Vec<usize>,
     pub bandwidth: f64,
     pub time_limit: Duration,
 }
 
 impl NearFloorBench {
-    /// The section's settings: 8 and 32 layers, `time_limit_s` seconds per solve (checked).
+    /// The section's settings: 8 and 32 layers, Moccasin's n = 250, 500 and 1,000,
+    /// `time_limit_s` seconds per solve (checked).
     pub fn new(time_limit_s: f64, bandwidth: f64) -> Result<NearFloorBench> {
         if !(time_limit_s.is_finite() && time_limit_s > 0.0 && time_limit_s <= 1e6) {
             bail!(
@@ -39,51 +48,81 @@ impl NearFloorBench {
         }
         Ok(NearFloorBench {
             layers: vec![8, 32],
+            layered: vec![250, 500, 1000],
             bandwidth,
             time_limit: Duration::from_secs_f64(time_limit_s),
         })
     }
 }
 
+/// The graphs of the section, each with its label: the transformers in free, node and
+/// eager order, then Moccasin's graphs in free order.
+fn graphs(bench: &NearFloorBench) -> Result<Vec<(String, Graph)>> {
+    let mut out = Vec::new();
+    for &layers in &bench.layers {
+        let free = transformer(&TransformerParams::gpt(layers))?;
+        let node = free.clone().with_fixed_order();
+        let eager = free.clone().with_eager_order()?;
+        for (order, graph) in [("free", free), ("node", node), ("eager", eager)] {
+            out.push((format!("{layers} layers, {order} order"), graph));
+        }
+    }
+    for &nodes in &bench.layered {
+        let graph = random_layered(&LayeredParams::moccasin(nodes), 1)?;
+        out.push((format!("Moccasin n={nodes}, free order"), graph));
+    }
+    Ok(out)
+}
+
+/// The floors a form's budgets are set from: (with swaps, recompute-only, the recompute
+/// floor is exact). In the eager order the held values raise both to the eager floor
+/// where it is higher.
+fn floors(graph: &Graph) -> (u64, u64, bool) {
+    let recompute = recompute_floor(graph);
+    if graph.order_is_eager() {
+        let eager = eager::floor(graph);
+        (eager, recompute.bytes.max(eager), recompute.exact)
+    } else {
+        (graph.memory_floor(), recompute.bytes, recompute.exact)
+    }
+}
+
 pub fn run(bench: &NearFloorBench) -> Result<()> {
     println!(
-        "\nnear the floor: transformer joint graphs at the floor + {}; recompute-only above the recompute floor, swaps at {:.0} GB/s above today's floor; {:.1} s per solve",
+        "\nnear the floor: transformer joint graphs (free, node and eager order) and Moccasin's random layered graphs at the floor + {}; recompute-only above the recompute floor, swaps at {:.0} GB/s above today's floor (the eager order: above the eager floor where higher); {:.1} s per solve",
         MARGINS.map(|m| format!("{:.0}%", 100.0 * m)).join(", "),
         bench.bandwidth / 1e9,
         bench.time_limit.as_secs_f64()
     );
-    let mut floors = Vec::new();
+    let started = Instant::now();
+    let mut floor_rows = Vec::new();
     let mut rows = Vec::new();
-    for &layers in &bench.layers {
-        let free = transformer(&TransformerParams::gpt(layers))?;
-        for (order, graph) in [("free", free.clone()), ("node", free.with_fixed_order())] {
-            let recompute = recompute_floor(&graph);
-            floors.push(vec![
-                format!("{layers} layers, {order} order"),
-                graph.len().to_string(),
-                human_bytes(graph.store_all_peak()),
-                human_bytes(graph.memory_floor()),
-                format!(
-                    "{}{}",
-                    human_bytes(recompute.bytes),
-                    if recompute.exact { " (exact)" } else { "" }
-                ),
-                format!(
-                    "+{:.1}%",
-                    100.0 * (recompute.bytes as f64 / graph.memory_floor() as f64 - 1.0)
-                ),
-            ]);
-            for recompute_only in [true, false] {
-                let floor = if recompute_only {
-                    recompute.bytes
-                } else {
-                    graph.memory_floor()
-                };
-                for margin in MARGINS {
-                    let budget = floor + (floor as f64 * margin) as u64;
-                    let label = format!("{layers} layers, {order} order");
-                    rows.push(row(&graph, label, recompute_only, margin, budget, bench));
-                }
+    for (label, graph) in graphs(bench)? {
+        let (floor, recompute, exact) = floors(&graph);
+        floor_rows.push(vec![
+            label.clone(),
+            graph.len().to_string(),
+            human_bytes(graph.store_all_peak()),
+            human_bytes(floor),
+            format!(
+                "{}{}",
+                human_bytes(recompute),
+                if exact { " (exact)" } else { "" }
+            ),
+            format!("+{:.1}%", 100.0 * (recompute as f64 / floor as f64 - 1.0)),
+        ]);
+        for recompute_only in [true, false] {
+            let floor = if recompute_only { recompute } else { floor };
+            for margin in MARGINS {
+                let budget = floor + (floor as f64 * margin) as u64;
+                rows.push(row(
+                    &graph,
+                    label.clone(),
+                    recompute_only,
+                    margin,
+                    budget,
+                    bench,
+                ));
             }
         }
     }
@@ -93,11 +132,11 @@ pub fn run(bench: &NearFloorBench) -> Result<()> {
             "graph",
             "nodes",
             "store-all",
-            "floor",
+            "floor (of the form)",
             "recompute floor",
             "above floor",
         ],
-        &floors,
+        &floor_rows,
     );
     println!();
     print_table(
@@ -112,6 +151,11 @@ pub fn run(bench: &NearFloorBench) -> Result<()> {
             "solve s",
         ],
         &rows,
+    );
+    println!(
+        "near the floor: {} solves in {:.1} s",
+        rows.len(),
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }
@@ -137,13 +181,12 @@ fn row(
         request::plan(&problem, None, Some(bench.time_limit), |_| {})
     };
     let seconds = started.elapsed().as_secs_f64();
-    let (floor_name, plans) = if recompute_only {
-        ("recompute floor", "recompute-only".to_string())
-    } else {
-        (
-            "floor",
+    let (floor_name, plans) = match (recompute_only, graph.order_is_eager()) {
+        (true, _) => ("recompute floor", "recompute-only".to_string()),
+        (false, eager) => (
+            if eager { "eager floor" } else { "floor" },
             format!("swaps at {:.0} GB/s", bench.bandwidth / 1e9),
-        )
+        ),
     };
     let pct = |x: f64| format!("{:.2}%", 100.0 * x);
     let na = || "n/a".to_string();
@@ -167,6 +210,11 @@ fn row(
         (Err(RequestError::SwapsNeeded { .. }), _) => {
             ("none found without swaps".to_string(), na(), na())
         }
+        (Err(RequestError::BelowEagerFloor { floor, .. }), _) => (
+            format!("under the eager floor {}", human_bytes(*floor)),
+            na(),
+            na(),
+        ),
         (Err(e), _) => (format!("none: {e}"), na(), na()),
     };
     vec![

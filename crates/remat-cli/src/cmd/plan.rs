@@ -21,7 +21,7 @@ use remat_planner::search::{SearchProgress, calibrate, skipped_in_search};
 use remat_planner::solve::bound::Bound;
 use remat_planner::solve::{self, Anytime, default_time_limit};
 use remat_planner::strategy::baselines::PARAMETERIZED;
-use remat_planner::{Graph, PlanError, Planned, Problem, Strategy, registry};
+use remat_planner::{Graph, PlanError, PlanOrder, Planned, Problem, Strategy, eager, registry};
 use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
@@ -35,11 +35,16 @@ pub struct Args {
     /// the comparison with each model alone at the same budget.
     #[arg(required_unless_present = "list", num_args = 1..)]
     pub graphs: Vec<PathBuf>,
-    /// With several graphs: how their steps are merged (`interleaved`: model i's backward
-    /// beside model i+1's forward, as MuTWO multiplexes; `one-after-another`,
+    /// The plan form. One graph: `free` (any topological order; the default for a graph
+    /// that does not fix its order), `node` (first computations in node order), `eager`
+    /// (what PyTorch's eager autograd runs as it is: node order, values held while their
+    /// forward readers are ahead, recomputation only right before a backward reader,
+    /// offload right after the producer; refused under the eager floor). Several graphs:
+    /// how their steps are merged (`interleaved`, the default: model i's backward beside
+    /// model i+1's forward, as MuTWO multiplexes; `one-after-another`,
     /// `forwards-then-backwards`, `as-given`).
-    #[arg(long, default_value = "interleaved")]
-    pub order: String,
+    #[arg(long)]
+    pub order: Option<String>,
     /// Device budget: bytes (`8GiB`, `500MB`, `1234`) or a fraction of the store-all peak
     /// (`0.7`). Several, comma-separated, with --compare.
     #[arg(long, value_delimiter = ',', required_unless_present = "list")]
@@ -108,6 +113,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         several => return run_multi(&args, several, options, time_limit),
     };
     let graph = load(graph_path, options)?;
+    let graph = match args.order.as_deref() {
+        None => graph,
+        Some(name) => request::with_order(graph, parse_plan_order(name)?)?,
+    };
     let bandwidth = parse_bandwidth(&args.bandwidth)?;
     let budgets = args
         .budget
@@ -116,8 +125,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<u64>>>()?;
     let time_limit = time_limit.unwrap_or_else(|| default_time_limit(graph.len()));
     let recompute_floor = recompute_floor(&graph);
+    // The eager floor is the form's own: printed only for eager requests.
+    let eager_floor = if graph.order_is_eager() {
+        format!(", eager floor {}", human_bytes(eager::floor(&graph)))
+    } else {
+        String::new()
+    };
     println!(
-        "graph {}: {} nodes, store-all peak {}, floor {}, recompute floor {} ({})",
+        "graph {}: {} nodes, store-all peak {}, floor {}, recompute floor {} ({}){eager_floor}",
         graph.name(),
         graph.len(),
         human_bytes(graph.store_all_peak()),
@@ -227,11 +242,22 @@ fn run_multi(
         graphs,
         budget: &args.budget,
         strategy: args.strategy.as_deref(),
-        order: &args.order,
+        order: args.order.as_deref().unwrap_or("interleaved"),
         bandwidth: &args.bandwidth,
         options,
         time_limit,
         out: args.out.as_deref(),
+    })
+}
+
+/// The plan form `--order` names for one graph.
+fn parse_plan_order(text: &str) -> anyhow::Result<PlanOrder> {
+    PlanOrder::from_name(text).ok_or_else(|| {
+        let known: Vec<&str> = PlanOrder::ALL.iter().map(|o| o.name()).collect();
+        anyhow::anyhow!(
+            "--order {text}: unknown order for one graph; known: {} (several graphs take the merge orders)",
+            known.join(", ")
+        )
     })
 }
 

@@ -348,9 +348,12 @@ impl Evictor<'_> {
     }
 
     /// Garbage may always go; a tensor still to be read only when rebuilding it never has
-    /// to compute a pinned tensor again.
+    /// to compute a pinned tensor again, and, in the eager order, only once no node that
+    /// holds it is ahead ([`Graph::eager_may_leave`]): then nothing is rebuilt during the
+    /// forward and the pass's schedule is already in the eager form.
     fn may_evict(&self, t: NodeId) -> bool {
-        self.next_use(t).is_none() || self.graph.may_drop(t)
+        self.next_use(t).is_none()
+            || (self.graph.may_drop(t) && self.graph.eager_may_leave(t, self.now))
     }
 
     /// The first reader of `t` after the current node.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::report::{ModelStall, SwapHiding, explain};
 use super::{Interleaving, MultiError, Multiplexed, Order};
 use crate::ir::Graph;
-use crate::plan::{PLAN_FORMAT_VERSION, Plan};
+use crate::plan::{PLAN_FORMAT_VERSION, Plan, PlanOrder};
 use crate::problem::{Planned, Problem};
 use crate::request;
 use crate::search::SearchProgress;
@@ -132,16 +132,22 @@ pub fn plan_with_progress(
 
 /// The plan of the renumbered graph as a plan of the given graph.
 fn to_given(given: &Graph, order: &Interleaving, planned: &Planned) -> Plan {
-    Plan {
+    let mut plan = Plan {
         version: PLAN_FORMAT_VERSION,
         graph: given.name().to_string(),
         node_count: given.len(),
         strategy: planned.plan.strategy.clone(),
         budget_bytes: planned.plan.budget_bytes,
         bandwidth_bytes_per_s: planned.plan.bandwidth_bytes_per_s,
+        order: PlanOrder::Free,
         steps: order.to_given(&planned.plan.steps),
         decisions: order.decisions_to_given(&planned.plan.decisions),
+    };
+    // The merged order is the given graph's own only when it runs no node early.
+    if !plan.reorders() {
+        plan.order = PlanOrder::of(given);
     }
+    plan
 }
 
 /// The baseline MuTWO's multiplexing is measured against: each graph planned alone at the

@@ -226,6 +226,13 @@ fn best_gap(
         if at[index + 1] == s {
             continue;
         }
+        // In the eager order a held value leaves only after its holder, and a backward
+        // value never (see [`crate::eager`]); positions are node ids there (node order).
+        if !graph.eager_may_leave(v, at[index])
+            || (graph.order_is_eager() && graph.node(v).phase == crate::ir::Phase::Backward)
+        {
+            continue;
+        }
         let bytes = graph.node(v).output_bytes;
         let Some(gap) = clock.gap(v, bytes, at[index], at[index + 1]) else {
             continue;
