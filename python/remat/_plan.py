@@ -247,6 +247,7 @@ def plan(
     strategy: Optional[str] = None,
     bandwidth: Union[float, int, str] = 32e9,
     time_limit: Optional[float] = None,
+    order: Optional[str] = None,
 ) -> Plan:
     """Plans keep / swap / recompute for ``graph`` under ``budget``.
 
@@ -259,6 +260,10 @@ def plan(
     bandwidth: host-device bytes per second, each direction (float, or "32GB/s").
     time_limit: seconds the search (or the ``anytime`` strategy) may take; default 1 s up
         to 1,000 nodes, 1 ms per node above.
+    order: the plan form, as ``remat plan --order``: "free", "node" (the graph's order) or
+        "eager" (what PyTorch's autograd runs as it is: the forward and backward in the
+        graph's order, recomputation only right before a backward reader, offload right
+        after a value is made); default: the graph's own marks.
 
     Raises BudgetError (below the memory floor, or nothing fits), PlanError, GraphError,
     ArgumentError.
@@ -269,7 +274,9 @@ def plan(
     limit = _time_limit(time_limit)
     if strategy is not None and not isinstance(strategy, str):
         raise ArgumentError(f"strategy: a name (str), not {type(strategy).__name__}")
-    native = _native.plan(g._native, budget_bytes, strategy, bytes_per_s, limit)
+    if order is not None and not isinstance(order, str):
+        raise ArgumentError(f"order: a name (str), not {type(order).__name__}")
+    native = _native.plan(g._native, budget_bytes, strategy, bytes_per_s, limit, order)
     return Plan(native, limit)
 
 

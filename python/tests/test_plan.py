@@ -242,3 +242,17 @@ def test_the_numbers_are_the_cli_numbers(graph_path):
         assert notes == p.notes, budget
         overhead = float(re.search(r"time overhead ([0-9.]+)%", cli).group(1))
         assert overhead == pytest.approx(100 * p.overhead, abs=0.005)
+
+
+def test_eager_order_plans_say_so_and_unknown_orders_are_refused(graph_path, tmp_path):
+    """``order="eager"``: the plan form PyTorch's autograd runs as it is (remat plan --order
+    eager); its JSON says so, and it fits the budget."""
+    eager = remat.plan(graph_path, 0.7, order="eager")
+    out = tmp_path / "plan.json"
+    eager.save(out)
+    assert json.loads(out.read_text())["order"] == "eager"
+    assert eager.peak_bytes <= eager.budget_bytes
+    with pytest.raises(remat.ArgumentError, match="order"):
+        remat.plan(graph_path, 0.7, order="sideways")
+    with pytest.raises(remat.ArgumentError, match="order"):
+        remat.plan(graph_path, 0.7, order=3)
