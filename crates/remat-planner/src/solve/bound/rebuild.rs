@@ -16,17 +16,18 @@
 //! ```text
 //! sum_{t in L(v)} b_t a_{t,v} - sum_{i in E(v)} b_i p_{i,v} >= d(v)        (y_v)
 //! a_{t,v} <= X_t,  r_{i,v} <= X_i
-//! a_{t,v} <= p_{i,v} + r_{i,v}   for t in Q, i in inputs(t) & E(v)           (pi)
-//! r_{i,v} <= p_{k,v} + r_{k,v}   for i in Q, k in inputs(i) & E(v)           (pi)
+//! a_{t,v} <= p_{i,v} + r_{i,v}   for t in Q, i in inputs(t) & E(v), unpinned  (pi)
+//! r_{i,v} <= p_{k,v} + r_{k,v}   for i in Q, k in inputs(i) & E(v), unpinned  (pi)
 //! ```
 //!
 //! A schedule gives a solution of at most its cost: the memory row is its memory at `v`
 //! (present tensors of `E(v)` count too); a tensor of `Q` recomputed after `v` had its
 //! inputs present then, so each was present at `v` or came back after it. `Q` holds the
 //! tensors that are not pinned and whose swap costs at least their recomputation plus every
-//! tensor's `w` (`(1 - theta) s_t >= theta c_t + sum w`): when the schedule swaps one in
-//! instead, count it as recomputed with every input it needs restored; the extra `X`s cost
-//! at most `sum w`, which its swap paid already. (Recompute-only requests plan at 1 B/s:
+//! unpinned tensor's `w` (`(1 - theta) s_t >= theta c_t + sum w`): when the schedule swaps
+//! one in instead, count it as recomputed with every unpinned input it needs restored (the
+//! rows name no pinned input); the extra `X`s cost at most `sum w`, which its swap paid
+//! already. (Recompute-only requests plan at 1 B/s:
 //! every tensor of a byte or more is in `Q`; over a fast link few are, and the bound is
 //! the cover's.)
 //!
@@ -117,7 +118,9 @@ impl Donations<'_> {
             if got >= need {
                 break;
             }
-            if self.in_e(i, p) {
+            // Rows only for unpinned inputs: a pinned one would enter the count of `Q`'s
+            // slack with its swap, which at a slow link dwarfs every recomputation.
+            if !graph.is_pinned(i) && self.in_e(i, p) {
                 got += self.give(i, p, need - got, depth);
             }
         }
@@ -167,7 +170,10 @@ const MAX_DEPTH: usize = 16;
 
 /// The tensors of `Q` at this `theta` (see the module docs).
 pub(super) fn q_set(graph: &Graph, theta: f64, units_per_byte: f64, weights: &[f64]) -> Vec<bool> {
-    let total: f64 = weights.iter().sum();
+    let total: f64 = (0..graph.len())
+        .filter(|&t| !graph.is_pinned(t))
+        .map(|t| weights[t])
+        .sum();
     (0..graph.len())
         .map(|t| {
             let node = graph.node(t);
