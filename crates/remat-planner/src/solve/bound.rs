@@ -122,14 +122,17 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         return bound(0.0);
     }
     let units_per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
+    // Each `theta`'s best single point, kept: the rebuild chains start from them too.
+    let mut singles: Vec<(f64, Vec<f64>)> = Vec::new();
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
     for theta in THETAS {
         let weights = cover.weights(graph, theta, units_per_byte);
         let (value, y) = cover.best_single_point(&weights);
         let value = value - (1.0 - theta) * base;
         if best.as_ref().is_none_or(|b| value > b.0) {
-            best = Some((value, theta, y));
+            best = Some((value, theta, y.clone()));
         }
+        singles.push((theta, y));
     }
     let Some((mut value, theta, y)) = best else {
         return bound(0.0);
@@ -143,14 +146,8 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     // link's windows ([`window`]) in what is left; each tries one start at least.
     let now = Instant::now();
     let left = deadline.saturating_duration_since(now);
-    let singles: Vec<(f64, Vec<f64>)> = THETAS
-        .iter()
-        .rev()
-        .map(|&t| {
-            let weights = cover.weights(graph, t, units_per_byte);
-            (t, cover.best_single_point(&weights).1)
-        })
-        .collect();
+    // Largest theta first: near the floor without swaps it gives the most.
+    singles.reverse();
     let until = now + left.mul_f64(0.25);
     value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &singles, until));
     let weights = cover.weights(graph, theta, units_per_byte);
