@@ -149,7 +149,7 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     // Largest theta first: near the floor without swaps it gives the most.
     singles.reverse();
     let until = now + left.mul_f64(0.25);
-    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &singles, until));
+    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &singles, true, until));
     let weights = cover.weights(graph, theta, units_per_byte);
     let offset = (1.0 - theta) * base;
     let target = upper.map(|u| u * base + offset);
@@ -157,7 +157,7 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     value = value.max(climbed - offset);
     let climbed = [(theta, climbed_y)];
     let until = now + left.mul_f64(0.8);
-    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &climbed, until));
+    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &climbed, false, until));
     if let Some(windowed) = window::best(&cover, graph, &ancestry, units_per_byte, deadline) {
         value = value.max(windowed);
     }
@@ -190,13 +190,16 @@ struct Cover {
 
 impl Cover {
     /// The best rebuild-aware value ([`rebuild::value`], less `(1 - theta) base`) over the
-    /// `(theta, y)` starts and multiples of each, until `deadline` (at least the first).
+    /// `(theta, y)` starts and multiples of each, until `deadline` (at least the first
+    /// evaluation; with `first_whole`, every multiple of the first start: cheap for a
+    /// single point's vector).
     fn with_rebuilds(
         &self,
         graph: &Graph,
         base: f64,
         units_per_byte: f64,
         starts: &[(f64, Vec<f64>)],
+        first_whole: bool,
         deadline: Instant,
     ) -> f64 {
         let mut best = f64::NEG_INFINITY;
@@ -214,10 +217,10 @@ impl Cover {
             }
             let mut scaled = y.clone();
             for (j, scale) in REBUILD_SCALES.into_iter().enumerate() {
-                // One evaluation passes over every (tensor, point) pair with a price: on a
-                // graph of 10,000 nodes that is tens of milliseconds, so the clock is
-                // checked between them.
-                if (k, j) != (0, 0) && Instant::now() >= deadline {
+                // One evaluation passes over the (tensor, point) pairs with a price: a
+                // single point's are few, a climbed vector's can be millions on 10,000
+                // nodes, so past the first start the clock is checked between them.
+                if (k > 0 || !first_whole) && (k, j) != (0, 0) && Instant::now() >= deadline {
                     return best;
                 }
                 for (s, y) in scaled.iter_mut().zip(y) {
@@ -288,11 +291,6 @@ impl Cover {
                 .map(|v| v.output_bytes as f64)
                 .collect(),
         }
-    }
-
-    /// Points whose `L` holds tensor `t`, ascending.
-    fn points_of(&self, t: usize) -> &[u32] {
-        &self.item_points[self.item_start[t]..self.item_start[t + 1]]
     }
 
     fn items_of(&self, p: usize) -> &[u32] {

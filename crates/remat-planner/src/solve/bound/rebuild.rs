@@ -59,7 +59,6 @@ pub(super) fn value(
     in_q: &[bool],
     y: &[f64],
 ) -> f64 {
-    let n = graph.len();
     let mut donations = Donations {
         cover,
         graph,
@@ -68,23 +67,29 @@ pub(super) fn value(
         cap: weights.to_vec(),
         flows: HashMap::new(),
     };
-    // Tensors in id order (a topological order): a tensor's own charges are settled, with
-    // what its inputs gave it, before any later reader asks it to give.
-    for (t, &rebuilt) in in_q.iter().enumerate().take(n) {
-        let points = cover.points_of(t);
-        for &p in points {
-            let p = p as usize;
-            let need = y[p] * cover.item_bytes[t];
-            if need <= 0.0 {
-                continue;
-            }
-            let got = if rebuilt {
-                donations.pull_inputs(t, p, need, 0)
-            } else {
-                0.0
-            };
-            donations.cap[t] -= (need - got).max(0.0);
+    // The priced (tensor, point) pairs, tensors in id order (a topological order): a
+    // tensor's own charges are settled, with what its inputs gave it, before any later
+    // reader asks it to give. Only points with a price count, so a single point's vector
+    // costs its own tensors, not the graph's.
+    let mut pairs: Vec<(u32, u32)> = Vec::new();
+    for (p, &price) in y.iter().enumerate() {
+        if price > 0.0 {
+            pairs.extend(cover.items_of(p).iter().map(|&t| (t, p as u32)));
         }
+    }
+    pairs.sort_unstable();
+    for (t, p) in pairs {
+        let (t, p) = (t as usize, p as usize);
+        let need = y[p] * cover.item_bytes[t];
+        if need <= 0.0 {
+            continue;
+        }
+        let got = if in_q[t] {
+            donations.pull_inputs(t, p, need, 0)
+        } else {
+            0.0
+        };
+        donations.cap[t] -= (need - got).max(0.0);
     }
     let mut g: f64 = cover.demand.iter().zip(y).map(|(d, y)| d * y).sum();
     for &left in &donations.cap {
