@@ -44,6 +44,16 @@
 //! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
 //! (at the deadline) only makes it weaker.
 //!
+//! Rebuild chains ([`rebuild`]): a recomputation reads its inputs, and an input not forced
+//! live at the point is held there or restored too; the same dual with those rows, tried at
+//! the climbed `y` and the single-point ones (and multiples of them), raises the bound where
+//! swaps are dear (recompute-only requests plan at 1 B/s).
+//!
+//! The link in a window ([`window`]): a tensor swapped out and absent at a point was copied
+//! after its first computation and before the point, so swaps out of the tensors computed
+//! in a stretch cost at least their copy time less the compute in that stretch; single
+//! points, their deficit covered by a fractional knapsack.
+//!
 //! Weak points, stated: when the host link is fast enough to hide every copy, swapping is
 //! free in this model and the bound is 0; and one absence per tensor is charged however
 //! often the tensor is really restored.
@@ -54,6 +64,9 @@ use crate::ir::{Graph, NodeId};
 use crate::problem::Problem;
 
 use super::order::Precedence;
+
+mod rebuild;
+mod window;
 
 /// A lower bound on the time overhead of every schedule of a problem.
 #[derive(Clone, Debug, PartialEq)]
@@ -103,19 +116,23 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     if problem.budget_bytes >= graph.store_all_peak() || base <= 0.0 || upper == Some(0.0) {
         return bound(0.0);
     }
-    let cover = Cover::build(problem);
+    let ancestry = Ancestry::of(graph);
+    let cover = Cover::build(problem, &ancestry);
     if cover.points.is_empty() {
         return bound(0.0);
     }
     let units_per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
+    // Each `theta`'s best single point, kept: the rebuild chains start from them too.
+    let mut singles: Vec<(f64, Vec<f64>)> = Vec::new();
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
     for theta in THETAS {
         let weights = cover.weights(graph, theta, units_per_byte);
         let (value, y) = cover.best_single_point(&weights);
         let value = value - (1.0 - theta) * base;
         if best.as_ref().is_none_or(|b| value > b.0) {
-            best = Some((value, theta, y));
+            best = Some((value, theta, y.clone()));
         }
+        singles.push((theta, y));
     }
     let Some((mut value, theta, y)) = best else {
         return bound(0.0);
@@ -123,12 +140,33 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     if value.is_infinite() {
         return bound(f64::INFINITY);
     }
+    // The rebuild chains ([`rebuild`]) from each `theta`'s single point first (a fraction
+    // of a millisecond each on 1,000 nodes, and near the floor most of the bound), then the
+    // subgradient climb of the plain cover, the rebuild chains from where it ended, and the
+    // link's windows ([`window`]) in what is left; each tries one start at least.
+    let now = Instant::now();
+    let left = deadline.saturating_duration_since(now);
+    // Largest theta first: near the floor without swaps it gives the most.
+    singles.reverse();
+    let until = now + left.mul_f64(0.25);
+    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &singles, true, until));
     let weights = cover.weights(graph, theta, units_per_byte);
     let offset = (1.0 - theta) * base;
     let target = upper.map(|u| u * base + offset);
-    value = value.max(cover.climb(&weights, y, target, deadline) - offset);
+    let (climbed, climbed_y) = cover.climb(&weights, y, target, now + left.mul_f64(0.6));
+    value = value.max(climbed - offset);
+    let climbed = [(theta, climbed_y)];
+    let until = now + left.mul_f64(0.8);
+    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &climbed, false, until));
+    if let Some(windowed) = window::best(&cover, graph, &ancestry, units_per_byte, deadline) {
+        value = value.max(windowed);
+    }
     bound((value / base).max(0.0))
 }
+
+/// Multiples of a dual vector tried with rebuild chains: their items cost more than the
+/// cover's, so the best price per byte is higher.
+const REBUILD_SCALES: [f64; 11] = [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 6.0, 8.0];
 
 /// Values of `theta` tried (see the module docs); 1 would make swaps free.
 const THETAS: [f64; 8] = [0.0, 0.5, 0.8, 0.9, 0.97, 0.99, 0.999, 0.9999];
@@ -151,10 +189,54 @@ struct Cover {
 }
 
 impl Cover {
-    fn build(problem: &Problem) -> Cover {
+    /// The best rebuild-aware value ([`rebuild::value`], less `(1 - theta) base`) over the
+    /// `(theta, y)` starts and multiples of each, until `deadline` (at least the first
+    /// evaluation; with `first_whole`, every multiple of the first start: cheap for a
+    /// single point's vector).
+    fn with_rebuilds(
+        &self,
+        graph: &Graph,
+        base: f64,
+        units_per_byte: f64,
+        starts: &[(f64, Vec<f64>)],
+        first_whole: bool,
+        deadline: Instant,
+    ) -> f64 {
+        let mut best = f64::NEG_INFINITY;
+        for (k, (theta, y)) in starts.iter().enumerate() {
+            if k > 0 && Instant::now() >= deadline {
+                break;
+            }
+            if y.len() != self.points.len() {
+                continue;
+            }
+            let weights = self.weights(graph, *theta, units_per_byte);
+            let in_q = rebuild::q_set(graph, *theta, units_per_byte, &weights);
+            if !in_q.iter().any(|&q| q) {
+                continue;
+            }
+            let mut scaled = y.clone();
+            for (j, scale) in REBUILD_SCALES.into_iter().enumerate() {
+                // One evaluation passes over the (tensor, point) pairs with a price: a
+                // single point's are few, a climbed vector's can be millions on 10,000
+                // nodes, so past the first start the clock is checked between them.
+                if (k > 0 || !first_whole) && (k, j) != (0, 0) && Instant::now() >= deadline {
+                    return best;
+                }
+                for (s, y) in scaled.iter_mut().zip(y) {
+                    *s = y * scale;
+                }
+                let value = rebuild::value(self, graph, &weights, &in_q, &scaled);
+                best = best.max(value - (1.0 - theta) * base);
+            }
+        }
+        best
+    }
+
+    fn build(problem: &Problem, ancestry: &Ancestry) -> Cover {
         let graph = problem.graph;
         let n = graph.len();
-        let sets = live_sets(graph);
+        let sets = live_sets(graph, ancestry);
         let mut demand = Vec::new();
         let mut points = Vec::new();
         let mut point_start = vec![0];
@@ -296,15 +378,16 @@ impl Cover {
 
     /// Projected subgradient ascent of `g` from `y` (Polyak steps towards `target`, an
     /// upper bound on the LP when known), until `deadline` or [`CLIMB_STEPS`]. Returns the
-    /// best `g` met.
+    /// best `g` met and the `y` that met it.
     fn climb(
         &self,
         weights: &[f64],
         mut y: Vec<f64>,
         target: Option<f64>,
         deadline: Instant,
-    ) -> f64 {
+    ) -> (f64, Vec<f64>) {
         let mut best = self.dual(weights, &y).0;
+        let mut best_y = y.clone();
         let mut scale = 1.0;
         let mut since_better = 0;
         for _ in 0..CLIMB_STEPS {
@@ -314,6 +397,7 @@ impl Cover {
             let (value, x) = self.dual(weights, &y);
             if value > best {
                 best = value;
+                best_y.clone_from(&y);
                 since_better = 0;
             } else {
                 since_better += 1;
@@ -347,7 +431,7 @@ impl Cover {
                 *yp = (*yp + step * s).max(0.0);
             }
         }
-        best
+        (best, best_y)
     }
 
     fn bytes_of(&self, t: usize) -> f64 {
@@ -361,33 +445,10 @@ const CLIMB_STEPS: usize = 300;
 /// `L(v)` of the module docs for every node, from ancestor and descendant bit sets over
 /// [`Precedence`] (whose edges all go from lower to higher node ids): t is in `L(v)` when
 /// v is a descendant of t, v is an ancestor of one of t's readers, and v does not read t.
-fn live_sets(graph: &Graph) -> Vec<Vec<u32>> {
+fn live_sets(graph: &Graph, ancestry: &Ancestry) -> Vec<Vec<u32>> {
     let n = graph.len();
-    let prec = Precedence::of(graph);
-    let words = n.div_ceil(64);
-    let set = |bits: &mut [u64], i: usize| bits[i / 64] |= 1 << (i % 64);
-    let mut anc = vec![0u64; n * words];
-    for v in 0..n {
-        for &p in &prec.preds[v] {
-            let (head, tail) = anc.split_at_mut(v * words);
-            let row = &mut tail[..words];
-            for (a, b) in row.iter_mut().zip(&head[p * words..(p + 1) * words]) {
-                *a |= b;
-            }
-            set(row, p);
-        }
-    }
-    let mut desc = vec![0u64; n * words];
-    for v in (0..n).rev() {
-        for &s in &prec.succs[v] {
-            let (head, tail) = desc.split_at_mut(s * words);
-            let row = &mut head[v * words..(v + 1) * words];
-            for (a, b) in row.iter_mut().zip(&tail[..words]) {
-                *a |= b;
-            }
-            set(row, s);
-        }
-    }
+    let Ancestry { words, anc, desc } = ancestry;
+    let words = *words;
     let mut sets = vec![Vec::new(); n];
     let mut covers = vec![0u64; words];
     for t in 0..n {
@@ -417,4 +478,67 @@ fn live_sets(graph: &Graph) -> Vec<Vec<u32>> {
         }
     }
     sets
+}
+
+/// Ancestor and descendant bit sets over [`Precedence`] (whose edges all go from lower to
+/// higher node ids), `words` u64 per node, strict (a node is not its own ancestor).
+struct Ancestry {
+    words: usize,
+    anc: Vec<u64>,
+    desc: Vec<u64>,
+}
+
+impl Ancestry {
+    fn of(graph: &Graph) -> Ancestry {
+        let n = graph.len();
+        let prec = Precedence::of(graph);
+        let words = n.div_ceil(64);
+        let set = |bits: &mut [u64], i: usize| bits[i / 64] |= 1 << (i % 64);
+        let mut anc = vec![0u64; n * words];
+        for v in 0..n {
+            for &p in &prec.preds[v] {
+                let (head, tail) = anc.split_at_mut(v * words);
+                let row = &mut tail[..words];
+                for (a, b) in row.iter_mut().zip(&head[p * words..(p + 1) * words]) {
+                    *a |= b;
+                }
+                set(row, p);
+            }
+        }
+        let mut desc = vec![0u64; n * words];
+        for v in (0..n).rev() {
+            for &s in &prec.succs[v] {
+                let (head, tail) = desc.split_at_mut(s * words);
+                let row = &mut head[v * words..(v + 1) * words];
+                for (a, b) in row.iter_mut().zip(&tail[..words]) {
+                    *a |= b;
+                }
+                set(row, s);
+            }
+        }
+        Ancestry { words, anc, desc }
+    }
+
+    fn row<'a>(&self, bits: &'a [u64], v: usize) -> &'a [u64] {
+        &bits[v * self.words..(v + 1) * self.words]
+    }
+
+    /// Whether `t` is a strict descendant of `u`.
+    fn descends(&self, u: usize, t: usize) -> bool {
+        self.row(&self.desc, u)[t / 64] >> (t % 64) & 1 == 1
+    }
+
+    /// Sum of `cost` over the strict ancestors (`ancestors`) or descendants of `v`.
+    fn sum_over(&self, v: usize, ancestors: bool, cost: impl Fn(usize) -> f64) -> f64 {
+        let bits = if ancestors { &self.anc } else { &self.desc };
+        let mut sum = 0.0;
+        for (w, &word) in self.row(bits, v).iter().enumerate() {
+            let mut rest = word;
+            while rest != 0 {
+                sum += cost(w * 64 + rest.trailing_zeros() as usize);
+                rest &= rest - 1;
+            }
+        }
+        sum
+    }
 }
