@@ -44,12 +44,12 @@
 //! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
 //! (at the deadline) only makes it weaker.
 //!
-//! Rebuild chains ([`rebuild`]): a recomputation reads its inputs, and an input not forced
+//! Rebuild chains (`rebuild`): a recomputation reads its inputs, and an input not forced
 //! live at the point is held there or restored too; the same dual with those rows, tried at
 //! the climbed `y` and the single-point ones (and multiples of them), raises the bound where
 //! swaps are dear (recompute-only requests plan at 1 B/s).
 //!
-//! The link in a window ([`window`]): a tensor swapped out and absent at a point was copied
+//! The link in a window (`window`): a tensor swapped out and absent at a point was copied
 //! after its first computation and before the point, so swaps out of the tensors computed
 //! in a stretch cost at least their copy time less the compute in that stretch; single
 //! points, their deficit covered by a fractional knapsack.
