@@ -4,14 +4,15 @@
 //! keeps everything the plan keeps everything; no plan goes under the eager floor; and
 //! [`eager::conform`] puts any valid node-order schedule that evict makes into the form.
 
+mod common;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
 use remat_planner::exact::evict::{Pass, evict_pass, weightings};
 use remat_planner::request::{Outcome, RequestError, plan, plan_recompute_only, with_order};
 use remat_planner::sim::Fate;
-use remat_planner::synth::mirror_backward;
-use remat_planner::{Graph, Node, Phase, PlanOrder, Problem, Step, eager, registry, simulate};
+use remat_planner::{Graph, PlanOrder, Problem, Step, eager, registry, simulate};
 
 /// `n` forward ops, each reading the previous one and sometimes an earlier one (a skip),
 /// the loss and a mirrored backward (as `tests/prop_strategies.rs` builds them).
@@ -26,27 +27,7 @@ fn training_dag() -> impl Strategy<Value = Graph> {
 }
 
 fn build(layers: &[(u64, u32, u32)], static_bytes: u64) -> Graph {
-    let mut nodes = Vec::new();
-    for (i, &(bytes, time, seed)) in layers.iter().enumerate() {
-        let mut inputs = Vec::new();
-        if i > 0 {
-            inputs.push(i - 1);
-            let skip = seed as usize % i;
-            if skip != i - 1 && seed % 3 == 0 {
-                inputs.push(skip);
-            }
-        }
-        inputs.sort_unstable();
-        nodes.push(Node {
-            name: format!("f{i}"),
-            phase: Phase::Forward,
-            compute_time: f64::from(time),
-            output_bytes: bytes,
-            inputs,
-        });
-    }
-    let nodes = mirror_backward(nodes, 1.0, 1, |fw| format!("b{fw}"));
-    let graph = Graph::new("random", nodes, static_bytes, 1.0).expect("generated graphs are valid");
+    let graph = common::skip_chain(layers, static_bytes);
     with_order(graph, PlanOrder::Eager).expect("the graph has a backward")
 }
 

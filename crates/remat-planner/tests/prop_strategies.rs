@@ -4,13 +4,14 @@
 //! - the simulator agrees with a brute-force replay (peak, time, first broken step) on
 //!   schedules lowered from random keep/swap/recompute decisions, and on broken ones.
 
+mod common;
+
 use std::collections::HashSet;
 
 use proptest::prelude::*;
 use remat_planner::attrs::tensor_attrs;
 use remat_planner::lower::lower;
-use remat_planner::synth::mirror_backward;
-use remat_planner::{Decision, Graph, Node, Phase, PlanError, Step, simulate, simulate_steps};
+use remat_planner::{Decision, Graph, PlanError, Step, simulate, simulate_steps};
 use remat_planner::{Problem, registry};
 
 /// A random training graph: `n` forward ops, each reading 1-2 earlier forward outputs, a
@@ -27,27 +28,7 @@ fn training_dag() -> impl Strategy<Value = Graph> {
 }
 
 fn build(layers: &[(u64, u32, u32)], static_bytes: u64) -> Graph {
-    let mut nodes = Vec::new();
-    for (i, &(bytes, time, seed)) in layers.iter().enumerate() {
-        let mut inputs = Vec::new();
-        if i > 0 {
-            inputs.push(i - 1);
-            let skip = seed as usize % i;
-            if skip != i - 1 && seed % 3 == 0 {
-                inputs.push(skip);
-            }
-        }
-        inputs.sort_unstable();
-        nodes.push(Node {
-            name: format!("f{i}"),
-            phase: Phase::Forward,
-            compute_time: f64::from(time),
-            output_bytes: bytes,
-            inputs,
-        });
-    }
-    let nodes = mirror_backward(nodes, 1.0, 1, |fw| format!("b{fw}"));
-    Graph::new("random", nodes, static_bytes, 1.0).expect("generated graphs are valid")
+    common::skip_chain(layers, static_bytes)
 }
 
 /// Random decisions: each activation kept, swapped (prompt somewhere in its window) or

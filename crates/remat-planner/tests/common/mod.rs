@@ -188,3 +188,31 @@ pub fn activation_budget(graph: &remat_planner::Graph, fraction: f64) -> u64 {
     let s = graph.static_bytes();
     s + ((graph.store_all_peak() - s) as f64 * fraction) as u64
 }
+
+/// A random training graph from `(bytes, time, seed)` per forward op: op `i` reads op `i - 1`
+/// and, for one seed in three, an earlier op (a skip); then the loss and one backward op per
+/// forward op in reverse (`synth::mirror_backward`). The property tests' generator.
+pub fn skip_chain(layers: &[(u64, u32, u32)], static_bytes: u64) -> remat_planner::Graph {
+    let mut nodes = Vec::new();
+    for (i, &(bytes, time, seed)) in layers.iter().enumerate() {
+        let mut inputs = Vec::new();
+        if i > 0 {
+            inputs.push(i - 1);
+            let skip = seed as usize % i;
+            if skip != i - 1 && seed % 3 == 0 {
+                inputs.push(skip);
+            }
+        }
+        inputs.sort_unstable();
+        nodes.push(Node {
+            name: format!("f{i}"),
+            phase: Phase::Forward,
+            compute_time: f64::from(time),
+            output_bytes: bytes,
+            inputs,
+        });
+    }
+    let nodes = remat_planner::synth::mirror_backward(nodes, 1.0, 1, |fw| format!("b{fw}"));
+    remat_planner::Graph::new("random", nodes, static_bytes, 1.0)
+        .expect("generated graphs are valid")
+}
