@@ -487,7 +487,6 @@ def test_loss_outside_the_model_measured_within_predicted():
     entry = rt.controller(model).entry()
     measured = tracker.peak_bytes + entry.static_bytes
     activations = entry.plan.store_all_peak - entry.static_bytes
-    print("measured", measured, "predicted", entry.plan.predicted_peak, "activations", activations)
     # The loss's log_softmax output and the gradients it makes (each as large as the
     # logits) are seen by the profile's outside mode: within the prediction, and close.
     assert measured <= entry.plan.predicted_peak <= measured + activations // 100
