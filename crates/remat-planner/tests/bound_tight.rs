@@ -10,7 +10,8 @@
 //! - on a hand-made chain where the only way out is the link and the compute around the
 //!   copy is short, it charges the copy that compute cannot hide.
 
-use std::collections::{BinaryHeap, HashMap};
+mod common;
+
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -104,82 +105,6 @@ fn attention_like() -> impl Strategy<Value = Graph> {
         })
 }
 
-/// The least recompute time of any recompute-only schedule (any order in which a pinned
-/// tensor's readers run in turn; a pinned node is computed once) under `budget`, by Dijkstra over (resident set, computed-once set);
-/// `None` when none fits.
-fn brute_force_optimum(graph: &Graph, budget: u64) -> Option<f64> {
-    let n = graph.len();
-    let all = (1u32 << n) - 1;
-    let bytes = |mask: u32| -> u64 {
-        (0..n)
-            .filter(|&v| mask >> v & 1 == 1)
-            .map(|v| graph.node(v).output_bytes)
-            .sum()
-    };
-    let mut best: HashMap<(u32, u32), u64> = HashMap::new();
-    let mut heap = BinaryHeap::new();
-    heap.push(std::cmp::Reverse((0u64, 0u32, 0u32)));
-    while let Some(std::cmp::Reverse((cost, resident, done))) = heap.pop() {
-        if done == all {
-            return Some(cost as f64);
-        }
-        if best.get(&(resident, done)).is_some_and(|&c| c < cost) {
-            continue;
-        }
-        let mut push = |state: (u32, u32), c: u64| {
-            if best.get(&state).is_none_or(|&old| c < old) {
-                best.insert(state, c);
-                heap.push(std::cmp::Reverse((c, state.0, state.1)));
-            }
-        };
-        for v in 0..n {
-            let bit = 1u32 << v;
-            if resident & bit != 0 {
-                // A pinned tensor leaves only when no reader is left to run.
-                let readers_done = graph.users(v).iter().all(|&u| done >> u & 1 == 1);
-                if !graph.is_pinned(v) || readers_done {
-                    push((resident & !bit, done), cost);
-                }
-                continue;
-            }
-            if done & bit != 0 && graph.is_pinned(v) {
-                continue;
-            }
-            // First computations run a pinned tensor's readers in their order, as the
-            // bound's precedence (`solve::order::Precedence`) asks.
-            let in_turn = |p: usize| {
-                let users = graph.users(p);
-                users
-                    .iter()
-                    .take_while(|&&u| u != v)
-                    .all(|&u| done >> u & 1 == 1)
-            };
-            if done & bit == 0
-                && !node_inputs(graph, v)
-                    .filter(|&p| graph.is_pinned(p))
-                    .all(in_turn)
-            {
-                continue;
-            }
-            let node = graph.node(v);
-            let ready = node.inputs.iter().all(|&i| resident >> i & 1 == 1);
-            if ready && graph.static_bytes() + bytes(resident) + node.output_bytes <= budget {
-                let extra = if done & bit != 0 {
-                    node.compute_time as u64
-                } else {
-                    0
-                };
-                push((resident | bit, done | bit), cost + extra);
-            }
-        }
-    }
-    None
-}
-
-fn node_inputs(graph: &Graph, v: usize) -> impl Iterator<Item = usize> + '_ {
-    graph.node(v).inputs.iter().copied()
-}
-
 fn bound_units(graph: &Graph, budget: u64) -> f64 {
     bound_at(graph, budget, SLOW_LINK)
 }
@@ -195,37 +120,34 @@ fn bound_at(graph: &Graph, budget: u64, bandwidth: f64) -> f64 {
     bound.overhead * graph.base_time()
 }
 
+/// From the floor to the store-all peak in steps of `step` bytes: wherever a recompute-only
+/// schedule fits, the bound is at most its least recompute time.
+fn bound_below_optimum_at_every_budget(graph: &Graph, step: u64) -> Result<(), TestCaseError> {
+    let mut budget = graph.memory_floor();
+    while budget <= graph.store_all_peak() {
+        if let Some(opt) = common::least_recompute_time(graph, budget) {
+            let bound = bound_units(graph, budget);
+            prop_assert!(
+                bound <= opt + 1e-6,
+                "bound {bound} above the optimum {opt} at budget {budget}"
+            );
+        }
+        budget += step;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     #[test]
     fn the_bound_never_exceeds_the_optimum(graph in chainy_dag(true), step in 1u64..5) {
-        let mut budget = graph.memory_floor();
-        while budget <= graph.store_all_peak() {
-            if let Some(opt) = brute_force_optimum(&graph, budget) {
-                let bound = bound_units(&graph, budget);
-                prop_assert!(
-                    bound <= opt + 1e-6,
-                    "bound {bound} above the optimum {opt} at budget {budget}"
-                );
-            }
-            budget += step;
-        }
+        bound_below_optimum_at_every_budget(&graph, step)?;
     }
 
     #[test]
     fn the_bound_never_exceeds_the_optimum_on_rebuild_chains(graph in attention_like()) {
-        let mut budget = graph.memory_floor();
-        while budget <= graph.store_all_peak() {
-            if let Some(opt) = brute_force_optimum(&graph, budget) {
-                let bound = bound_units(&graph, budget);
-                prop_assert!(
-                    bound <= opt + 1e-6,
-                    "bound {bound} above the optimum {opt} at budget {budget}"
-                );
-            }
-            budget += 1;
-        }
+        bound_below_optimum_at_every_budget(&graph, 1)?;
     }
 
     // Without pinned tensors: the bound holds for schedules that run a pinned tensor's
@@ -310,7 +232,7 @@ fn a_dropped_tensor_pays_for_its_inputs() {
     ];
     let graph = Graph::new("attention-like", nodes, 0, 1.0).expect("a valid graph");
     let budget = 21;
-    let opt = brute_force_optimum(&graph, budget).expect("a schedule fits");
+    let opt = common::least_recompute_time(&graph, budget).expect("a schedule fits");
     assert_eq!(opt, 7.0);
     let bound = bound_units(&graph, budget);
     assert!(bound <= opt + 1e-6, "bound {bound} above the optimum {opt}");

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -52,55 +51,6 @@ fn small_dag() -> impl Strategy<Value = Graph> {
     })
 }
 
-/// The least recompute time of any schedule (any order, recompute only) under `budget`,
-/// by Dijkstra over (resident set, computed-once set); `None` when no schedule fits.
-fn brute_force_optimum(graph: &Graph, budget: u64) -> Option<f64> {
-    let n = graph.len();
-    let all = (1u32 << n) - 1;
-    let bytes = |mask: u32| -> u64 {
-        (0..n)
-            .filter(|&v| mask >> v & 1 == 1)
-            .map(|v| graph.node(v).output_bytes)
-            .sum()
-    };
-    // Costs are integers (times are whole numbers), so they order exactly as u64.
-    let mut best: HashMap<(u32, u32), u64> = HashMap::new();
-    let mut heap = BinaryHeap::new();
-    heap.push(std::cmp::Reverse((0u64, 0u32, 0u32)));
-    while let Some(std::cmp::Reverse((cost, resident, done))) = heap.pop() {
-        if done == all {
-            return Some(cost as f64);
-        }
-        if best.get(&(resident, done)).is_some_and(|&c| c < cost) {
-            continue;
-        }
-        let mut push = |state: (u32, u32), c: u64| {
-            if best.get(&state).is_none_or(|&old| c < old) {
-                best.insert(state, c);
-                heap.push(std::cmp::Reverse((c, state.0, state.1)));
-            }
-        };
-        for v in 0..n {
-            let bit = 1u32 << v;
-            if resident & bit != 0 {
-                push((resident & !bit, done), cost);
-                continue;
-            }
-            let node = graph.node(v);
-            let ready = node.inputs.iter().all(|&i| resident >> i & 1 == 1);
-            if ready && graph.static_bytes() + bytes(resident) + node.output_bytes <= budget {
-                let extra = if done & bit != 0 {
-                    node.compute_time as u64
-                } else {
-                    0
-                };
-                push((resident | bit, done | bit), cost + extra);
-            }
-        }
-    }
-    None
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -113,7 +63,7 @@ proptest! {
         let mut budget = graph.memory_floor();
         while budget <= graph.store_all_peak() {
             let problem = Problem { graph: &graph, budget_bytes: budget, bandwidth };
-            let optimum = brute_force_optimum(&graph, budget);
+            let optimum = common::least_recompute_time(&graph, budget);
             let bound = cover_bound(&problem, Instant::now() + Duration::from_millis(50), None);
             let solved = solve(&problem, Instant::now() + Duration::from_millis(200), None, |_, _| {});
             if let Some(opt) = optimum {

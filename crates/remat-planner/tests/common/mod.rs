@@ -216,3 +216,81 @@ pub fn skip_chain(layers: &[(u64, u32, u32)], static_bytes: u64) -> remat_planne
     remat_planner::Graph::new("random", nodes, static_bytes, 1.0)
         .expect("generated graphs are valid")
 }
+
+/// The least recompute time of any recompute-only schedule of `graph` under `budget`, by
+/// Dijkstra over (resident set, computed-once set), `None` when none fits: any order in
+/// which first computations run a pinned tensor's readers in their order (as the bound's
+/// precedence, `solve::order::Precedence`, asks), a pinned node computed once and left on
+/// the device until its last reader has run. Graphs of at most 32 nodes; costs are whole
+/// compute times, so they order exactly as u64.
+pub fn least_recompute_time(graph: &remat_planner::Graph, budget: u64) -> Option<f64> {
+    use std::cmp::Reverse;
+    use std::collections::{BinaryHeap, HashMap};
+
+    let n = graph.len();
+    let all = (1u32 << n) - 1;
+    let bytes = |mask: u32| -> u64 {
+        (0..n)
+            .filter(|&v| mask >> v & 1 == 1)
+            .map(|v| graph.node(v).output_bytes)
+            .sum()
+    };
+    let mut best: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut heap = BinaryHeap::new();
+    heap.push(Reverse((0u64, 0u32, 0u32)));
+    while let Some(Reverse((cost, resident, done))) = heap.pop() {
+        if done == all {
+            return Some(cost as f64);
+        }
+        if best.get(&(resident, done)).is_some_and(|&c| c < cost) {
+            continue;
+        }
+        let mut push = |state: (u32, u32), c: u64| {
+            if best.get(&state).is_none_or(|&old| c < old) {
+                best.insert(state, c);
+                heap.push(Reverse((c, state.0, state.1)));
+            }
+        };
+        for v in 0..n {
+            let bit = 1u32 << v;
+            if resident & bit != 0 {
+                // A pinned tensor leaves only when no reader is left to run.
+                let readers_done = graph.users(v).iter().all(|&u| done >> u & 1 == 1);
+                if !graph.is_pinned(v) || readers_done {
+                    push((resident & !bit, done), cost);
+                }
+                continue;
+            }
+            if done & bit != 0 && graph.is_pinned(v) {
+                continue;
+            }
+            let node = graph.node(v);
+            let in_turn = |p: usize| {
+                graph
+                    .users(p)
+                    .iter()
+                    .take_while(|&&u| u != v)
+                    .all(|&u| done >> u & 1 == 1)
+            };
+            if done & bit == 0
+                && !node
+                    .inputs
+                    .iter()
+                    .filter(|&&p| graph.is_pinned(p))
+                    .all(|&p| in_turn(p))
+            {
+                continue;
+            }
+            let ready = node.inputs.iter().all(|&i| resident >> i & 1 == 1);
+            if ready && graph.static_bytes() + bytes(resident) + node.output_bytes <= budget {
+                let extra = if done & bit != 0 {
+                    node.compute_time as u64
+                } else {
+                    0
+                };
+                push((resident | bit, done | bit), cost + extra);
+            }
+        }
+    }
+    None
+}
