@@ -248,10 +248,14 @@ class Profiler(TorchDispatchMode):
         self._module_hooks = []
         self.on_complete = None
         self.outside = False  # the mode stays pushed past the forward (module notes)
-        self.after_forward = False  # outside the model, before its first backward node
         self.backward_started = False
         self.backward_from = 1 << 62  # the op position where the model's backward began
         self.dispatching = False  # inside our own op: a second push of this mode passes
+
+    @property
+    def after_forward(self) -> bool:
+        """Outside the model, before its first backward node: the outside mode's stretch."""
+        return self.outside and not self.backward_started
 
     # ---- module tracking (for messages) -------------------------------------------------
     def _push_module(self, module, *_):
@@ -304,7 +308,6 @@ class Profiler(TorchDispatchMode):
             # of the step's memory: watched until then (module notes).
             self.phase = "backward"
             self.node_name = OUTSIDE
-            self.after_forward = True
             self.outside = True
             self.__enter__()
             _hold_outside(self)
@@ -520,7 +523,6 @@ class Profiler(TorchDispatchMode):
         if not self.backward_started:
             self.backward_started = True
             self.backward_from = len(self.profile.ops)
-            self.after_forward = False
             self.phase = "backward"
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
         self.node_name = node.name()
@@ -589,7 +591,6 @@ def release_outside_modes(force: bool = False) -> None:
             if not _remove_from_stack(profiler):
                 continue  # another thread's stack: released when that thread gets here
             profiler.outside = False
-            profiler.after_forward = False
         _HELD.remove(profiler)
     if not _HELD:
         for h in _RELEASE_HOOKS:

@@ -135,6 +135,20 @@ class StepState:
             self.diverged_at = at
             self.divergence = what
 
+    def send(self, vid: int) -> None:
+        """Starts the offload copy of ``vid``, whose storage is final (its last profiled
+        write has run, or the forward has ended)."""
+        storage = self.sending.pop(vid, None)
+        value = self.values.get(vid)
+        if value is None or storage is None:
+            return  # not made as profiled (a divergence keeps it)
+        self.internal = True  # the copy's own ops are not the model's
+        try:
+            value.offload(storage)
+        finally:
+            self.internal = False
+        self.offloaded[vid] = weakref.ref(value)
+
     def end_forward(self) -> None:
         profile = self.rt.profile
         if self.diverged_at is None and self.op != profile.forward_ops:
@@ -154,12 +168,8 @@ class StepState:
             value.group = group
         # Offloads whose last profiled write never came (the step diverged before it): the
         # storage is final now.
-        for vid, storage in self.sending.items():
-            value = self.values.get(vid)
-            if value is not None:
-                value.offload(storage)
-                self.offloaded[vid] = weakref.ref(value)
-        self.sending = {}
+        for vid in list(self.sending):
+            self.send(vid)
         self.values = {}
         self.anchors = {}
         self.cdata = {}
@@ -485,23 +495,9 @@ class RunMode(TorchDispatchMode):
             if flags & (REGISTER | CREATE | ANCHOR):
                 self._made(rec, flags, leaves)
         if flags & SEND:
-            self._send(i)
+            for vid in st.rt.send_after[i]:
+                st.send(vid)  # their storages are final after op i
         return out
-
-    def _send(self, i: int) -> None:
-        """Starts the offload copies due after op ``i`` (their storages are final)."""
-        st = self.state
-        for vid in st.rt.send_after[i]:
-            value = st.values.get(vid)
-            storage = st.sending.pop(vid, None)
-            if value is None or storage is None:
-                continue  # not made as profiled (a divergence keeps it)
-            st.internal = True
-            try:
-                value.offload(storage)
-            finally:
-                st.internal = False
-            st.offloaded[vid] = weakref.ref(value)
 
     def _capture(self, i, rec, args, kwargs) -> bool:
         """Keeps the statics op ``i`` reads (and its generator state), after checking that

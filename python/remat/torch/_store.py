@@ -23,9 +23,9 @@ Notes:
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import os
-import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -73,12 +73,9 @@ class FileStore:
         self.directory = directory
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="remat-store")
         self.names = itertools.count()
-        self.lock = threading.Lock()
 
     def _path(self) -> Path:
-        with self.lock:
-            k = next(self.names)
-        return self.directory / f"remat-{os.getpid()}-{id(self):x}-{k}.bin"
+        return self.directory / f"remat-{os.getpid()}-{id(self):x}-{next(self.names)}.bin"
 
     def put(self, storage: torch.UntypedStorage) -> "Written":
         """Starts writing ``storage`` to a new file (note 2)."""
@@ -94,9 +91,6 @@ class FileStore:
         """Starts reading ``written`` back into a buffer made here (note 3)."""
         buffer = torch.empty(written.nbytes, dtype=torch.uint8)
         return self.pool.submit(_read, written, buffer)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
 
 
 class Written:
@@ -145,10 +139,11 @@ def _remove(path: Path) -> None:
         pass
 
 
+@functools.lru_cache(maxsize=8)
 def measure_store_bandwidth(directory: Path, nbytes: int = 16 << 20) -> float:
     """Bytes per second through the store, one way, as the worker moves them: the median of
     three rounds, each writing and reading back ``nbytes`` (the page cache included, as in
-    a step)."""
+    a step). Measured once per directory and process, as CUDA's copy bandwidth is."""
     data = torch.zeros(nbytes, dtype=torch.uint8)
     path = directory / f"remat-{os.getpid()}-bandwidth.bin"
     times = []
