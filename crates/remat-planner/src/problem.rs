@@ -25,6 +25,21 @@ pub struct Problem<'g> {
     pub bandwidth: f64,
 }
 
+/// The bandwidth a recompute-only request plans at
+/// ([`crate::request::plan_recompute_only`]): a swap of one byte costs a second, so any plan
+/// that recomputes instead is faster, and a plan without swaps runs the same at every
+/// bandwidth.
+pub const RECOMPUTE_ONLY_BANDWIDTH: f64 = 1.0;
+
+impl Problem<'_> {
+    /// Whether swaps are ruled out: the link is no faster than
+    /// [`RECOMPUTE_ONLY_BANDWIDTH`]. Solvers then spend no time on swap plans, and a plan
+    /// that swaps is only a last resort (it says how many bytes recomputation left over).
+    pub fn recompute_only(&self) -> bool {
+        self.bandwidth <= RECOMPUTE_ONLY_BANDWIDTH
+    }
+}
+
 /// A plan together with the simulator's measurements of it.
 #[derive(Clone, Debug)]
 pub struct Planned {

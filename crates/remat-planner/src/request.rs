@@ -164,10 +164,7 @@ pub fn check_floor(problem: &Problem) -> Result<(), RequestError> {
     crate::problem::check_floor(problem).map_err(RequestError::from)
 }
 
-/// The bandwidth a recompute-only request plans at ([`plan_recompute_only`]): a swap of one
-/// byte costs a second, so any plan that recomputes instead is faster, and a plan without
-/// swaps runs the same at every bandwidth.
-pub const RECOMPUTE_ONLY_BANDWIDTH: f64 = 1.0;
+pub use crate::problem::RECOMPUTE_ONLY_BANDWIDTH;
 
 /// What a request found, with the search's notes (empty for a named strategy).
 #[derive(Debug)]

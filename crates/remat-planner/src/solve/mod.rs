@@ -93,9 +93,14 @@ pub fn solve(
     check_floor(problem)?;
     let graph = problem.graph;
     let mut best = Best {
-        planned: incumbent,
+        planned: None,
+        last_resort: None,
         smallest_peak: None,
+        recompute_only: problem.recompute_only(),
     };
+    if let Some(incumbent) = incumbent {
+        best.offer(Ok(incumbent));
+    }
     let prec = Precedence::of(graph);
     let mut eval = Evaluator::new(graph, problem.budget_bytes);
     let mut search = OrderSearch {
@@ -110,7 +115,7 @@ pub fn solve(
     // Swaps alone on the best candidate order (milliseconds, see [`offload`]): over a fast
     // host link often free, and then the search ends here. (Graphs in a fixed order, the
     // engine's, get them at the end: kept only when faster than the rest.)
-    if !graph.order_is_fixed() {
+    if !graph.order_is_fixed() && !problem.recompute_only() {
         best.offer(offload::plan_swaps(problem, &search.states[0].order, NAME));
         if best.overhead() == Some(0.0) {
             return best.into_result(problem);
@@ -244,7 +249,7 @@ pub fn solve(
     // Swaps alone on the best order: on graphs in a fixed order (not tried before), and on
     // the annealed orders when nothing fits yet. Past the deadline, but short: three
     // passes of about 0.1 s each on 5,000 nodes at 0.1 of the peak.
-    if graph.order_is_fixed() || best.planned.is_none() {
+    if (graph.order_is_fixed() && !problem.recompute_only()) || best.planned.is_none() {
         progress("swapping", best.overhead());
         best.offer(offload::plan_swaps(problem, &search.states[0].order, NAME));
     }
@@ -482,8 +487,14 @@ fn candidate_orders(
 
 /// The best plan so far and the smallest peak of the attempts that did not fit.
 struct Best {
+    /// The fastest plan found (without swaps when the problem rules them out).
     planned: Option<Planned>,
+    /// Recompute-only: the fastest plan that swaps anyway. It is returned only when nothing
+    /// else fits (the request then reports the bytes it swaps), and does not count as a plan
+    /// while the solver shares its time: the phases that run "while nothing fits" run.
+    last_resort: Option<Planned>,
     smallest_peak: Option<u64>,
+    recompute_only: bool,
 }
 
 impl Best {
@@ -494,12 +505,16 @@ impl Best {
     fn offer(&mut self, result: Result<Planned, PlanError>) {
         match result {
             Ok(planned) => {
-                let faster = self
-                    .planned
+                let slot = if self.recompute_only && planned.report.swapped_out_bytes > 0 {
+                    &mut self.last_resort
+                } else {
+                    &mut self.planned
+                };
+                let faster = slot
                     .as_ref()
                     .is_none_or(|b| planned.report.total_time < b.report.total_time);
                 if faster {
-                    self.planned = Some(planned);
+                    *slot = Some(planned);
                 }
             }
             Err(PlanError::OverBudget { best_peak, .. }) => {
@@ -513,13 +528,15 @@ impl Best {
     }
 
     fn into_result(self, problem: &Problem) -> Result<Planned, PlanError> {
-        self.planned.ok_or_else(|| PlanError::OverBudget {
-            strategy: NAME.into(),
-            budget: problem.budget_bytes,
-            best_peak: self
-                .smallest_peak
-                .unwrap_or_else(|| problem.graph.store_all_peak()),
-        })
+        self.planned
+            .or(self.last_resort)
+            .ok_or_else(|| PlanError::OverBudget {
+                strategy: NAME.into(),
+                budget: problem.budget_bytes,
+                best_peak: self
+                    .smallest_peak
+                    .unwrap_or_else(|| problem.graph.store_all_peak()),
+            })
     }
 }
 
@@ -708,5 +725,88 @@ fn map_decision(decision: &Decision, order: &[NodeId]) -> Decision {
             drop_after: order[*drop_after],
             use_at: order[*use_at],
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::RECOMPUTE_ONLY_BANDWIDTH;
+    use crate::strategy::baselines;
+
+    /// A swap plan and a recompute-only plan of one training chain at 0.6 of its peak, over
+    /// `bandwidth`.
+    fn swap_and_recompute(graph: &Graph, bandwidth: f64) -> (Problem<'_>, Planned, Planned) {
+        let problem = Problem {
+            graph,
+            budget_bytes: graph.store_all_peak() * 6 / 10,
+            bandwidth,
+        };
+        let given: Vec<NodeId> = (0..graph.len()).collect();
+        let swaps = offload::plan_swaps(&problem, &given, NAME).expect("swaps fit");
+        assert!(swaps.report.swapped_out_bytes > 0);
+        let recomputes = baselines::SqrtN.plan(&problem).expect("sqrt fits");
+        assert_eq!(recomputes.report.swapped_out_bytes, 0);
+        (problem, swaps, recomputes)
+    }
+
+    #[test]
+    fn recompute_only_a_swap_plan_is_a_last_resort() {
+        let graph = baselines::tests::training_chain(12);
+        let (problem, swaps, recomputes) = swap_and_recompute(&graph, RECOMPUTE_ONLY_BANDWIDTH);
+        assert!(problem.recompute_only());
+        let mut best = Best {
+            planned: None,
+            last_resort: None,
+            smallest_peak: None,
+            recompute_only: true,
+        };
+        best.offer(Ok(swaps.clone()));
+        // The phases that run while nothing fits still see nothing.
+        assert!(best.planned.is_none() && best.overhead().is_none());
+        let alone = Best {
+            planned: None,
+            last_resort: Some(swaps.clone()),
+            smallest_peak: None,
+            recompute_only: true,
+        };
+        let returned = alone.into_result(&problem).expect("the last resort");
+        assert!(returned.report.swapped_out_bytes > 0);
+        best.offer(Ok(recomputes));
+        let returned = best.into_result(&problem).expect("a plan");
+        assert_eq!(returned.report.swapped_out_bytes, 0);
+    }
+
+    #[test]
+    fn with_swaps_allowed_the_faster_plan_wins_whatever_it_does() {
+        let graph = baselines::tests::training_chain(12);
+        let (problem, swaps, recomputes) = swap_and_recompute(&graph, 1e15);
+        assert!(!problem.recompute_only());
+        let faster_swaps = swaps.report.total_time < recomputes.report.total_time;
+        let mut best = Best {
+            planned: None,
+            last_resort: None,
+            smallest_peak: None,
+            recompute_only: false,
+        };
+        best.offer(Ok(swaps));
+        assert!(best.planned.is_some());
+        best.offer(Ok(recomputes));
+        let returned = best.into_result(&problem).expect("a plan");
+        assert_eq!(returned.report.swapped_out_bytes > 0, faster_swaps);
+    }
+
+    #[test]
+    fn a_recompute_only_solve_plans_without_swaps_where_swaps_would_fit_first() {
+        let graph = baselines::tests::training_chain(40);
+        let problem = Problem {
+            graph: &graph,
+            budget_bytes: graph.store_all_peak() / 2,
+            bandwidth: RECOMPUTE_ONLY_BANDWIDTH,
+        };
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let planned = solve(&problem, deadline, None, |_, _| {}).expect("a plan");
+        assert_eq!(planned.report.swapped_out_bytes, 0);
+        assert!(planned.report.peak_bytes <= problem.budget_bytes);
     }
 }
