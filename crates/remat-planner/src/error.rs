@@ -72,6 +72,15 @@ pub enum SimError {
         "step {step}: computing `{node}` a second time, but it is pinned (computed exactly once: kept or swapped, never recomputed)"
     )]
     PinnedRecomputed { step: usize, node: String },
+    #[error(
+        "step {step}: computing `{node}` reads the pinned `{tensor}` before its earlier reader `{earlier}` has run (a pinned tensor's readers run in node order: each may write it in place)"
+    )]
+    PinnedReadOutOfOrder {
+        step: usize,
+        node: String,
+        tensor: String,
+        earlier: String,
+    },
     #[error("node `{node}` is never computed by the schedule")]
     NeverComputed { node: String },
     #[error("plan is for a graph of {plan_nodes} nodes, this graph has {graph_nodes}")]

@@ -44,6 +44,7 @@ use serde::Serialize;
 
 use crate::ir::{Graph, NodeId};
 use crate::plan::Step;
+use crate::solve::order::Precedence;
 
 /// Graphs of at most this many nodes get the exact least peak ([`least_recompute_peak`]).
 pub const EXACT_NODES: usize = 12;
@@ -146,11 +147,17 @@ fn pinned_across_in_order(graph: &Graph) -> Vec<u64> {
 
 /// Free order: pinned `p` is on the device at `v`'s first computation when `p` is a strict
 /// ancestor of `v` and a reader of `p` a strict descendant of `v`, unless `p` is an input of
-/// `v`. Pinned tensors are taken 64 at a time as bits: `ancestors[v]` (in node order, as
-/// inputs come first) and `reaches[v]`, the pinned tensors with a reader strictly below `v`
-/// (in reverse node order).
+/// `v`. Ancestors and descendants are those of every schedule's precedence
+/// ([`Precedence`]): the data edges and the chain of each pinned tensor's readers, which
+/// run in node order (each may write it in place; the simulator refuses another order). A
+/// gradient buffer's last reader, the step's end, thus comes after every backward
+/// operation below its writer, and the buffer is held across them as in node order.
+/// Pinned tensors are taken 64 at a time as bits: `ancestors[v]` (in node order, which the
+/// precedence respects) and `reaches[v]`, the pinned tensors with a reader strictly below
+/// `v` (in reverse node order).
 fn pinned_across_in_dag(graph: &Graph) -> Vec<u64> {
     let n = graph.len();
+    let prec = Precedence::of(graph);
     let pinned: Vec<NodeId> = graph.pinned().collect();
     let mut extra = vec![0u64; n];
     let mut bit = vec![None; n];
@@ -163,14 +170,12 @@ fn pinned_across_in_dag(graph: &Graph) -> Vec<u64> {
         }
         let own = |id: NodeId| bit[id].unwrap_or(0);
         for v in 0..n {
-            ancestors[v] = graph
-                .node(v)
-                .inputs
+            ancestors[v] = prec.preds[v]
                 .iter()
                 .fold(0, |acc, &i| acc | ancestors[i] | own(i));
         }
         for v in (0..n).rev() {
-            reaches[v] = graph.users(v).iter().fold(0, |acc, &u| {
+            reaches[v] = prec.succs[v].iter().fold(0, |acc, &u| {
                 let read_by_u = graph.node(u).inputs.iter().fold(0, |m, &i| m | own(i));
                 acc | reaches[u] | read_by_u
             });
@@ -211,7 +216,14 @@ pub fn least_recompute_schedule(graph: &Graph, state_limit: usize) -> Option<(u6
             .map(|i| graph.node(i).output_bytes)
             .fold(0, u64::saturating_add)
     };
-    let fixed = graph.order_is_fixed();
+    // A first computation also waits for its precedence (the earlier readers of a pinned
+    // input, and in a fixed order every earlier node): see [`Precedence`].
+    let prec = Precedence::of(graph);
+    let first_after: Vec<u64> = prec
+        .preds
+        .iter()
+        .map(|preds| preds.iter().fold(0, |m, &p| m | 1 << p))
+        .collect();
     let start: State = (0, 0);
     let mut best: Reached = HashMap::new();
     let mut queue = BinaryHeap::new();
@@ -239,7 +251,7 @@ pub fn least_recompute_schedule(graph: &Graph, state_limit: usize) -> Option<(u6
             let first = computed & bit == 0;
             let blocked = needs & !resident != 0
                 || (!first && graph.is_pinned(v))
-                || (first && fixed && computed != bit - 1);
+                || (first && first_after[v] & !computed != 0);
             if !blocked {
                 let reached = peak.max(live.saturating_add(graph.node(v).output_bytes));
                 let to = (computed | bit, resident | bit);

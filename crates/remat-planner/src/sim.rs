@@ -271,6 +271,30 @@ impl<'g> Machine<'g> {
         self.graph.node(id).name.clone()
     }
 
+    /// A pinned tensor's readers run for the first time in node order: a reader may write
+    /// it in place (a gradient buffer's accumulations, the step's end reading the sum), so
+    /// another order would read it before an earlier write, or sum in another order.
+    fn check_pinned_reader_order(&self, step: usize, node: NodeId) -> Result<(), SimError> {
+        for &input in &self.graph.node(node).inputs {
+            if !self.graph.is_pinned(input) {
+                continue;
+            }
+            let readers = self.graph.users(input);
+            let at = readers.partition_point(|&r| r < node);
+            if let Some(&earlier) = at.checked_sub(1).and_then(|k| readers.get(k))
+                && self.tensors[earlier].computed == 0
+            {
+                return Err(SimError::PinnedReadOutOfOrder {
+                    step,
+                    node: self.name(node),
+                    tensor: self.name(input),
+                    earlier: self.name(earlier),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn compute(&mut self, step: usize, node: NodeId) -> Result<(), SimError> {
         let spec = self.graph.node(node);
         let mut start = self.now;
@@ -290,6 +314,9 @@ impl<'g> Machine<'g> {
                 step,
                 node: self.name(node),
             });
+        }
+        if self.tensors[node].computed == 0 {
+            self.check_pinned_reader_order(step, node)?;
         }
         if self.graph.is_pinned(node) && self.tensors[node].computed > 0 {
             return Err(SimError::PinnedRecomputed {
