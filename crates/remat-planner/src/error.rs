@@ -77,9 +77,10 @@ pub enum SimError {
     )]
     PinnedReadOutOfOrder {
         step: usize,
-        node: String,
-        tensor: String,
-        earlier: String,
+        // Boxed names keep `SimError`, which larger errors carry, at its size.
+        node: Box<str>,
+        tensor: Box<str>,
+        earlier: Box<str>,
     },
     #[error("node `{node}` is never computed by the schedule")]
     NeverComputed { node: String },

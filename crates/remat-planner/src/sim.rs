@@ -286,9 +286,9 @@ impl<'g> Machine<'g> {
             {
                 return Err(SimError::PinnedReadOutOfOrder {
                     step,
-                    node: self.name(node),
-                    tensor: self.name(input),
-                    earlier: self.name(earlier),
+                    node: self.name(node).into(),
+                    tensor: self.name(input).into(),
+                    earlier: self.name(earlier).into(),
                 });
             }
         }
