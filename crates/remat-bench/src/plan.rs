@@ -82,9 +82,11 @@ pub struct Args {
     /// Only the near-the-floor section.
     #[arg(long, conflicts_with_all = ["scale_only", "scale_worker", "multi"])]
     pub near_floor: bool,
-    /// Seconds each solve of the near-the-floor section may take.
-    #[arg(long, default_value_t = 1.0)]
-    pub near_floor_time_limit: f64,
+    /// Seconds each solve of the near-the-floor section may take (default: the planner's
+    /// own for the graph, as `remat plan` gives it: 1 s up to 1,000 nodes, 1 ms per node
+    /// above).
+    #[arg(long)]
+    pub near_floor_time_limit: Option<f64>,
     /// Skip the near-the-floor section.
     #[arg(long, conflicts_with = "near_floor")]
     pub no_near_floor: bool,

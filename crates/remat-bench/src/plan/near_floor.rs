@@ -10,14 +10,16 @@
 //! in the eager order above the eager floor where that is higher) and with swaps at the
 //! bench's bandwidth (above today's floor, [`Graph::memory_floor`], or the eager floor,
 //! [`remat_planner::eager::floor`]). Each row: the plan's overhead, the lower bound the
-//! request proved, the gap between them in points, and the solve time. Every solve gets
-//! the same time limit (`--near-floor-time-limit`), so the section takes about 72 of them
-//! (fewer where a plan without overhead ends a search early).
+//! request proved, the gap between them in points, and the solve time. Each solve gets the
+//! time `remat plan` would give it ([`default_time_limit`]: 1 s on the 8-layer graphs and
+//! Moccasin's, 3.96 s on the 32-layer ones, about 140 s in all), or
+//! `--near-floor-time-limit` seconds each.
 
 use std::time::{Duration, Instant};
 
 use remat_planner::floor::recompute_floor;
 use remat_planner::request::{self, Outcome, RequestError};
+use remat_planner::solve::default_time_limit;
 use remat_planner::synth::{LayeredParams, TransformerParams, random_layered, transformer};
 use remat_planner::{Graph, Problem, eager};
 use remat_report::{Layout, print_table};
@@ -34,24 +36,31 @@ pub struct NearFloorBench {
     /// Nodes of Moccasin's random layered graphs (seed 1), planned in free order.
     pub layered: Vec<usize>,
     pub bandwidth: f64,
-    pub time_limit: Duration,
+    /// Per solve; `None`: the planner's default for the graph.
+    pub time_limit: Option<Duration>,
 }
 
 impl NearFloorBench {
     /// The section's settings: 8 and 32 layers, Moccasin's n = 250, 500 and 1,000,
-    /// `time_limit_s` seconds per solve (checked).
-    pub fn new(time_limit_s: f64, bandwidth: f64) -> Result<NearFloorBench> {
-        if !(time_limit_s.is_finite() && time_limit_s > 0.0 && time_limit_s <= 1e6) {
-            bail!(
-                "--near-floor-time-limit {time_limit_s}: give a number of seconds above 0 (at most 1e6)"
-            );
+    /// `time_limit_s` seconds per solve (checked), or the planner's default per graph.
+    pub fn new(time_limit_s: Option<f64>, bandwidth: f64) -> Result<NearFloorBench> {
+        if let Some(s) = time_limit_s
+            && !(s.is_finite() && s > 0.0 && s <= 1e6)
+        {
+            bail!("--near-floor-time-limit {s}: give a number of seconds above 0 (at most 1e6)");
         }
         Ok(NearFloorBench {
             layers: vec![8, 32],
             layered: vec![250, 500, 1000],
             bandwidth,
-            time_limit: Duration::from_secs_f64(time_limit_s),
+            time_limit: time_limit_s.map(Duration::from_secs_f64),
         })
+    }
+
+    /// The time limit of one solve on `graph`.
+    fn limit_for(&self, graph: &Graph) -> Duration {
+        self.time_limit
+            .unwrap_or_else(|| default_time_limit(graph.len()))
     }
 }
 
@@ -89,10 +98,13 @@ fn floors(graph: &Graph) -> (u64, u64, bool) {
 
 pub fn run(bench: &NearFloorBench) -> Result<()> {
     println!(
-        "\nnear the floor: transformer joint graphs (free, node and eager order) and Moccasin's random layered graphs at the floor + {}; recompute-only above the recompute floor, swaps at {:.0} GB/s above today's floor (the eager order: above the eager floor where higher); {:.1} s per solve",
+        "\nnear the floor: transformer joint graphs (free, node and eager order) and Moccasin's random layered graphs at the floor + {}; recompute-only above the recompute floor, swaps at {:.0} GB/s above today's floor (the eager order: above the eager floor where higher); {} per solve",
         MARGINS.map(|m| format!("{:.0}%", 100.0 * m)).join(", "),
         bench.bandwidth / 1e9,
-        bench.time_limit.as_secs_f64()
+        bench.time_limit.map_or_else(
+            || "the planner's default time limit".to_string(),
+            |t| format!("{:.1} s", t.as_secs_f64())
+        )
     );
     let started = Instant::now();
     let mut floor_rows = Vec::new();
@@ -176,9 +188,9 @@ fn row(
     };
     let started = Instant::now();
     let Outcome { result, bound, .. } = if recompute_only {
-        request::plan_recompute_only(&problem, None, Some(bench.time_limit), |_| {})
+        request::plan_recompute_only(&problem, None, Some(bench.limit_for(graph)), |_| {})
     } else {
-        request::plan(&problem, None, Some(bench.time_limit), |_| {})
+        request::plan(&problem, None, Some(bench.limit_for(graph)), |_| {})
     };
     let seconds = started.elapsed().as_secs_f64();
     let (floor_name, plans) = match (recompute_only, graph.order_is_eager()) {
