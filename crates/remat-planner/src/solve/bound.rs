@@ -125,11 +125,18 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     // Each `theta`'s best single point, kept: the rebuild chains start from them too.
     let mut singles: Vec<(f64, Vec<f64>)> = Vec::new();
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
-    for theta in THETAS {
+    // Largest theta first (near the floor without swaps it gives the most), one at least,
+    // then none past the deadline: on 5,000 nodes each takes ~0.15 s, and all eight ran
+    // 1.3 s past a 0.5 s share.
+    for theta in THETAS.into_iter().rev() {
+        if !singles.is_empty() && Instant::now() >= deadline {
+            break;
+        }
         let weights = cover.weights(graph, theta, units_per_byte);
         let (value, y) = cover.best_single_point(&weights);
         let value = value - (1.0 - theta) * base;
-        if best.as_ref().is_none_or(|b| value > b.0) {
+        // Ties go to the smaller theta, as when they were taken in ascending order.
+        if best.as_ref().is_none_or(|b| value >= b.0) {
             best = Some((value, theta, y.clone()));
         }
         singles.push((theta, y));
@@ -146,8 +153,6 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     // link's windows ([`window`]) in what is left; each tries one start at least.
     let now = Instant::now();
     let left = deadline.saturating_duration_since(now);
-    // Largest theta first: near the floor without swaps it gives the most.
-    singles.reverse();
     let until = now + left.mul_f64(0.25);
     value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &singles, true, until));
     let weights = cover.weights(graph, theta, units_per_byte);
