@@ -77,20 +77,33 @@ pub enum RequestError {
     /// A recompute-only request whose fastest plan found still swaps: no plan without swaps
     /// was found under the budget (the recompute floor is below it, so one may exist).
     #[error(
-        "budget {} has no recompute-only plan found: the fastest plan ({strategy}) swaps {} (the recompute floor is {})",
+        "budget {} has no recompute-only plan found: the fastest plan ({strategy}) swaps {} (the recompute floor is {}{})",
         human_bytes(*budget),
         human_bytes(*swapped),
-        human_bytes(*floor)
+        human_bytes(*floor),
+        least_peak_note(*least_peak)
     )]
     SwapsNeeded {
         budget: u64,
         floor: u64,
         swapped: u64,
         strategy: String,
+        /// The least peak the recompute-only attempts reached, when one was measured.
+        least_peak: Option<u64>,
     },
     /// Any other planner error, as the planner words it.
     #[error(transparent)]
     Plan(PlanError),
+}
+
+/// The clause of [`RequestError::SwapsNeeded`] naming the least recompute-only peak.
+fn least_peak_note(least_peak: Option<u64>) -> String {
+    least_peak.map_or_else(String::new, |peak| {
+        format!(
+            "; without swaps the least peak reached is {}",
+            human_bytes(peak)
+        )
+    })
 }
 
 impl From<PlanError> for RequestError {
@@ -177,6 +190,9 @@ pub struct Outcome {
     /// A lower bound on the overhead of every schedule at this budget (none when the
     /// budget is refused before planning).
     pub bound: Option<Bound>,
+    /// The least peak of the plans that did not fit (none when every attempt fitted or
+    /// none ran): what the errors name when nothing fits.
+    pub least_peak: Option<u64>,
 }
 
 /// Plans `problem` with the strategy named `strategy` (parameterized names such as
@@ -198,6 +214,7 @@ pub fn plan(
             skipped: Vec::new(),
             failed: Vec::new(),
             bound: None,
+            least_peak: None,
         };
     }
     match strategy {
@@ -208,12 +225,14 @@ pub fn plan(
                 skipped,
                 failed,
                 bound,
+                smallest_peak,
             } = search(&registry(), problem, limit, progress);
             Outcome {
                 result: result.map_err(RequestError::from),
                 skipped,
                 failed,
                 bound,
+                least_peak: smallest_peak,
             }
         }
     }
@@ -237,6 +256,7 @@ pub fn plan_recompute_only(
             skipped: Vec::new(),
             failed: Vec::new(),
             bound: None,
+            least_peak: None,
         };
     }
     let recompute_only = Problem {
@@ -252,6 +272,7 @@ pub fn plan_recompute_only(
                 floor: crate::floor::recompute_floor(problem.graph).bytes,
                 swapped,
                 strategy: planned.plan.strategy.clone(),
+                least_peak: outcome.least_peak,
             });
         }
     }
@@ -278,11 +299,16 @@ fn plan_named(problem: &Problem, name: &str, limit: Duration) -> Outcome {
             Some(planned.report.overhead()),
         )
     });
+    let least_peak = match &result {
+        Err(PlanError::OverBudget { best_peak, .. }) => Some(*best_peak),
+        _ => None,
+    };
     Outcome {
         result: result.map_err(RequestError::from),
         skipped: Vec::new(),
         failed: Vec::new(),
         bound,
+        least_peak,
     }
 }
 
@@ -444,6 +470,54 @@ mod tests {
             budget_bytes,
             bandwidth: 1e9,
         }
+    }
+
+    #[test]
+    fn a_request_that_fits_nothing_says_the_least_peak_reached() {
+        // a -> b -> c, d reads a and c: store-all holds a, b and c at c (300 bytes); the
+        // floor is 201 (d with a and c), so 250 is planned, and store-all cannot fit it.
+        let node = |name: &str, bytes, inputs: Vec<usize>| Node {
+            name: name.into(),
+            phase: Phase::Forward,
+            compute_time: 1.0,
+            output_bytes: bytes,
+            inputs,
+        };
+        let nodes = vec![
+            node("a", 100, vec![]),
+            node("b", 100, vec![0]),
+            node("c", 100, vec![1]),
+            node("d", 1, vec![0, 2]),
+        ];
+        let g = Graph::new("skip", nodes, 0, 1.0).unwrap();
+        assert_eq!((g.memory_floor(), g.store_all_peak()), (201, 300));
+        let outcome = plan(&problem(&g, 250), Some("store-all"), None, |_| {});
+        assert!(outcome.result.is_err());
+        assert_eq!(outcome.least_peak, Some(300));
+        let fits = plan(&problem(&g, 300), Some("store-all"), None, |_| {});
+        assert!(fits.result.is_ok());
+        assert_eq!(fits.least_peak, None);
+    }
+
+    #[test]
+    fn swaps_needed_names_the_least_peak_without_swaps_when_known() {
+        let error = |least_peak| RequestError::SwapsNeeded {
+            budget: 1 << 20,
+            floor: 1 << 19,
+            swapped: 1 << 18,
+            strategy: "mutwo".into(),
+            least_peak,
+        };
+        let with = error(Some(3 << 19)).to_string();
+        assert!(
+            with.ends_with("(the recompute floor is 512.00 KiB; without swaps the least peak reached is 1.50 MiB)"),
+            "{with}"
+        );
+        let without = error(None).to_string();
+        assert!(
+            without.ends_with("(the recompute floor is 512.00 KiB)"),
+            "{without}"
+        );
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub(crate) struct BestPlan {
     /// A lower bound on the time overhead of every schedule at this budget (none when the
     /// budget is refused outright).
     pub bound: Option<Bound>,
+    /// The least peak of the plans that did not fit, when any did not.
+    pub smallest_peak: Option<u64>,
 }
 
 /// Seconds `strategy` is expected to take on a graph of `nodes` nodes, given the seconds
@@ -122,6 +124,7 @@ pub(crate) fn search(
             skipped: found.skipped,
             failed: found.failed,
             bound: None,
+            smallest_peak: None,
         };
     }
     let planning = started + limit.mul_f64(PLANNING_SHARE);
@@ -186,6 +189,7 @@ pub(crate) fn search(
     });
     let bound_deadline = (started + limit).max(Instant::now() + Duration::from_millis(20));
     let bound = cover_bound(problem, bound_deadline, found.overhead());
+    let smallest_peak = found.smallest.as_ref().map(|(peak, _)| *peak);
     BestPlan {
         result: found
             .best
@@ -193,6 +197,7 @@ pub(crate) fn search(
         skipped: found.skipped,
         failed: found.failed,
         bound: Some(bound),
+        smallest_peak,
     }
 }
 

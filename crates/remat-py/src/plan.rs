@@ -140,8 +140,11 @@ fn request_error(py: Python<'_>, graph: &Graph, error: RequestError) -> PyErr {
         | RequestError::BelowEagerFloor { budget, .. } => budget_error(*budget, None, None),
         RequestError::Order { .. } => plain(py, "ArgumentError", error.to_string()),
         RequestError::SwapsNeeded {
-            budget, strategy, ..
-        } => budget_error(*budget, None, Some(strategy)),
+            budget,
+            strategy,
+            least_peak,
+            ..
+        } => budget_error(*budget, *least_peak, Some(strategy)),
         RequestError::Infeasible {
             budget,
             best_peak,

@@ -219,9 +219,19 @@ fn row(
             na(),
             na(),
         ),
-        (Err(RequestError::SwapsNeeded { .. }), _) => {
-            ("none found without swaps".to_string(), na(), na())
-        }
+        (Err(RequestError::SwapsNeeded { least_peak, .. }), _) => (
+            least_peak.map_or_else(
+                || "none found without swaps".to_string(),
+                |peak| {
+                    format!(
+                        "none found without swaps (least peak {})",
+                        human_bytes(peak)
+                    )
+                },
+            ),
+            na(),
+            na(),
+        ),
         (Err(RequestError::BelowEagerFloor { floor, .. }), _) => (
             format!("under the eager floor {}", human_bytes(*floor)),
             na(),

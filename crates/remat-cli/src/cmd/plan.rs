@@ -300,11 +300,13 @@ fn plan_with_progress(
         );
         bar.set_message(format!("{}; {best}", p.stage));
     };
+    // The least peak is already in the error's words when nothing fits.
     let Outcome {
         result,
         skipped,
         failed,
         bound,
+        least_peak: _,
     } = if recompute_only {
         request::plan_recompute_only(problem, strategy, Some(limit), progress)
     } else {

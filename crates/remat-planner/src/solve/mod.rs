@@ -94,7 +94,6 @@ pub fn solve(
     let graph = problem.graph;
     let mut best = Best {
         planned: None,
-        last_resort: None,
         smallest_peak: None,
         recompute_only: problem.recompute_only(),
     };
@@ -283,7 +282,7 @@ pub fn solve(
     // Swaps alone on the best order: on graphs in a fixed order (not tried before), and on
     // the annealed orders when nothing fits yet. Past the deadline, but short: three
     // passes of about 0.1 s each on 5,000 nodes at 0.1 of the peak.
-    if (graph.order_is_fixed() && !problem.recompute_only()) || best.planned.is_none() {
+    if !problem.recompute_only() && (graph.order_is_fixed() || best.planned.is_none()) {
         progress("swapping", best.overhead());
         best.offer(offload::plan_swaps(problem, &search.states[0].order, NAME));
     }
@@ -525,12 +524,11 @@ fn candidate_orders(
 
 /// The best plan so far and the smallest peak of the attempts that did not fit.
 struct Best {
-    /// The fastest plan found (without swaps when the problem rules them out).
+    /// The fastest plan found. When the problem rules swaps out, a plan that swaps is none:
+    /// the phases that run "while nothing fits" still run, and with nothing else the error
+    /// names the least peak recomputation reached (the search's other strategies give the
+    /// plan that swaps, which the request reports as needing swaps).
     planned: Option<Planned>,
-    /// Recompute-only: the fastest plan that swaps anyway. It is returned only when nothing
-    /// else fits (the request then reports the bytes it swaps), and does not count as a plan
-    /// while the solver shares its time: the phases that run "while nothing fits" run.
-    last_resort: Option<Planned>,
     smallest_peak: Option<u64>,
     recompute_only: bool,
 }
@@ -542,17 +540,14 @@ impl Best {
 
     fn offer(&mut self, result: Result<Planned, PlanError>) {
         match result {
+            Ok(planned) if self.recompute_only && planned.report.swapped_out_bytes > 0 => {}
             Ok(planned) => {
-                let slot = if self.recompute_only && planned.report.swapped_out_bytes > 0 {
-                    &mut self.last_resort
-                } else {
-                    &mut self.planned
-                };
-                let faster = slot
+                let faster = self
+                    .planned
                     .as_ref()
                     .is_none_or(|b| planned.report.total_time < b.report.total_time);
                 if faster {
-                    *slot = Some(planned);
+                    self.planned = Some(planned);
                 }
             }
             Err(PlanError::OverBudget { best_peak, .. }) => {
@@ -566,15 +561,13 @@ impl Best {
     }
 
     fn into_result(self, problem: &Problem) -> Result<Planned, PlanError> {
-        self.planned
-            .or(self.last_resort)
-            .ok_or_else(|| PlanError::OverBudget {
-                strategy: NAME.into(),
-                budget: problem.budget_bytes,
-                best_peak: self
-                    .smallest_peak
-                    .unwrap_or_else(|| problem.graph.store_all_peak()),
-            })
+        self.planned.ok_or_else(|| PlanError::OverBudget {
+            strategy: NAME.into(),
+            budget: problem.budget_bytes,
+            best_peak: self
+                .smallest_peak
+                .unwrap_or_else(|| problem.graph.store_all_peak()),
+        })
     }
 }
 
@@ -789,29 +782,37 @@ mod tests {
     }
 
     #[test]
-    fn recompute_only_a_swap_plan_is_a_last_resort() {
+    fn recompute_only_a_swap_plan_is_no_plan() {
         let graph = baselines::tests::training_chain(12);
         let (problem, swaps, recomputes) = swap_and_recompute(&graph, RECOMPUTE_ONLY_BANDWIDTH);
         assert!(problem.recompute_only());
-        let mut best = Best {
-            planned: None,
-            last_resort: None,
-            smallest_peak: None,
-            recompute_only: true,
+        let least = problem.budget_bytes + 7;
+        let best = |offers: Vec<Planned>| {
+            let mut best = Best {
+                planned: None,
+                smallest_peak: Some(least),
+                recompute_only: true,
+            };
+            for planned in offers {
+                best.offer(Ok(planned));
+            }
+            best
         };
-        best.offer(Ok(swaps.clone()));
-        // The phases that run while nothing fits still see nothing.
-        assert!(best.planned.is_none() && best.overhead().is_none());
-        let alone = Best {
-            planned: None,
-            last_resort: Some(swaps.clone()),
-            smallest_peak: None,
-            recompute_only: true,
-        };
-        let returned = alone.into_result(&problem).expect("the last resort");
-        assert!(returned.report.swapped_out_bytes > 0);
-        best.offer(Ok(recomputes));
-        let returned = best.into_result(&problem).expect("a plan");
+        // The phases that run while nothing fits still see nothing, and the error names
+        // the least peak recomputation reached.
+        let swapped = best(vec![swaps.clone()]);
+        assert!(swapped.planned.is_none() && swapped.overhead().is_none());
+        assert_eq!(
+            swapped.into_result(&problem).unwrap_err(),
+            PlanError::OverBudget {
+                strategy: NAME.into(),
+                budget: problem.budget_bytes,
+                best_peak: least,
+            }
+        );
+        let returned = best(vec![swaps, recomputes])
+            .into_result(&problem)
+            .expect("a plan");
         assert_eq!(returned.report.swapped_out_bytes, 0);
     }
 
@@ -823,7 +824,6 @@ mod tests {
         let faster_swaps = swaps.report.total_time < recomputes.report.total_time;
         let mut best = Best {
             planned: None,
-            last_resort: None,
             smallest_peak: None,
             recompute_only: false,
         };
