@@ -12,7 +12,7 @@
 //! [`remat_planner::eager::floor`]). Each row: the plan's overhead, the lower bound the
 //! request proved, the gap between them in points, and the solve time. Each solve gets the
 //! time `remat plan` would give it ([`default_time_limit`]: 1 s on the 8-layer graphs and
-//! Moccasin's, 3.96 s on the 32-layer ones, about 140 s in all), or
+//! Moccasin's, 3.96 s on the 32-layer ones, about 160 s in all), or
 //! `--near-floor-time-limit` seconds each.
 
 use std::time::{Duration, Instant};

@@ -201,9 +201,10 @@ pub fn solve(
             continue;
         }
         let grace = best.planned.is_none();
-        // The best candidate order and the given one share the time: on a graph whose own
-        // order is the good one (a transformer's step near the floor, where the passes are
-        // slow), the best candidate's passes would otherwise take all of it.
+        // The first order shares the time with the next (the given one, unless phase 0a
+        // planned it): on a graph whose own order is the good one (a transformer's step
+        // near the floor, where the passes are slow), the best candidate's passes would
+        // otherwise take all of it.
         let until = if k == 0 && shared {
             let now = Instant::now();
             now + deadline.saturating_duration_since(now) / 2
@@ -762,8 +763,10 @@ fn map_decision(decision: &Decision, order: &[NodeId]) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::floor::recompute_floor;
     use crate::problem::RECOMPUTE_ONLY_BANDWIDTH;
     use crate::strategy::baselines;
+    use crate::synth::transformer::{TransformerParams, transformer};
 
     /// A swap plan and a recompute-only plan of one training chain at 0.6 of its peak, over
     /// `bandwidth`.
@@ -847,14 +850,6 @@ mod tests {
         assert_eq!(planned.report.swapped_out_bytes, 0);
         assert!(planned.report.peak_bytes <= problem.budget_bytes);
     }
-}
-
-#[cfg(test)]
-mod step_order_tests {
-    use super::*;
-    use crate::floor::recompute_floor;
-    use crate::problem::RECOMPUTE_ONLY_BANDWIDTH;
-    use crate::synth::transformer::{TransformerParams, transformer};
 
     /// Near the floor, a training step in free order plans about as well as the eviction in
     /// its own order does (phase 0a): the memory-aware orders alone came out near 3x slower
