@@ -512,11 +512,30 @@ pub(crate) fn refine(
     graph: &Graph,
     budget: u64,
     weights: Weights,
+    found: (Vec<Step>, f64),
+    deadline: Option<std::time::Instant>,
+) -> Vec<Step> {
+    refine_from(
+        graph,
+        budget,
+        weights,
+        vec![false; graph.len()],
+        found,
+        deadline,
+    )
+}
+
+/// [`refine`] of a schedule that a pass protecting `protected` gave: the tensors it
+/// protects stay protected.
+pub(crate) fn refine_from(
+    graph: &Graph,
+    budget: u64,
+    weights: Weights,
+    mut protected: Vec<bool>,
     (mut steps, mut time): (Vec<Step>, f64),
     deadline: Option<std::time::Instant>,
 ) -> Vec<Step> {
     let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
-    let mut protected = vec![false; graph.len()];
     for _ in 0..REFINE_ROUNDS {
         let mut improved = false;
         for candidate in costliest_recomputed(graph, &steps, REFINE_CANDIDATES) {
