@@ -563,7 +563,8 @@ pub(crate) fn refine_from(
     steps
 }
 
-/// The `limit` tensors whose recomputations cost the most in `steps`.
+/// Up to `limit` tensors whose recomputations cost the most in `steps`, in all and per
+/// byte held.
 fn costliest_recomputed(graph: &Graph, steps: &[Step], limit: usize) -> Vec<NodeId> {
     let mut computed = vec![0u32; graph.len()];
     for step in steps {
@@ -571,12 +572,28 @@ fn costliest_recomputed(graph: &Graph, steps: &[Step], limit: usize) -> Vec<Node
             computed[node] += 1;
         }
     }
-    let mut recomputed: Vec<(f64, NodeId)> = (0..graph.len())
+    let recomputed: Vec<(f64, NodeId)> = (0..graph.len())
         .filter(|&v| computed[v] > 1)
         .map(|v| (f64::from(computed[v] - 1) * graph.node(v).compute_time, v))
         .collect();
-    recomputed.sort_by(|a, b| b.0.total_cmp(&a.0));
-    recomputed.into_iter().take(limit).map(|(_, v)| v).collect()
+    let mut by_time = recomputed.clone();
+    by_time.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let per_byte = |&(time, v): &(f64, NodeId)| time / graph.node(v).output_bytes.max(1) as f64;
+    let mut by_time_per_byte = recomputed;
+    by_time_per_byte.sort_by(|a, b| per_byte(b).total_cmp(&per_byte(a)));
+    // In turn from both rankings: the costliest recomputations are often tensors too big
+    // to keep (near the floor, a layer's 128 MiB attention scores), while the costliest
+    // per byte are the ones that may fit (8 layers, eager order, recompute floor + 10%:
+    // 35.3% against 36.0% with the first ranking alone).
+    let mut out: Vec<NodeId> = Vec::with_capacity(limit);
+    for (a, b) in by_time.iter().zip(&by_time_per_byte) {
+        for &(_, v) in [a, b] {
+            if out.len() < limit && !out.contains(&v) {
+                out.push(v);
+            }
+        }
+    }
+    out
 }
 
 /// A schedule found while searching for the least reachable peak.

@@ -26,7 +26,7 @@ use crate::ir::{Graph, NodeId};
 use crate::plan::Step;
 use crate::problem::{Planned, Problem, plan_from_steps};
 
-use super::{NAME, in_order, map_step};
+use super::{NAME, cuts, in_order, map_step};
 
 /// How much search: at most `passes` greedy passes, none begun after `deadline`. Without
 /// a deadline the temperature falls once over the passes (tests fix the work this way);
@@ -106,20 +106,32 @@ fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) 
         *passes += 1;
         evict::evict_pass_biased(graph, budget, weights, &none, bias, work.deadline)
     };
-    // Start from the best plain weighting.
+    // Start from the best plain weighting, or the best set of checkpoint cuts kept (a
+    // near-protection on each, see [`crate::solve::cuts`]) under the first weighting.
     let ones = vec![1.0; n];
-    let mut current: Option<(Weights, Score, Pass)> = None;
-    for &w in &weightings {
+    let with_cuts = cuts::protected_sets(graph).into_iter().map(|set| {
+        let bias: Vec<f64> = set
+            .iter()
+            .map(|&kept| if kept { PROTECTED } else { 1.0 })
+            .collect();
+        (weightings[0], bias)
+    });
+    let starts = weightings
+        .iter()
+        .map(|&w| (w, ones.clone()))
+        .chain(with_cuts);
+    let mut current: Option<(Weights, Score, Pass, Vec<f64>)> = None;
+    for (w, start) in starts {
         if passes >= work.passes || (passes > 0 && out_of_time()) {
             break;
         }
-        let pass = run(&ones, w, &mut passes);
+        let pass = run(&start, w, &mut passes);
         let score = Score::of(&pass, graph, budget);
         if current.as_ref().is_none_or(|c| score.better_than(&c.1)) {
-            current = Some((w, score, pass));
+            current = Some((w, score, pass, start));
         }
     }
-    let Some((mut weights, mut score, pass)) = current else {
+    let Some((mut weights, mut score, pass, mut bias)) = current else {
         return (
             None,
             Score {
@@ -129,7 +141,6 @@ fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) 
             },
         );
     };
-    let mut bias = ones;
     let mut best_score = score;
     let mut best_steps = fitting_steps(&pass);
     let mut focus = recomputed(n, &pass);
@@ -190,6 +201,9 @@ const NOMINAL_PASSES: usize = 20_000;
 /// Temperature cycles without a better schedule after which a deadline-bound search stops.
 const STALE_CYCLES: usize = 1;
 
+/// The multiplier that all but protects a tensor (the largest a move sets).
+const PROTECTED: f64 = 1e6;
+
 /// Start temperature, as a fraction of the schedule's time that a worse move may add and
 /// still be taken with probability 1/e.
 const START_TEMPERATURE: f64 = 0.002;
@@ -243,10 +257,10 @@ fn mutate(
     };
     // A log-uniform factor in [1/64, 64], or a near-protection.
     bias[t] = if rng.unit() < 0.15 {
-        1e6
+        PROTECTED
     } else {
         let exponent = (rng.unit() * 2.0 - 1.0) * 6.0 * std::f64::consts::LN_2;
-        (bias[t] * exponent.exp()).clamp(1e-6, 1e6)
+        (bias[t] * exponent.exp()).clamp(1.0 / PROTECTED, PROTECTED)
     };
 }
 
