@@ -656,20 +656,39 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
     let unit = graph.with_unit_costs();
     let unprotected = vec![false; graph.len()];
     let protected_sets = cuts::protected_sets(graph);
-    let mut best: Option<(evict::Weights, Vec<Step>, f64, &[bool])> = None;
+    let mut best: Option<Fitted> = None;
     let mut smallest_need = u64::MAX;
     let mut passes = 0;
-    let plain = evict::weightings()
-        .flat_map(|w| [(w, graph, &unprotected[..]), (w, &unit, &unprotected[..])]);
+    let plain = evict::weightings().flat_map(|w| {
+        [
+            (w, graph, &unprotected[..], false),
+            (w, &unit, &unprotected[..], false),
+        ]
+    });
     // The protected sets under the weightings that differ in their exponents (best fit
     // changes little once the cuts are kept): every set under the first weighting, then
     // every set under the next, so that a deadline leaves every spacing tried.
-    let with_cuts = evict::weightings()
-        .filter(|w| w.best_fit)
-        .flat_map(|w| protected_sets.iter().map(move |set| (w, graph, &set[..])));
+    let with_cuts = evict::weightings().filter(|w| w.best_fit).flat_map(|w| {
+        protected_sets
+            .iter()
+            .map(move |set| (w, graph, &set[..], false))
+    });
+    // Over a link, the same passes swapping what is dearer to rebuild than to copy back
+    // (and what cannot be rebuilt): the plain ones, then each set of cuts.
+    let swapping = (!problem.recompute_only() && !graph.order_is_eager()).then(|| {
+        let cut_sets = evict::weightings().filter(|w| w.best_fit).flat_map(|w| {
+            protected_sets
+                .iter()
+                .map(move |set| (w, graph, &set[..], true))
+        });
+        evict::weightings()
+            .map(|w| (w, graph, &unprotected[..], true))
+            .chain(cut_sets)
+    });
     // Taken in turn, so that a deadline that cuts the passes short leaves some of each
     // (32 layers, free order: the plain passes alone took phase 0a's 1.2 s).
-    for (weights, on, protected) in alternate(plain, with_cuts) {
+    let passes_in_turn = alternate(alternate(plain, with_cuts), swapping.into_iter().flatten());
+    for (weights, on, protected, swaps) in passes_in_turn {
         // At least one pass, then none past the deadline: on graphs where the passes
         // thrash (each a long chain of rebuilds) one pass can take a second.
         if passes > 0 && Instant::now() >= deadline {
@@ -682,33 +701,82 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
         } else {
             deadline
         };
-        match evict::evict_pass_until(on, problem.budget_bytes, weights, protected, Some(stop)) {
+        let budget = problem.budget_bytes;
+        let pass = if swaps {
+            evict::evict_pass_with_swaps(
+                on,
+                budget,
+                weights,
+                protected,
+                problem.bandwidth,
+                Some(stop),
+            )
+        } else {
+            evict::evict_pass_until(on, budget, weights, protected, Some(stop))
+        };
+        match pass {
             evict::Pass::Fits { steps, .. } => {
-                let time = evict::compute_time(graph, &steps);
-                if best.as_ref().is_none_or(|b| time < b.2) {
-                    best = Some((weights, steps, time, protected));
+                // A swap's copies may stall: such passes are timed by the simulator.
+                let time = if swaps {
+                    match crate::sim::simulate_steps(graph, &steps, problem.bandwidth) {
+                        Ok(report) if report.peak_bytes <= budget => report.total_time,
+                        _ => continue,
+                    }
+                } else {
+                    evict::compute_time(graph, &steps)
+                };
+                if best.as_ref().is_none_or(|b| time < b.time) {
+                    best = Some(Fitted {
+                        weights,
+                        steps,
+                        time,
+                        protected,
+                        swaps,
+                    });
                 }
             }
             evict::Pass::Stuck { needed, .. } => smallest_need = smallest_need.min(needed),
         }
     }
-    let Some((weights, steps, time, protected)) = best else {
+    let Some(Fitted {
+        weights,
+        steps,
+        time,
+        protected,
+        swaps,
+    }) = best
+    else {
         return Err(PlanError::OverBudget {
             strategy: NAME.into(),
             budget: problem.budget_bytes,
             best_peak: smallest_need,
         });
     };
-    let steps = evict::refine_from(
-        graph,
-        problem.budget_bytes,
-        weights,
-        protected.to_vec(),
-        (steps, time),
-        Some(deadline),
-    );
+    let steps = if swaps {
+        steps
+    } else {
+        evict::refine_from(
+            graph,
+            problem.budget_bytes,
+            weights,
+            protected.to_vec(),
+            (steps, time),
+            Some(deadline),
+        )
+    };
     let decisions = crate::exact::chain_graph::decisions_of(graph, &steps);
+    let decisions = evict::with_swap_decisions(graph, &steps, decisions);
     plan_from_steps(problem, NAME, steps, decisions)
+}
+
+/// The fastest fitting pass of [`evict_until`]: how it ran and what it gave.
+struct Fitted<'a> {
+    weights: evict::Weights,
+    steps: Vec<Step>,
+    /// Simulated for a pass with swaps (its copies may stall), else its compute time.
+    time: f64,
+    protected: &'a [bool],
+    swaps: bool,
 }
 
 /// The items of `a` and `b` in turn, then the rest of the longer.
@@ -912,6 +980,35 @@ mod tests {
             residual_computations <= 2 * 8,
             "{residual_computations} computations"
         );
+    }
+
+    /// Below the recompute floor a plan must swap (pinned gradient buffers cannot be rebuilt),
+    /// and over a 32 GB/s link the eviction's passes with swaps give one: the generator's 8
+    /// layers at today's floor + 5% had no plan at all before them (43% with them).
+    #[test]
+    fn below_the_recompute_floor_the_eviction_swaps() {
+        let graph = transformer(&TransformerParams::gpt(8))
+            .expect("transformer")
+            .with_fixed_order();
+        let floor = graph.memory_floor();
+        let problem = Problem {
+            graph: &graph,
+            budget_bytes: floor + floor / 20,
+            bandwidth: 32e9,
+        };
+        assert!(problem.budget_bytes < recompute_floor(&graph).bytes);
+        let far = Instant::now() + Duration::from_secs(600);
+        let planned = evict_until(&problem, far, false).expect("a plan with swaps");
+        assert!(planned.report.peak_bytes <= problem.budget_bytes);
+        assert!(planned.report.swapped_out_bytes > 0);
+        let overhead = planned.report.overhead();
+        assert!(overhead < 0.5, "overhead {overhead}");
+        // Recompute-only, the same passes find nothing.
+        let recompute_only = Problem {
+            bandwidth: RECOMPUTE_ONLY_BANDWIDTH,
+            ..problem
+        };
+        assert!(evict_until(&recompute_only, far, false).is_err());
     }
 
     /// Near the floor, a training step in free order plans about as well as the eviction in
