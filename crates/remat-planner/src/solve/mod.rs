@@ -674,16 +674,16 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
             .map(move |set| (w, graph, &set[..], false))
     });
     // Over a link, the same passes swapping what is dearer to rebuild than to copy back
-    // (and what cannot be rebuilt): the plain ones, then each set of cuts.
+    // (and what cannot be rebuilt): each set of cuts first (kept cuts are swapped, not
+    // dropped: below the recompute floor these fit where the plain ones thrash; 8 layers at
+    // today's floor + 5%: 43% against 191%), then the plain ones.
     let swapping = (!problem.recompute_only() && !graph.order_is_eager()).then(|| {
         let cut_sets = evict::weightings().filter(|w| w.best_fit).flat_map(|w| {
             protected_sets
                 .iter()
                 .map(move |set| (w, graph, &set[..], true))
         });
-        evict::weightings()
-            .map(|w| (w, graph, &unprotected[..], true))
-            .chain(cut_sets)
+        cut_sets.chain(evict::weightings().map(|w| (w, graph, &unprotected[..], true)))
     });
     // Taken in turn, so that a deadline that cuts the passes short leaves some of each
     // (32 layers, free order: the plain passes alone took phase 0a's 1.2 s).
