@@ -660,51 +660,78 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
     let mut best: [Option<Fitted>; 2] = [None, None];
     let mut smallest_need = u64::MAX;
     let mut passes = 0;
-    let plain = evict::weightings().flat_map(|w| {
-        [
-            (w, graph, &unprotected[..], false),
-            (w, &unit, &unprotected[..], false),
-        ]
-    });
-    // The protected sets under the weightings that differ in their exponents (best fit
-    // changes little once the cuts are kept): every set under the first weighting, then
-    // every set under the next, so that a deadline leaves every spacing tried.
-    let with_cuts = evict::weightings().filter(|w| w.best_fit).flat_map(|w| {
-        protected_sets
-            .iter()
-            .map(move |set| (w, graph, &set[..], false))
-    });
-    // Over a link, the same passes swapping what is dearer to rebuild than to copy back
-    // (and what cannot be rebuilt): each set of cuts first (kept cuts are swapped, not
-    // dropped: below the recompute floor these fit where the plain ones thrash; 8 layers at
-    // today's floor + 5%: 43% against 191%), then the plain ones.
-    let swapping = (!problem.recompute_only() && !graph.order_is_eager()).then(|| {
-        let cut_sets = evict::weightings().filter(|w| w.best_fit).flat_map(|w| {
-            protected_sets
-                .iter()
-                .map(move |set| (w, graph, &set[..], true))
-        });
-        cut_sets.chain(evict::weightings().map(|w| (w, graph, &unprotected[..], true)))
-    });
-    // Taken in turn, so that a deadline that cuts the passes short leaves some of each
-    // (32 layers, free order: the plain passes alone took phase 0a's 1.2 s).
-    let mut without_swaps = alternate(plain, with_cuts).peekable();
-    let mut with_swaps = swapping.into_iter().flatten().peekable();
-    // Passes with swaps in turn with the others while none of those fits (below the
-    // recompute floor none can), else once they are all done: where recomputation alone
-    // fits, their time went to the plain passes' (16 layers at 0.5 of the peak, 32 GB/s:
-    // 21.9% with them in turn, 21.0% without).
+    let weightings: Vec<evict::Weights> = evict::weightings().collect();
+    let spec = |weights, unit, set, swaps| PassSpec {
+        weights,
+        unit,
+        set,
+        swaps,
+    };
+    // Every weighting on profiled and on unit times, in turn with every set of cuts under
+    // the first weighting (a deadline that cuts the passes short leaves some of each; 32
+    // layers, free order: the plain passes alone took phase 0a's 1.2 s); then the best set
+    // under the other weightings that differ in their exponents (best fit changes little
+    // once the cuts are kept). Trying every set under every weighting took time the later
+    // phases needed on large graphs (81 layers at 0.7 of the peak: 10.4% against 6.9%).
+    let plain = weightings
+        .iter()
+        .flat_map(|&w| [spec(w, false, None, false), spec(w, true, None, false)]);
+    let sets_first = (0..protected_sets.len()).map(|k| spec(weightings[0], false, Some(k), false));
+    let mut without_swaps: std::collections::VecDeque<PassSpec> =
+        alternate(plain, sets_first).collect();
+    let mut more_cuts_queued = false;
+    let mut best_set: Option<(f64, usize)> = None;
+    // Over a link, passes swapping what is dearer to rebuild than to copy back (and what
+    // cannot be rebuilt): each set of cuts first (kept cuts are swapped, not dropped: below
+    // the recompute floor these fit where the plain ones thrash; 8 layers at today's floor
+    // + 5%: 43% against 191%), then every weighting without cuts. They run in turn with
+    // the others while none of those fits (below the recompute floor none can), else after
+    // them, and then only the sets and the first weighting: where recomputation alone fits,
+    // their time went to the others' (16 layers at 0.5 of the peak, 32 GB/s: 21.9% with all
+    // of them in turn, 21.0% without).
+    let with_swaps: Vec<PassSpec> = if problem.recompute_only() || graph.order_is_eager() {
+        Vec::new()
+    } else {
+        (0..protected_sets.len())
+            .map(|k| spec(weightings[0], false, Some(k), true))
+            .chain(weightings.iter().map(|&w| spec(w, false, None, true)))
+            .collect()
+    };
+    let mut swaps_taken = 0;
     let mut turn = false;
     loop {
         turn = !turn;
-        let next = if (turn && best[0].is_none()) || without_swaps.peek().is_none() {
-            with_swaps.next().or_else(|| without_swaps.next())
+        if without_swaps.is_empty() && !more_cuts_queued {
+            more_cuts_queued = true;
+            if let Some((_, k)) = best_set {
+                let others = weightings.iter().skip(1).filter(|w| w.best_fit);
+                without_swaps.extend(others.map(|&w| spec(w, false, Some(k), false)));
+            }
+        }
+        let swaps_left = if best[0].is_some() {
+            (protected_sets.len() + 1).min(with_swaps.len())
         } else {
-            without_swaps.next()
+            with_swaps.len()
         };
-        let Some((weights, on, protected, swaps)) = next else {
+        let swap_next =
+            swaps_taken < swaps_left && ((turn && best[0].is_none()) || without_swaps.is_empty());
+        let next = if swap_next {
+            swaps_taken += 1;
+            Some(with_swaps[swaps_taken - 1])
+        } else {
+            without_swaps.pop_front()
+        };
+        let Some(PassSpec {
+            weights,
+            unit: on_unit,
+            set,
+            swaps,
+        }) = next
+        else {
             break;
         };
+        let on = if on_unit { &unit } else { graph };
+        let protected = set.map_or(&unprotected[..], |k| &protected_sets[k][..]);
         // At least one pass, then none past the deadline: on graphs where the passes
         // thrash (each a long chain of rebuilds) one pass can take a second.
         if passes > 0 && Instant::now() >= deadline {
@@ -741,6 +768,11 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
                 } else {
                     evict::compute_time(graph, &steps)
                 };
+                if let (Some(k), false) = (set, swaps)
+                    && best_set.is_none_or(|(t, _)| time < t)
+                {
+                    best_set = Some((time, k));
+                }
                 let best = &mut best[usize::from(swaps)];
                 if best.as_ref().is_none_or(|b| time < b.time) {
                     *best = Some(Fitted {
@@ -784,6 +816,16 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
             budget: problem.budget_bytes,
             best_peak: smallest_need,
         }))
+}
+
+/// One greedy pass of [`evict_until`]: its weighting, on unit times or profiled ones, the
+/// set of cuts it protects (an index into the sets), with swaps or not.
+#[derive(Clone, Copy)]
+struct PassSpec {
+    weights: evict::Weights,
+    unit: bool,
+    set: Option<usize>,
+    swaps: bool,
 }
 
 /// The fastest fitting pass of [`evict_until`] of a kind: how it ran and what it gave.
