@@ -68,7 +68,7 @@ pub fn forward_cuts(graph: &Graph) -> Vec<NodeId> {
 }
 
 /// The candidate sets of tensors to protect: the cuts worth keeping, at every spacing up
-/// to [`MAX_SPACING`] and every offset; each set as a mask over the graph's nodes. Empty
+/// to four (`MAX_SPACING`) and every offset; each set as a mask over the graph's nodes. Empty
 /// when the graph has fewer than two such cuts.
 pub fn protected_sets(graph: &Graph) -> Vec<Vec<bool>> {
     let kept = worth_keeping(graph, &forward_cuts(graph));
