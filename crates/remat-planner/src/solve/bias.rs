@@ -106,23 +106,20 @@ fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) 
         *passes += 1;
         evict::evict_pass_biased(graph, budget, weights, &none, bias, work.deadline)
     };
-    // Start from the best plain weighting. (Starting from sets of checkpoint cuts kept, see
-    // [`crate::solve::cuts`], was tried: 8 layers at the recompute floor + 5% gained 0.3
-    // points, and on 10,000 nodes its ten passes took the time the later phases needed.)
+    // Start from the best plain weighting.
     let ones = vec![1.0; n];
-    let starts = weightings.iter().map(|&w| (w, ones.clone()));
-    let mut current: Option<(Weights, Score, Pass, Vec<f64>)> = None;
-    for (w, start) in starts {
+    let mut current: Option<(Weights, Score, Pass)> = None;
+    for &w in &weightings {
         if passes >= work.passes || (passes > 0 && out_of_time()) {
             break;
         }
-        let pass = run(&start, w, &mut passes);
+        let pass = run(&ones, w, &mut passes);
         let score = Score::of(&pass, graph, budget);
         if current.as_ref().is_none_or(|c| score.better_than(&c.1)) {
-            current = Some((w, score, pass, start));
+            current = Some((w, score, pass));
         }
     }
-    let Some((mut weights, mut score, pass, mut bias)) = current else {
+    let Some((mut weights, mut score, pass)) = current else {
         return (
             None,
             Score {
@@ -132,6 +129,7 @@ fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) 
             },
         );
     };
+    let mut bias = ones;
     let mut best_score = score;
     let mut best_steps = fitting_steps(&pass);
     let mut focus = recomputed(n, &pass);
@@ -192,9 +190,6 @@ const NOMINAL_PASSES: usize = 20_000;
 /// Temperature cycles without a better schedule after which a deadline-bound search stops.
 const STALE_CYCLES: usize = 1;
 
-/// The multiplier that all but protects a tensor (the largest a move sets).
-const PROTECTED: f64 = 1e6;
-
 /// Start temperature, as a fraction of the schedule's time that a worse move may add and
 /// still be taken with probability 1/e.
 const START_TEMPERATURE: f64 = 0.002;
@@ -248,10 +243,10 @@ fn mutate(
     };
     // A log-uniform factor in [1/64, 64], or a near-protection.
     bias[t] = if rng.unit() < 0.15 {
-        PROTECTED
+        1e6
     } else {
         let exponent = (rng.unit() * 2.0 - 1.0) * 6.0 * std::f64::consts::LN_2;
-        (bias[t] * exponent.exp()).clamp(1.0 / PROTECTED, PROTECTED)
+        (bias[t] * exponent.exp()).clamp(1e-6, 1e6)
     };
 }
 

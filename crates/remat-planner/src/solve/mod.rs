@@ -660,76 +660,15 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
     let mut best: [Option<Fitted>; 2] = [None, None];
     let mut smallest_need = u64::MAX;
     let mut passes = 0;
-    let weightings: Vec<evict::Weights> = evict::weightings().collect();
-    let spec = |weights, unit, set, swaps| PassSpec {
+    let swaps_allowed = !problem.recompute_only() && !graph.order_is_eager();
+    let mut queue = PassQueue::new(protected_sets.len(), swaps_allowed);
+    while let Some(PassSpec {
         weights,
-        unit,
+        unit: on_unit,
         set,
         swaps,
-    };
-    // Every weighting on profiled and on unit times, in turn with every set of cuts under
-    // the first weighting (a deadline that cuts the passes short leaves some of each; 32
-    // layers, free order: the plain passes alone took phase 0a's 1.2 s); then the best set
-    // under the other weightings that differ in their exponents (best fit changes little
-    // once the cuts are kept). Trying every set under every weighting took time the later
-    // phases needed on large graphs (81 layers at 0.7 of the peak: 10.4% against 6.9%).
-    let plain = weightings
-        .iter()
-        .flat_map(|&w| [spec(w, false, None, false), spec(w, true, None, false)]);
-    let sets_first = (0..protected_sets.len()).map(|k| spec(weightings[0], false, Some(k), false));
-    let mut without_swaps: std::collections::VecDeque<PassSpec> =
-        alternate(plain, sets_first).collect();
-    let mut more_cuts_queued = false;
-    let mut best_set: Option<(f64, usize)> = None;
-    // Over a link, passes swapping what is dearer to rebuild than to copy back (and what
-    // cannot be rebuilt): each set of cuts first (kept cuts are swapped, not dropped: below
-    // the recompute floor these fit where the plain ones thrash; 8 layers at today's floor
-    // + 5%: 43% against 191%), then every weighting without cuts. They run in turn with
-    // the others while none of those fits (below the recompute floor none can), else after
-    // them, and then only the sets and the first weighting: where recomputation alone fits,
-    // their time went to the others' (16 layers at 0.5 of the peak, 32 GB/s: 21.9% with all
-    // of them in turn, 21.0% without).
-    let with_swaps: Vec<PassSpec> = if problem.recompute_only() || graph.order_is_eager() {
-        Vec::new()
-    } else {
-        (0..protected_sets.len())
-            .map(|k| spec(weightings[0], false, Some(k), true))
-            .chain(weightings.iter().map(|&w| spec(w, false, None, true)))
-            .collect()
-    };
-    let mut swaps_taken = 0;
-    let mut turn = false;
-    loop {
-        turn = !turn;
-        if without_swaps.is_empty() && !more_cuts_queued {
-            more_cuts_queued = true;
-            if let Some((_, k)) = best_set {
-                let others = weightings.iter().skip(1).filter(|w| w.best_fit);
-                without_swaps.extend(others.map(|&w| spec(w, false, Some(k), false)));
-            }
-        }
-        let swaps_left = if best[0].is_some() {
-            (protected_sets.len() + 1).min(with_swaps.len())
-        } else {
-            with_swaps.len()
-        };
-        let swap_next =
-            swaps_taken < swaps_left && ((turn && best[0].is_none()) || without_swaps.is_empty());
-        let next = if swap_next {
-            swaps_taken += 1;
-            Some(with_swaps[swaps_taken - 1])
-        } else {
-            without_swaps.pop_front()
-        };
-        let Some(PassSpec {
-            weights,
-            unit: on_unit,
-            set,
-            swaps,
-        }) = next
-        else {
-            break;
-        };
+    }) = queue.next(best[0].is_some())
+    {
         let on = if on_unit { &unit } else { graph };
         let protected = set.map_or(&unprotected[..], |k| &protected_sets[k][..]);
         // At least one pass, then none past the deadline: on graphs where the passes
@@ -768,10 +707,8 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
                 } else {
                     evict::compute_time(graph, &steps)
                 };
-                if let (Some(k), false) = (set, swaps)
-                    && best_set.is_none_or(|(t, _)| time < t)
-                {
-                    best_set = Some((time, k));
+                if let (Some(k), false) = (set, swaps) {
+                    queue.fitted_with_set(k, time);
                 }
                 let best = &mut best[usize::from(swaps)];
                 if best.as_ref().is_none_or(|b| time < b.time) {
@@ -826,6 +763,116 @@ struct PassSpec {
     unit: bool,
     set: Option<usize>,
     swaps: bool,
+}
+
+impl PassSpec {
+    fn new(weights: evict::Weights, unit: bool, set: Option<usize>, swaps: bool) -> PassSpec {
+        PassSpec {
+            weights,
+            unit,
+            set,
+            swaps,
+        }
+    }
+}
+
+/// The order of [`evict_until`]'s passes.
+///
+/// Every weighting on profiled and on unit times, in turn with every set of cuts under the
+/// first weighting (a deadline that cuts the passes short leaves some of each; 32 layers,
+/// free order: the plain passes alone took phase 0a's 1.2 s); then the best set under the
+/// other weightings that differ in their exponents (best fit changes little once the cuts
+/// are kept). Trying every set under every weighting took time the later phases needed on
+/// large graphs (81 layers at 0.7 of the peak: 10.4% against 6.9%).
+///
+/// Over a link, passes swapping what is dearer to rebuild than to copy back (and what
+/// cannot be rebuilt): each set of cuts first (kept cuts are swapped, not dropped: below the
+/// recompute floor these fit where the plain ones thrash; 8 layers at today's floor + 5%:
+/// 43% against 191%), then every weighting without cuts. They run in turn with the others
+/// while none of those fits (below the recompute floor none can), else after them, and
+/// then only the sets and the first weighting: where recomputation alone fits, their time
+/// went to the others' (16 layers at 0.5 of the peak, 32 GB/s: 21.9% with all of them in
+/// turn, 21.0% without).
+struct PassQueue {
+    weightings: Vec<evict::Weights>,
+    sets: usize,
+    without_swaps: std::collections::VecDeque<PassSpec>,
+    with_swaps: std::collections::VecDeque<PassSpec>,
+    /// Whether the best set's other weightings have been queued.
+    more_cuts_queued: bool,
+    /// The fastest fitting pass's set of cuts without swaps: (time, set).
+    best_set: Option<(f64, usize)>,
+    swaps_taken: usize,
+    /// Alternates between the two queues while nothing without swaps fits.
+    turn: bool,
+}
+
+impl PassQueue {
+    fn new(sets: usize, swaps: bool) -> PassQueue {
+        let weightings: Vec<evict::Weights> = evict::weightings().collect();
+        let first = weightings[0];
+        let plain = weightings.iter().flat_map(|&w| {
+            [
+                PassSpec::new(w, false, None, false),
+                PassSpec::new(w, true, None, false),
+            ]
+        });
+        let sets_first = (0..sets).map(|k| PassSpec::new(first, false, Some(k), false));
+        let without_swaps = alternate(plain, sets_first).collect();
+        let with_swaps = if swaps {
+            (0..sets)
+                .map(|k| PassSpec::new(first, false, Some(k), true))
+                .chain(
+                    weightings
+                        .iter()
+                        .map(|&w| PassSpec::new(w, false, None, true)),
+                )
+                .collect()
+        } else {
+            std::collections::VecDeque::new()
+        };
+        PassQueue {
+            weightings,
+            sets,
+            without_swaps,
+            with_swaps,
+            more_cuts_queued: false,
+            best_set: None,
+            swaps_taken: 0,
+            turn: false,
+        }
+    }
+
+    /// A pass without swaps protecting set `k` fitted in `time`.
+    fn fitted_with_set(&mut self, k: usize, time: f64) {
+        if self.best_set.is_none_or(|(t, _)| time < t) {
+            self.best_set = Some((time, k));
+        }
+    }
+
+    /// The next pass, given whether a pass without swaps has fitted yet.
+    fn next(&mut self, fitted: bool) -> Option<PassSpec> {
+        self.turn = !self.turn;
+        if self.without_swaps.is_empty() && !self.more_cuts_queued {
+            self.more_cuts_queued = true;
+            if let Some((_, k)) = self.best_set {
+                let others = self.weightings.iter().skip(1).filter(|w| w.best_fit);
+                let more = others.map(|&w| PassSpec::new(w, false, Some(k), false));
+                self.without_swaps.extend(more);
+            }
+        }
+        // Once one fits, only the sets and the first weighting with swaps.
+        let swap_limit = if fitted { self.sets + 1 } else { usize::MAX };
+        let swap_turn = (self.turn && !fitted) || self.without_swaps.is_empty();
+        if swap_turn
+            && self.swaps_taken < swap_limit
+            && let Some(spec) = self.with_swaps.pop_front()
+        {
+            self.swaps_taken += 1;
+            return Some(spec);
+        }
+        self.without_swaps.pop_front()
+    }
 }
 
 /// The fastest fitting pass of [`evict_until`] of a kind: how it ran and what it gave.
