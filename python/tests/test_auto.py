@@ -181,6 +181,48 @@ def test_measured_peak_within_predicted_and_lower_budgets_measure_lower():
     assert measured[-1] < 0.8 * measured[0]
 
 
+def test_an_ops_workspace_counts_where_it_runs_replays_included():
+    """A CUDA op's workspace (the allocator's peak above what the op leaves, profile note
+    4) is held while its node computes: set here on the profile of a CPU step, it must top
+    the live bytes at every compute of that op in the schedule, replays included; the
+    planner must fit a budget with it, and a budget of 1.0 must still keep everything."""
+    from remat.torch._eager_plan import plan_step
+
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(d=64, layers=4), 1.0)
+    args, _ = net_batch(seq=64)
+    for _ in range(2):
+        model(*args).backward()
+        model.zero_grad(set_to_none=True)
+    entry = rt.controller(model).entry()
+    profile, static = entry.profile, entry.static_bytes
+    before = plan_step(profile, static, 0.6, bandwidth=None, time_limit=2)
+    workspace = 1 << 20  # more than any activation of this step
+    matmuls = {op.index for op in profile.ops
+               if op.phase == "forward" and op.name in ("aten::mm", "aten::addmm")}
+    assert matmuls
+    for i in matmuls:
+        profile.ops[i].workspace = workspace
+    graph = rt.controller(model).graph()
+    nodes = {graph.op_node[i] for i in matmuls}
+    assert plan_step(profile, static, 1.0, bandwidth=None, time_limit=2).keeps_everything
+    plan = plan_step(profile, static, 0.6, bandwidth=None, time_limit=2)
+    assert plan.budget_bytes > before.budget_bytes  # the unplanned peak grew by it
+    assert plan.predicted_peak <= plan.budget_bytes
+    computes = [i for i, (how, node) in enumerate(plan.steps)
+                if how == "compute" and node in nodes]
+    assert len(computes) > len(nodes), "no matmul is replayed: the case tests nothing"
+    after: dict[int, int] = {}
+    for step, _, live in plan.report["timeline"]:
+        after[step] = live
+    live, expected = static, max(b for _, _, b in plan.report["timeline"])
+    for i in range(len(plan.steps)):
+        live = after.get(i, live)
+        if i in computes:
+            expected = max(expected, live + workspace)
+    assert plan.predicted_peak == expected
+
+
 def test_storage_tracker_agrees_with_torch_profiler():
     torch.manual_seed(0)
     model = Net(d=64)

@@ -185,6 +185,8 @@ class StepGraph:
         self.bytes = [0] * len(names)
         for value in values:
             self.bytes[self.sum_node.get(value.id, self.op_node[value.op])] += value.nbytes
+        # An op's workspace (the profile's note 4): held while its node computes, gone after.
+        self.workspace = {self.op_node[op.index]: op.workspace for op in ops if op.workspace}
         self._graph: Optional[Graph] = None
 
     def node_of(self, vid: int) -> int:

@@ -78,13 +78,17 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
     mark_recomputable(profile)
     sg = StepGraph(profile, static_bytes)
     graph = sg.graph
-    store_all = graph.store_all_peak
+    # The unplanned step as eager runs it, its ops' workspaces included (the profile's
+    # note 4): the peak a fraction budget is a fraction of, and the plan a budget at or
+    # above it keeps.
+    keep_all = _evaluate(sg, {}, {}, {}, bandwidth, 0, "keep", graph.store_all_peak)
+    store_all = max(graph.store_all_peak, keep_all.predicted_peak)
     # Gradients that outlive the step (the parameters' .grad) are no activations: a fraction
     # budget leaves them whole.
     kept_grads = sum(v.nbytes for v in profile.values
                      if v.op >= profile.forward_ops and v.expiry == len(profile.ops))
     budget_bytes = _budget_bytes(budget, store_all, static_bytes + kept_grads)
-    keep_all = _evaluate(sg, {}, {}, {}, bandwidth, budget_bytes, "keep", store_all)
+    keep_all.budget_bytes, keep_all.store_all_peak = budget_bytes, store_all
     keep_all.unplanned = keep_all.report
     if keep_all.predicted_peak <= budget_bytes:
         return keep_all

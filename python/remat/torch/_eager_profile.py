@@ -39,6 +39,13 @@ Notes on invariants the planner and the runtime rely on:
    ops that wrote into it in place, each replayed on rebuilt arguments.
 3. A static tensor (parameter, buffer, the step's inputs, anything made outside the
    profiled forward) is never a value: it is resident for the whole step.
+4. On CUDA an op may allocate more than its outputs while it runs and free it before it
+   returns (a cuBLAS or reduction workspace: 128 MiB in one backward op of a bf16 MLP on
+   an H200), which no storage shows. The profiled step resets the allocator's peak counter
+   before each op and reads it after (``OpRecord.workspace``), so the plan's predicted
+   peak counts it wherever the op runs, replays included; a caller's
+   ``torch.cuda.max_memory_allocated`` over the profiled step therefore reads only its
+   last op's peak: read peaks from the steps after it.
 """
 
 from __future__ import annotations
@@ -105,6 +112,9 @@ class OpRecord:
     static_writes: tuple[int, ...]  # leaf positions of statics it writes (replay on copies)
     stats: tuple[int, ...]  # of those, batch-norm running statistics (not read for output)
     replayable: bool
+    # Bytes the op held beyond its outputs while it ran (kernel workspaces, a reduction's
+    # scratch), as the CUDA allocator's peak showed them (note 4); 0 on a CPU.
+    workspace: int = 0
 
     @property
     def name(self) -> str:
@@ -229,6 +239,7 @@ class Profiler(TorchDispatchMode):
         self.profile = Profile()
         self.profile.device = device
         self.sync = sync
+        self.cuda = device.type == "cuda"
         self.live: dict[int, _Live] = {}  # storage cdata -> live record (value or static)
         self.value_by_cdata: dict[int, int] = {}
         self.static_by_cdata: dict[int, int] = {}
@@ -328,6 +339,8 @@ class Profiler(TorchDispatchMode):
             stats_leaves.update(_leaf_index(args, kwargs)(("args", p)))
         static_writes = set(stats_leaves)
         self.sync()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.profile.device)
         start = time.perf_counter()
         self.dispatching = True
         try:
@@ -336,6 +349,7 @@ class Profiler(TorchDispatchMode):
             self.dispatching = False
         self.sync()
         seconds = time.perf_counter() - start
+        workspace = self._workspace()
         index = len(self.profile.ops)
         for p in written:
             ref = refs[p]
@@ -372,9 +386,18 @@ class Profiler(TorchDispatchMode):
             static_writes=tuple(sorted(static_writes)),
             stats=tuple(sorted(stats_leaves)),
             replayable=replayable,
+            workspace=workspace,
         )
         self.profile.ops.append(record)
         return out
+
+    def _workspace(self) -> int:
+        """The bytes the op just run held above what it left allocated (note 4)."""
+        if not self.cuda:
+            return 0
+        device = self.profile.device
+        return max(0, torch.cuda.max_memory_allocated(device)
+                   - torch.cuda.memory_allocated(device))
 
     # ---- storages -----------------------------------------------------------------------
     def _new_value(self, t: torch.Tensor, key: int, index: int) -> int:

@@ -258,7 +258,8 @@ def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, stra
             used.update(r.anchors)
     groups, group_recipes = rebuild_groups(decisions, recipes, grouped)
     steps = eager_schedule(sg, decisions, prefetch, groups, group_recipes, frames)
-    report = _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0))
+    report = with_workspace(sg, steps,
+                            _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0)))
     base = report["base_time"]
     overhead = (report["total_time"] - base) / base if base > 0 else 0.0
     moved = any(d != KEEP for d in decisions.values())
@@ -271,6 +272,28 @@ def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, stra
         strategy=strategy, report=report, steps=steps, groups=groups,
         group_recipes=group_recipes, hook_overhead=hooks,
     )
+
+def with_workspace(sg: StepGraph, steps: list[tuple[str, int]], report: dict) -> dict:
+    """The simulator's report with each op's workspace (the profile's note 4) on top of the
+    bytes live as its node computes, in the forward, the backward and every replay: the
+    peak and its step move where a workspace makes a higher one. The simulator's graph has
+    no workspace of its own; the bytes after a compute step are the timeline's last point
+    at or before it (points are written where the bytes change)."""
+    if not sg.workspace:
+        return report
+    timeline = report["timeline"]
+    at = [point[0] for point in timeline]
+    peak, peak_step = report["peak_bytes"], report["peak_step"]
+    for index, (how, node) in enumerate(steps):
+        extra = sg.workspace.get(node) if how == "compute" else None
+        if not extra:
+            continue
+        k = bisect.bisect_right(at, index) - 1
+        live = timeline[k][2] if k >= 0 else sg.static_bytes
+        if live + extra > peak:
+            peak, peak_step = live + extra, index
+    report["peak_bytes"], report["peak_step"] = peak, peak_step
+    return report
 
 @functools.cache
 def checkpoint_call_seconds() -> float:
