@@ -17,7 +17,10 @@ to plain eager. Outside training (``model.eval()``, ``torch.no_grad()``) nothing
 The budget: bytes mean the step's peak (static tensors, activations and gradients; on CUDA as
 ``torch.cuda.max_memory_allocated`` reports it); a float in (0, 1] is a fraction of the
 step's *activation* bytes (the unplanned peak above the static bytes). On a CPU device the
-host is the device's own memory, so plans there recompute only.
+host is the device's own memory, so plans there recompute only. On CUDA the profiled step
+resets the allocator's peak counter around each op to read the op's workspace (memory it
+holds beyond its outputs while it runs), which the predicted peak counts: read
+``torch.cuda.max_memory_allocated`` from the steps after the profiled one.
 """
 
 from __future__ import annotations
