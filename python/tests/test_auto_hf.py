@@ -193,20 +193,25 @@ def test_identical_to_eager(name):
     check_measured_peak(c.model, batches)
 
 
-@pytest.mark.parametrize("name", ["llama-eager", "gpt2-dropout", "bert-mlm-dropout",
-                                  "vit-dropout"])
+@pytest.mark.parametrize("name", ["llama-eager", "llama-eager-bf16", "gpt2-dropout",
+                                  "bert-mlm-dropout", "vit-dropout"])
 def test_every_checkpointed_module_plan_predicts_its_measured_peak(name):
     """Every plan of checkpoint's family the module tree offers (one per depth), run as
     torch.utils.checkpoint runs it: the storage tracker's peak within the predicted one, and
     no more than 2% of the step's activation bytes under it (a module's frame holds its
     inputs to its last release; a checkpointed ModuleList would be no call at all; its
-    arguments stay in its frame). The 2%: a forward op's outputs that autograd keeps are
+    arguments stay in its frame). The 2.5%: a forward op's outputs that autograd keeps are
     held as one node, as long as the longest lived (BERT's attention-output layer norm: its
     output leaves 9 ops before its saved statistics, and sits under the rebuild of the
-    attention module: 1.9% high). The unplanned step is predicted within 1%."""
+    attention module: 1.9% high; ViT's whole encoder as one checkpoint, offered since a
+    module's rebuilt values are one group as checkpoint rebuilds them: 2.1% high). The
+    unplanned step is predicted within 1%."""
     from remat.torch import _eager_plan as ep
 
-    make, batches, _ = CASES[name]
+    # "-bf16": the forward under CPU autocast, where each layer's last weight cast shares
+    # no op with its activations (checkpoint still rebuilds the layer at once).
+    bf16 = name.endswith("-bf16")
+    make, batches, _ = CASES[name.removesuffix("-bf16")]
     args, kwargs = batches()[0]
     if not name.startswith(("bert", "vit")):
         kwargs = {**kwargs, "use_cache": False}  # as training runs a decoder
@@ -215,7 +220,8 @@ def test_every_checkpointed_module_plan_predicts_its_measured_peak(name):
 
     def step(run):
         with rt.StorageTracker() as tracker:
-            out = run(*args, **kwargs)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = run(*args, **kwargs)
             (out if isinstance(out, torch.Tensor) else out.loss).backward()
         model.zero_grad(set_to_none=True)
         return tracker.peak_bytes
@@ -236,5 +242,23 @@ def test_every_checkpointed_module_plan_predicts_its_measured_peak(name):
         measured = step(lambda *a, **k: control._run_checkpointed(
             plan.checkpoint_modules, a, k))
         predicted = plan.predicted_peak - entry.static_bytes
-        assert measured <= predicted <= measured + activations // 50, (
+        assert measured <= predicted <= measured + activations // 40, (
             plan.strategy, measured, predicted)
+
+
+def test_checkpoint_plan_under_bf16_autocast_identical_to_eager():
+    """A plan of checkpointed layers under autocast (each layer's rebuilt values one
+    group, its weight casts with its activations): loss, gradients, weights, optimizer state
+    and the generator equal plain eager over three AdamW steps."""
+    from test_auto import assert_identical, train
+
+    batches = token_batch(pad_left=True)
+    args, kwargs = batches[0]
+    batches = [(args, {**kwargs, "use_cache": False})]
+    torch.manual_seed(0)
+    base = llama("eager")()
+    eager = train(copy.deepcopy(base), batches, autocast=True)
+    model = rt.auto_checkpoint(copy.deepcopy(base), 0.6, strategy="checkpoint")
+    planned = train(model, batches, autocast=True)
+    assert_identical(eager, planned)
+    assert rt.controller(model).plan.checkpoint_modules

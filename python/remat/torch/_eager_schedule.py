@@ -184,11 +184,15 @@ def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident: set[int],
                     steps.append(("free", nd))
                     resident.discard(nd)
 
-def rebuild_groups(decisions, recipes, grouped: bool = True
+def rebuild_groups(decisions, recipes, grouped: bool = True,
+                   together: Optional[dict[int, int]] = None
                    ) -> tuple[dict[int, int], dict[int, Recipe]]:
     """Groups of rebuilt values whose recipes share an op (note 4), by union-find on the
     ops: value -> group id, and group id -> the union recipe. ``grouped=False``: each value
-    alone (less held at once, shared ops replayed once per value)."""
+    alone (less held at once, shared ops replayed once per value). ``together``: value ->
+    a key; values with the same key are one group whether or not their recipes share an op
+    (``torch.utils.checkpoint`` rebuilds a module's saved tensors at once: under autocast a
+    layer's last weight cast shares no op with the layer's activations)."""
     if not grouped:
         alone = [v for v, d in decisions.items() if d == RECOMPUTE and v in recipes]
         return {v: v for v in alone}, {v: recipes[v] for v in alone}
@@ -212,6 +216,13 @@ def rebuild_groups(decisions, recipes, grouped: bool = True
                 a, b = find(v), find(other)
                 if a != b:
                     parent[max(a, b)] = min(a, b)
+    first_with: dict[int, int] = {}  # key -> a member with that key
+    for v in members:
+        if together is not None and v in together:
+            other = first_with.setdefault(together[v], v)
+            a, b = find(v), find(other)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
     groups = {v: find(v) for v in members}
     ops: dict[int, set[int]] = {}
     anchors: dict[int, set[int]] = {}
@@ -251,12 +262,13 @@ def _evaluate(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strateg
 
 def _evaluate_as(sg, decisions, recipes, prefetch, bandwidth, budget_bytes, strategy,
                  store_all, grouped: bool,
-                 frames: Optional[dict[int, tuple[int, ...]]] = None) -> EagerPlan:
+                 frames: Optional[dict[int, tuple[int, ...]]] = None,
+                 together: Optional[dict[int, int]] = None) -> EagerPlan:
     used = set()
     for vid, r in recipes.items():
         if decisions.get(vid) == RECOMPUTE:
             used.update(r.anchors)
-    groups, group_recipes = rebuild_groups(decisions, recipes, grouped)
+    groups, group_recipes = rebuild_groups(decisions, recipes, grouped, together)
     steps = eager_schedule(sg, decisions, prefetch, groups, group_recipes, frames)
     report = with_workspace(sg, steps,
                             _native.simulate(sg.graph._native, steps, float(bandwidth or 1.0)))

@@ -16,7 +16,8 @@ from .. import _native
 from ..errors import BudgetError
 from ._eager_profile import Profile
 from ._eager_graph import (EagerPlan, KEEP, RECOMPUTE, TIME_UNIT_S, _recipes, _refs, recipe)
-from ._eager_schedule import (_evaluate, _evaluate_as, checkpoint_call_seconds, positions_of)
+from ._eager_schedule import (_evaluate, _evaluate_as, checkpoint_call_seconds, positions_of,
+                              rebuild_groups)
 
 
 def _recompute_everything(sg, bandwidth, budget_bytes, store_all) -> EagerPlan:
@@ -120,28 +121,31 @@ def _module_segments(sg, bandwidth, budget_bytes, store_all) -> list[EagerPlan]:
         if not plan.count(RECOMPUTE):
             continue
         plans.append(plan)
-        module_of = _rebuilt_modules(profile, segments, depth, plan)
+        module_of, together = _rebuilt_modules(profile, segments, depth, plan)
         if module_of:
-            plans.append(_as_checkpointed(sg, plan, module_of, bandwidth, budget_bytes,
-                                          store_all, depth))
+            plans.append(_as_checkpointed(sg, plan, module_of, together, bandwidth,
+                                          budget_bytes, store_all, depth))
         if plan.predicted_peak > budget_bytes:
             continue
         plans.append(_relax(sg, segments, plan, bandwidth, budget_bytes, store_all, depth))
     return plans
 
-def _as_checkpointed(sg, plan: EagerPlan, module_of: dict[int, str], bandwidth,
-                     budget_bytes, store_all, depth) -> EagerPlan:
+def _as_checkpointed(sg, plan: EagerPlan, module_of: dict[int, str],
+                     together: dict[int, int], bandwidth, budget_bytes, store_all,
+                     depth) -> EagerPlan:
     """``plan`` run by ``torch.utils.checkpoint`` around the module of each of its groups
-    (note 5): its frames hold the modules' arguments longer than remat's groups hold their
-    anchors, and each call costs what the checkpoint machinery costs in Python, in place of
-    the dispatch mode's per-op cost."""
+    (note 5): each module's rebuilt values one group (``together``: checkpoint rebuilds
+    them at once), its frame holding the module's arguments longer than remat's groups hold
+    their anchors, and each call costing what the checkpoint machinery costs in Python, in
+    place of the dispatch mode's per-op cost."""
     frames = {g: sg.profile.module_inputs.get(name, ()) for g, name in module_of.items()}
     run = _evaluate_as(sg, plan.decisions, plan.recipes, {}, bandwidth, budget_bytes,
-                       f"checkpoint:depth{depth}", store_all, True, frames=frames)
+                       f"checkpoint:depth{depth}", store_all, True, frames=frames,
+                       together=together)
     base = run.report["base_time"] * TIME_UNIT_S
     calls = len(module_of) * checkpoint_call_seconds() / base if base > 0 else 0.0
     modules = tuple(module_of[g] for g in sorted(
-        module_of, key=lambda g: plan.group_recipes[g].ops[0]))
+        module_of, key=lambda g: run.group_recipes[g].ops[0]))
     return dataclasses.replace(run, checkpoint_modules=modules, hook_overhead=calls)
 
 def _checkpoint_only(sg, bandwidth, budget_bytes, store_all, keep_all) -> EagerPlan:
@@ -161,23 +165,26 @@ def _checkpoint_only(sg, bandwidth, budget_bytes, store_all, keep_all) -> EagerP
         budget_bytes=budget_bytes, best_peak=least, floor_bytes=least)
 
 def _rebuilt_modules(profile: Profile, segments, depth: int, plan: EagerPlan
-                     ) -> dict[int, str]:
+                     ) -> tuple[dict[int, str], dict[int, int]]:
     """The modules to run under ``torch.utils.checkpoint`` for a segmented ``plan``, by the
-    group each rebuilds: those whose segment the plan rebuilds, each as one group
-    (checkpoint rebuilds a module at once); a segment that rebuilds nothing runs as it is
-    (autograd keeps what it saves, as the plan does). Empty when the segments are no module
-    calls or a segment's rebuilds form several groups."""
+    group each rebuilds, and the grouping that makes each module's rebuilt values one group
+    (value -> segment: checkpoint rebuilds a module at once); a segment that rebuilds
+    nothing runs as it is (autograd keeps what it saves, as the plan does). Empty when the
+    segments are no module calls or a group's recipe reaches beyond its segment."""
     names = _checkpointable(profile, segments, depth)
     if not names:
-        return {}
+        return {}, {}
     segment_of = {i: k for k, ops in enumerate(segments) for i in ops}
+    together = {v: segment_of[profile.values[v].op] for v, d in plan.decisions.items()
+                if d == RECOMPUTE and profile.values[v].op in segment_of}
+    _, group_recipes = rebuild_groups(plan.decisions, plan.recipes, True, together)
     module_of: dict[int, str] = {}
-    for g, recipe in plan.group_recipes.items():
-        k = segment_of.get(recipe.ops[0]) if recipe.ops else None
-        if k is None or names[k] in module_of.values():
-            return {}
-        module_of[g] = names[k]
-    return module_of
+    for g, recipe in group_recipes.items():
+        ks = {segment_of.get(i) for i in recipe.ops}
+        if len(ks) != 1 or None in ks:
+            return {}, {}
+        module_of[g] = names[ks.pop()]
+    return module_of, together
 
 def _checkpointable(profile: Profile, segments, depth: int) -> tuple[str, ...]:
     """The modules (qualified names) whose calls are exactly ``segments``, one call each,
