@@ -80,6 +80,35 @@ def test_cuda_plans_identical_and_within_the_allocator_peak(offload):
     assert measured <= plan.predicted_peak + WORKSPACE_TOLERANCE, (measured, plan)
 
 
+def test_cuda_offload_plan_identical_and_within_the_allocator_peak():
+    """A link named far faster than recomputing makes the planner offload: the copies to
+    pinned host buffers on a side stream and the prefetches back (events, no device-wide
+    synchronize) leave loss, gradients and the RNG state as eager's, and the peak within
+    the prediction. (The measured link recomputes everything on an H200: without this the
+    offload path would never run on a GPU.)"""
+    torch.manual_seed(0)
+    base = Stack().cuda()
+    x = torch.randn(16, 512, 512, device="cuda")
+    reference, rng = run(copy.deepcopy(base), x)
+    model = rt.auto_checkpoint(copy.deepcopy(base), 0.5, bandwidth="5TB/s")
+    got, got_rng = run(model, x)
+    for (la, ga), (lb, gb) in zip(reference, got):
+        assert torch.equal(la, lb)
+        for a, b in zip(ga, gb):
+            assert torch.equal(a, b)
+    assert torch.equal(rng, got_rng)
+    plan = rt.controller(model).plan
+    assert plan.count("offload") > 0, rt.controller(model).table()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x)
+    loss.backward()
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated()
+    assert measured <= plan.predicted_peak + WORKSPACE_TOLERANCE, (measured, plan)
+
+
 def _llama(layers=4, d=256, seq=512):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
