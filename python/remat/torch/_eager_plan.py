@@ -40,6 +40,11 @@ Notes:
    op's (part nodes), and so do a backward op's storages after its first: one node per op
    would hold all its outputs as long as the longest lived (a layer norm's output, read
    by the next op only, as long as its saved mean and rstd).
+7. An anchor autograd saves may be offloaded: copied to the host once the forward has
+   written it last, gone from the device at its python death like any offloaded value,
+   and fetched back by its prefetch or, at the latest, by the first rebuild that reads it
+   (which waits for the copy). "Checkpoint each layer, offload its input" is such a plan:
+   the module-segment family offers it where a link is given.
 """
 
 from __future__ import annotations

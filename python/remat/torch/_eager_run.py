@@ -114,7 +114,8 @@ class StepState:
         # tensor there) or a constant this step changed.
         self.static_args: dict[int, dict[int, Any]] = {}
         self.rng: dict[int, tuple] = {}
-        self.anchors: dict[int, torch.UntypedStorage] = {}
+        # Anchor -> its storage, or its ``_Value`` where offloaded (the plan's note 7).
+        self.anchors: dict[int, Any] = {}
         self.values: dict[int, "_Value"] = {}
         self.cdata: dict[int, int] = {}  # value -> storage cdata, while the forward runs
         self.weak: list[int] = []
@@ -356,6 +357,8 @@ class _Group:
                         storage = env.get(leaf.value)
                         if storage is None:
                             storage = self.anchors[leaf.value]
+                            if type(storage) is _Value:
+                                storage = storage.materialize()  # offloaded: fetched back
                             # Checked before ``set_``, which would grow a freed storage
                             # back with whatever bytes the allocator hands out.
                             if storage.nbytes() < _extent_bytes(leaf):
@@ -540,9 +543,10 @@ class RunMode(TorchDispatchMode):
             st.cdata[ref.value] = storage._cdata
             st.weak.append(storage._weak_ref())
             vid = ref.value
-            if flags & ANCHOR and vid in plan.anchors:
-                st.anchors[vid] = storage
             kind = plan.decisions.get(vid)
+            anchor = bool(flags & ANCHOR) and vid in plan.anchors
+            if anchor and kind != OFFLOAD:
+                st.anchors[vid] = storage
             if flags & CREATE and kind in (RECOMPUTE, OFFLOAD):
                 value = _Value(vid, kind, st)
                 st.values[vid] = value
@@ -550,6 +554,9 @@ class RunMode(TorchDispatchMode):
                     st.members[vid] = weakref.ref(value)
                 if kind == OFFLOAD:
                     st.sending[vid] = storage  # until its copy starts (``_send``)
+                    if anchor:
+                        # An offloaded anchor (the plan's note 7): its rebuilds fetch it.
+                        st.anchors[vid] = value
 
 
 def _same_constant(now, profiled) -> bool:

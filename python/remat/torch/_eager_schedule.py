@@ -41,6 +41,7 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
     # A group is rebuilt at the first unpack of any member; its anchors are read then.
     trigger = {g: min(values[v].first_unpack for v in vs) for g, vs in members.items()}
     last_anchor_use: dict[int, int] = {}
+    first_anchor_use: dict[int, int] = {}  # anchor -> the first rebuild that reads it
     for g, r in group_recipes.items():
         until = trigger[g]
         held = set(r.anchors)
@@ -49,6 +50,7 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
             held.update(frames.get(g, ()))
         for a in held:
             last_anchor_use[a] = max(last_anchor_use.get(a, 0), until)
+            first_anchor_use[a] = min(first_anchor_use.get(a, trigger[g]), trigger[g])
     forward_ops = profile.forward_ops
     by_node: dict[int, list[int]] = {}  # the values of each forward node (op or part)
     own_frees_at: dict[int, list[int]] = {}  # position -> backward sum and part nodes gone
@@ -68,17 +70,21 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
         release[nd] = max(expiry, anchor_until)
         kinds = {decisions.get(v, KEEP) for v in vids}
         moved = kinds & {RECOMPUTE, OFFLOAD}
-        if not moved or KEEP in kinds or any(v in last_anchor_use for v in vids):
+        if not moved or KEEP in kinds or len(moved) > 1:
             continue
-        if len(moved) > 1:
+        # An anchor leaves only offloaded (note 7), and only where no checkpoint frame
+        # holds it: it comes back before the first rebuild that reads it.
+        anchored = [v for v in vids if v in last_anchor_use]
+        if anchored and (moved != {OFFLOAD} or frames is not None):
             continue
         death = max(values[v].python_death for v in vids)
-        comeback = min(values[v].first_unpack for v in vids if decisions.get(v) in moved)
+        comeback = min([values[v].first_unpack for v in vids if decisions.get(v) in moved]
+                       + [first_anchor_use[v] for v in anchored])
         if death >= comeback:
             continue
         early[nd] = death
         if OFFLOAD in moved:
-            at = min(prefetch_at.get(v, comeback) for v in vids if v in prefetch_at)
+            at = min([prefetch_at[v] for v in vids if v in prefetch_at] + [comeback])
             back_at.setdefault(max(at, death), []).append(("swap_in", nd))
         # A rebuilt node comes back with its group, at the group's trigger (below).
     for g, at in trigger.items():
@@ -115,7 +121,9 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
             free(nd)
         for nd in frees_at.get(p, ()):
             free(nd)
-        for how, x in sorted(back_at.get(p, ())):
+        # Prefetches first: the runtime starts them at an unpack before the unpack's own
+        # rebuild, which may read what they bring (an offloaded anchor).
+        for how, x in sorted(back_at.get(p, ()), key=lambda b: (b[0] != "swap_in", b[1])):
             if how == "swap_in":
                 steps.append(("swap_in", x))
                 resident.add(x)

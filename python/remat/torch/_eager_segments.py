@@ -5,6 +5,7 @@ note 5)."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from typing import Optional
@@ -15,7 +16,8 @@ import torch.utils.checkpoint
 from .. import _native
 from ..errors import BudgetError
 from ._eager_profile import Profile
-from ._eager_graph import (EagerPlan, KEEP, RECOMPUTE, TIME_UNIT_S, _recipes, _refs, recipe)
+from ._eager_graph import (EagerPlan, KEEP, OFFLOAD, RECOMPUTE, TIME_UNIT_S, _recipes, _refs,
+                           recipe)
 from ._eager_schedule import (_evaluate, _evaluate_as, checkpoint_call_seconds, positions_of,
                               rebuild_groups)
 
@@ -125,10 +127,48 @@ def _module_segments(sg, bandwidth, budget_bytes, store_all) -> list[EagerPlan]:
         if module_of:
             plans.append(_as_checkpointed(sg, plan, module_of, together, bandwidth,
                                           budget_bytes, store_all, depth))
+        if bandwidth:
+            offloaded = _offload_anchors(sg, plan, bandwidth, budget_bytes, store_all)
+            if offloaded is not None:
+                plans.append(offloaded)
         if plan.predicted_peak > budget_bytes:
             continue
         plans.append(_relax(sg, segments, plan, bandwidth, budget_bytes, store_all, depth))
     return plans
+
+def _offload_anchors(sg, plan: EagerPlan, bandwidth, budget_bytes, store_all
+                     ) -> Optional[EagerPlan]:
+    """``plan`` with its anchors offloaded where autograd saves them (the plan's note 7):
+    each segment rebuilt from an input that waits on the host, fetched back while the
+    rebuild before it in the backward runs (checkpoint each layer, offload its input).
+    None where no anchor can go (not saved, written in the backward, or read again by the
+    forward until its first rebuild)."""
+    values = sg.profile.values
+    groups, group_recipes = rebuild_groups(plan.decisions, plan.recipes, True)
+    trigger: dict[int, int] = {}
+    for v, g in groups.items():
+        trigger[g] = min(trigger.get(g, values[v].first_unpack), values[v].first_unpack)
+    first_use: dict[int, int] = {}
+    for g, recipe in group_recipes.items():
+        for a in recipe.anchors:
+            first_use[a] = min(first_use.get(a, trigger[g]), trigger[g])
+    starts = sorted(set(trigger.values()))
+    decisions, prefetch = dict(plan.decisions), {}
+    for a, use in first_use.items():
+        value = values[a]
+        if (plan.decisions.get(a) != KEEP or not value.saved or value.first_unpack is None
+                or any(w >= sg.profile.forward_ops for w in value.writers)):
+            continue
+        use = min(use, value.first_unpack)
+        if value.python_death is None or value.python_death >= use:
+            continue
+        decisions[a] = OFFLOAD
+        before = bisect.bisect_left(starts, use) - 1
+        prefetch[a] = max(starts[before], value.python_death) if before >= 0 else use
+    if not prefetch:
+        return None
+    return _evaluate(sg, decisions, plan.recipes, prefetch, bandwidth, budget_bytes,
+                     plan.strategy + "+offload", store_all)
 
 def _as_checkpointed(sg, plan: EagerPlan, module_of: dict[int, str],
                      together: dict[int, int], bandwidth, budget_bytes, store_all,
