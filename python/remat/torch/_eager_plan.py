@@ -206,6 +206,7 @@ def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) 
     by_op: dict[int, list[int]] = {}
     for value in profile.values:
         by_op.setdefault(value.op, []).append(value.id)
+    swapped_sources: set[int] = set()
     for value in profile.values:
         if not value.saved or value.first_unpack is None:
             continue
@@ -215,10 +216,15 @@ def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) 
             decisions[value.id] = RECOMPUTE
             for src in d.get("from", ()):
                 # A source the planner keeps is held from the forward (an anchor); one it
+                # swaps is an offloaded anchor where autograd saves it (note 7); one it
                 # recomputes itself is rebuilt on the way (or found rebuilt already).
-                if (sg.kinds[src] == "op" and sg.node_op[src] < profile.forward_ops
-                        and decisions_by_node[src].get("kind") == "keep"):
+                if sg.kinds[src] != "op" or sg.node_op[src] >= profile.forward_ops:
+                    continue
+                source_kind = decisions_by_node[src].get("kind")
+                if source_kind == "keep":
                     anchors.update(by_op.get(sg.node_op[src], ()))
+                elif source_kind == "swap":
+                    swapped_sources.update(by_op.get(sg.node_op[src], ()))
         elif kind == "swap" and bandwidth and all(w < profile.forward_ops
                                                   for w in value.writers):
             decisions[value.id] = OFFLOAD
@@ -230,6 +236,7 @@ def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) 
     for a in list(anchors):
         if decisions.get(a) == RECOMPUTE:
             decisions[a] = KEEP
+    anchors.update(v for v in swapped_sources if decisions.get(v) == OFFLOAD)
     # Saved values that stay are held by autograd anyway: rebuilds start from them too.
     anchors.update(v for v, d in decisions.items() if d == KEEP)
     recipes = _recipes(profile, decisions, anchors)

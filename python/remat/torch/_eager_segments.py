@@ -167,8 +167,9 @@ def _offload_anchors(sg, plan: EagerPlan, bandwidth, budget_bytes, store_all
         prefetch[a] = max(starts[before], value.python_death) if before >= 0 else use
     if not prefetch:
         return None
-    return _evaluate(sg, decisions, plan.recipes, prefetch, bandwidth, budget_bytes,
-                     plan.strategy + "+offload", store_all)
+    name = plan.strategy.removesuffix("/alone") + "+offload"
+    return _evaluate(sg, decisions, plan.recipes, prefetch, bandwidth, budget_bytes, name,
+                     store_all)
 
 def _as_checkpointed(sg, plan: EagerPlan, module_of: dict[int, str],
                      together: dict[int, int], bandwidth, budget_bytes, store_all,
