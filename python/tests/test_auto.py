@@ -475,6 +475,62 @@ def test_rebuilds_read_offloaded_anchors_identically(tmp_path, depth):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_proposal_that_rebuilds_from_a_swapped_tensor_reads_it_offloaded(tmp_path):
+    """A planner proposal that swaps a block's fc1 output and rebuilds the GELU after it
+    from that copy: the fc1 output is an offloaded anchor (note 7), the GELU's recipe stops
+    at it (no matmul replayed, the copy fetched by the rebuild ahead of its own prefetch),
+    and the plan runs bit-identical to eager within its predicted peak."""
+    import types
+
+    from remat.torch import _eager_plan as ep
+    from remat.torch._eager_run import RuntimePlan
+
+    torch.manual_seed(0)
+    base = Net(d=64, layers=2)
+    batches = [net_batch(0, seq=128)]
+    eager = train(copy.deepcopy(base), batches)
+    model = rt.auto_checkpoint(copy.deepcopy(base), 1.0, store=tmp_path, bandwidth="1GB/s")
+    c = rt.controller(model)
+    chosen = {}
+
+    def install(entry):
+        profile = entry.profile
+        sg = ep.StepGraph(profile, entry.static_bytes)
+        values = profile.values
+        gelu = next(op for op in profile.ops[:profile.forward_ops] if op.name == "aten::gelu")
+        fc1 = next(r.value for r in gelu.leaves if hasattr(r, "value") and r.value >= 0)
+        out = gelu.new_values[0]
+        assert values[fc1].saved and values[out].saved
+        decisions = [{"kind": "keep"} for _ in range(sg.num_nodes)]
+        decisions[sg.node_of(fc1)] = {"kind": "swap"}
+        decisions[sg.node_of(out)] = {"kind": "recompute", "from": [sg.node_of(fc1)]}
+        proposal = types.SimpleNamespace(decisions=decisions, strategy="by hand")
+        whole = sg.graph.store_all_peak
+        plan = ep._from_proposal(sg, proposal, 1e9, whole, whole)
+        plan.unplanned = plan.report
+        entry.plan = plan
+        entry.runtime = RuntimePlan(profile, plan, torch.device("cpu"), c.store)
+        chosen.update(plan=plan, fc1=fc1, out=out, matmul=values[fc1].op)
+
+    real_plan = c._plan
+    c._plan = install
+    try:
+        got = train(model, batches)
+    finally:
+        c._plan = real_plan
+    assert_identical(eager, got)
+    plan = chosen["plan"]
+    assert plan.decisions[chosen["fc1"]] == "offload"
+    assert chosen["fc1"] in plan.anchors
+    assert plan.decisions[chosen["out"]] == "recompute"
+    assert chosen["matmul"] not in plan.recipes[chosen["out"]].ops
+    (args, kwargs), = batches
+    with rt.StorageTracker() as tracker:
+        model(*args, **kwargs).backward()
+    assert tracker.peak_bytes + c.entry().static_bytes <= plan.predicted_peak
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cpu_plans_recompute_only_without_a_store():
     torch.manual_seed(0)
     model = rt.auto_checkpoint(Net(d=64, layers=4), 0.5, bandwidth="100GB/s")

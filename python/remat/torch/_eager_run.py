@@ -230,7 +230,8 @@ class _Value:
         raw.record_stream(d2h)
 
     def prefetch(self) -> None:
-        if self.fetched is not None or self.kind != OFFLOAD:
+        # Back already: an offloaded anchor a rebuild fetched before its planned prefetch.
+        if self.storage is not None or self.fetched is not None or self.kind != OFFLOAD:
             return
         store = self.state.rt.store
         if store is not None:
