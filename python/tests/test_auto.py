@@ -223,6 +223,58 @@ def test_an_ops_workspace_counts_where_it_runs_replays_included():
     assert plan.predicted_peak == expected
 
 
+@pytest.mark.parametrize("readable", [True, False])
+def test_cuda_op_times_come_from_events_read_after_the_backward(monkeypatch, readable):
+    """The profiler's CUDA branch (profile note 5), run on a CPU with torch.cuda's events
+    and memory counters replaced by fakes: each op's time is what its two events report,
+    read once the backward is done (no synchronization per op); where the events cannot
+    be read, the host's times stay. (The real device path runs in test_auto_cuda.py.)"""
+    from remat.torch._eager_profile import Profiler, release_outside_modes
+
+    clock = [0.0]
+    synced = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            self.at = None
+
+        def record(self, stream=None):
+            clock[0] += 2.5  # milliseconds: every op "runs" 2.5 ms on the device
+            self.at = clock[0]
+
+        def elapsed_time(self, end):
+            if not readable:
+                raise RuntimeError("event not ready")
+            assert synced, "events read before the device was synchronized"
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    torch.manual_seed(0)
+    model = Net(d=16, layers=2)
+    (ids, labels), _ = net_batch(seq=8)
+    done = []
+    profiler = Profiler(model, torch.device("cpu"), lambda: synced.append(True))
+    profiler.cuda = True
+    profiler.on_complete = done.append
+    profiler.begin_forward()
+    with torch.autograd.graph.saved_tensors_hooks(profiler.pack, profiler.unpack):
+        loss = model(ids, labels)
+    profiler.end_forward(loss)
+    loss.backward()
+    (profile,) = done
+    seconds = [op.seconds for op in profile.ops]
+    assert len(seconds) > 20 and profile.forward_ops < len(seconds)
+    release_outside_modes(force=True)  # the profiler's mode past the forward (module notes)
+    if readable:
+        assert seconds == [0.0025] * len(seconds)
+    else:
+        assert all(s < 0.0025 for s in seconds)  # the host's clock: microseconds here
+
+
 def test_storage_tracker_agrees_with_torch_profiler():
     torch.manual_seed(0)
     model = Net(d=64)
