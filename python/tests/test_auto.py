@@ -475,6 +475,25 @@ def test_cpu_plan_offloads_to_a_store_identically(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def train_under(model, batches, make_plan):
+    """``train`` with the plan ``make_plan(entry)`` returns run from the second step on, in
+    place of the planner's choice."""
+    from remat.torch._eager_run import RuntimePlan
+
+    control = rt.controller(model)
+
+    def install(entry):
+        entry.plan = make_plan(entry)
+        entry.runtime = RuntimePlan(entry.profile, entry.plan, torch.device("cpu"),
+                                    control.store)
+
+    control._plan = install
+    try:
+        return train(model, batches)
+    finally:
+        del control._plan
+
+
 @pytest.mark.parametrize("depth", [2, 3])
 def test_rebuilds_read_offloaded_anchors_identically(tmp_path, depth):
     """Each block (depth 2) or each block's module (depth 3) rebuilt from an input that went
@@ -482,7 +501,6 @@ def test_rebuilds_read_offloaded_anchors_identically(tmp_path, depth):
     every rebuild fetches its anchor back, the step equals eager's over three AdamW steps,
     the measured peak is within the prediction, and offloading the anchors lowers it."""
     from remat.torch import _eager_plan as ep, _eager_segments as segments
-    from remat.torch._eager_run import RuntimePlan
 
     torch.manual_seed(0)
     base = Net(d=64, layers=4)
@@ -500,17 +518,10 @@ def test_rebuilds_read_offloaded_anchors_identically(tmp_path, depth):
         plan = segments._offload_anchors(sg, kept, 1e9, whole, whole)
         assert plan is not None
         plan.unplanned = kept.report
-        entry.plan = plan
-        entry.runtime = RuntimePlan(entry.profile, plan, torch.device("cpu"), c.store)
         planned.update(kept=kept, plan=plan)
+        return plan
 
-    real_plan = c._plan
-    c._plan = install  # the plan under test instead of the planner's choice
-    try:
-        got = train(model, batches)
-    finally:
-        c._plan = real_plan
-    assert_identical(eager, got)
+    assert_identical(eager, train_under(model, batches, install))
     plan, kept = planned["plan"], planned["kept"]
     offloaded = {v for v, d in plan.decisions.items() if d == "offload"}
     assert offloaded and offloaded <= plan.anchors, (offloaded, plan.anchors)
@@ -535,7 +546,6 @@ def test_a_proposal_that_rebuilds_from_a_swapped_tensor_reads_it_offloaded(tmp_p
     import types
 
     from remat.torch import _eager_plan as ep
-    from remat.torch._eager_run import RuntimePlan
 
     torch.manual_seed(0)
     base = Net(d=64, layers=2)
@@ -560,17 +570,10 @@ def test_a_proposal_that_rebuilds_from_a_swapped_tensor_reads_it_offloaded(tmp_p
         whole = sg.graph.store_all_peak
         plan = ep._from_proposal(sg, proposal, 1e9, whole, whole)
         plan.unplanned = plan.report
-        entry.plan = plan
-        entry.runtime = RuntimePlan(profile, plan, torch.device("cpu"), c.store)
         chosen.update(plan=plan, fc1=fc1, out=out, matmul=values[fc1].op)
+        return plan
 
-    real_plan = c._plan
-    c._plan = install
-    try:
-        got = train(model, batches)
-    finally:
-        c._plan = real_plan
-    assert_identical(eager, got)
+    assert_identical(eager, train_under(model, batches, install))
     plan = chosen["plan"]
     assert plan.decisions[chosen["fc1"]] == "offload"
     assert chosen["fc1"] in plan.anchors
