@@ -226,9 +226,10 @@ def test_an_ops_workspace_counts_where_it_runs_replays_included():
 @pytest.mark.parametrize("readable", [True, False])
 def test_cuda_op_times_come_from_events_read_after_the_backward(monkeypatch, readable):
     """The profiler's CUDA branch (profile note 5), run on a CPU with torch.cuda's events
-    and memory counters replaced by fakes: each op's time is what its two events report,
-    read once the backward is done (no synchronization per op); where the events cannot
-    be read, the host's times stay. (The real device path runs in test_auto_cuda.py.)"""
+    and memory counters replaced by fakes: each op's time is what its two events report
+    (longer here than any op's host time), read once the backward is done (no
+    synchronization per op); where the events cannot be read, the host's times stay. (The
+    real device path runs in test_auto_cuda.py.)"""
     from remat.torch._eager_profile import Profiler, release_outside_modes
 
     clock = [0.0]

@@ -46,12 +46,13 @@ Notes on invariants the planner and the runtime rely on:
    peak counts it wherever the op runs, replays included; a caller's
    ``torch.cuda.max_memory_allocated`` over the profiled step therefore reads only its
    last op's peak: read peaks from the steps after it.
-5. An op's time on CUDA is its device time, between two events recorded around it and
-   read once the step's backward is done, with no synchronization per op: a device
+5. An op's time on CUDA is the longer of its device time, between two events recorded
+   around it and read once the step's backward is done, and its host time around the call
+   (its launch; all of an op on CPU tensors), with no synchronization per op: a device
    synchronization around each op adds its launch and wait latency to every op's time
    (the profiled step of a 16-layer Llama ran 34-54x a plain one that way). Where the
-   events cannot be read, the host's time around the call stays. On a CPU the host's
-   clock is the op's time.
+   events cannot be read, the host's time stays. On a CPU the host's clock is the op's
+   time.
 """
 
 from __future__ import annotations
@@ -426,7 +427,9 @@ class Profiler(TorchDispatchMode):
         except (RuntimeError, ValueError):
             return
         for i, s in seconds:
-            ops[i].seconds = s
+            # An op costs at least its launch on the host (an op on CPU tensors in a CUDA
+            # step runs no kernel at all), and at least its kernels on the device.
+            ops[i].seconds = max(ops[i].seconds, s)
 
     def _workspace(self) -> int:
         """The bytes the op just run held above what it left allocated (note 4)."""
