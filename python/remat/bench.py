@@ -862,12 +862,15 @@ def format_table(rows: list[Row]) -> str:
 
 def format_remat_table(rows: list[Row]) -> str:
     """Per remat contender: its budget, the strategy, the predicted activation peak against
-    the measured one, planning time and the profiled first step's time. Bytes are above the
-    step's static bytes, as the main table's are."""
+    the measured one, the predicted overhead (recomputation and stalls; ``run +%``: what
+    the planner charged for running the plan, the dispatch mode's per-op cost or each
+    checkpointed call's set-up), planning time and the profiled first step's time. Bytes
+    are above the step's static bytes, as the main table's are."""
     base = {r.model: r for r in rows if r.method == "none"}
     lines = [
         f"{'remat':<22} {'budget MiB':>10} {'predicted':>9} {'measured':>9} "
-        f"{'recomp':>6} {'offl':>4} {'pred +%':>7} {'plan ms':>8} {'profile ms':>10} "
+        f"{'recomp':>6} {'offl':>4} {'pred +%':>7} {'run +%':>6} {'plan ms':>8} "
+        f"{'profile ms':>10} "
         f"{'x none':>6}  strategy",
     ]
     for r in rows:
@@ -885,7 +888,8 @@ def format_remat_table(rows: list[Row]) -> str:
             f"{r.method:<22} {(plan.budget_bytes - static) / MiB:>10.2f} "
             f"{(plan.predicted_peak - static) / MiB:>9.2f} {measured} "
             f"{plan.count('recompute'):>6} {plan.count('offload'):>4} "
-            f"{plan.overhead * 100:>7.1f} {info.plan_s * 1e3:>8.0f} {info.profile_s * 1e3:>10.0f} "
+            f"{plan.overhead * 100:>7.1f} {plan.hook_overhead * 100:>6.1f} "
+            f"{info.plan_s * 1e3:>8.0f} {info.profile_s * 1e3:>10.0f} "
             f"{first:>6.1f}  {plan.strategy}")
     return "\n".join(lines)
 
@@ -1055,9 +1059,9 @@ def main(argv: list[str] | None = None) -> int:
                                 args.bandwidth, args.time_limit)
         print(format_table(rows))
         if any(r.method.startswith("remat") for r in rows):
-            print(f"remat's plans (MiB above the static bytes; predicted +%: the planner's "
-                  f"step-time overhead; profile: the first step, plain eager while profiled, "
-                  f"x none's step):")
+            print(f"remat's plans (MiB above the static bytes; pred +%: the planner's "
+                  f"step-time overhead, run +%: what it charged for running the plan; "
+                  f"profile: the first step, plain eager while profiled, x none's step):")
             print(format_remat_table(rows))
         _print_info(case.name, info, time.perf_counter() - t0)
         for line in full_budget_verdict(rows):
