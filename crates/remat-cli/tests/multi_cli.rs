@@ -151,7 +151,9 @@ fn multiplexed_plans_run_exactly() {
     for strategy in ["auto:multiplexed", "auto:multiplexed-search"] {
         let mut args = common.to_vec();
         // Below the interleaved store-all peak (0.36 MiB): the plan must swap or recompute.
-        args.extend(["--policy", strategy, "--memory-budget", "280KiB"]);
+        // Not near MuTWO's least peak either, which the measured link and op times move
+        // (283 KiB in one CI run, where 280 KiB was refused).
+        args.extend(["--policy", strategy, "--memory-budget", "320KiB"]);
         let text = run(&args);
         assert!(
             !text.contains("swapped 0.00 MiB, recomputed 0.00 MiB"),
