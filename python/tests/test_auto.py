@@ -476,11 +476,18 @@ def test_cpu_plan_offloads_to_a_store_identically(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def train_under(model, batches, make_plan):
-    """``train`` with the plan ``make_plan(entry)`` returns run from the second step on, in
-    place of the planner's choice."""
+def train_under(tmp_path, layers, make_plan):
+    """Trains a ``Net`` for three AdamW steps plain and under ``auto_checkpoint`` with a CPU
+    store at a named 1 GB/s link, where the plan ``make_plan(entry)`` returns runs from the
+    second step on in place of the planner's choice; asserts the two bit-identical and
+    returns the planned model and its batches."""
     from remat.torch._eager_run import RuntimePlan
 
+    torch.manual_seed(0)
+    base = Net(d=64, layers=layers)
+    batches = [net_batch(0, seq=128)]
+    eager = train(copy.deepcopy(base), batches)
+    model = rt.auto_checkpoint(copy.deepcopy(base), 1.0, store=tmp_path, bandwidth="1GB/s")
     control = rt.controller(model)
 
     def install(entry):
@@ -490,9 +497,10 @@ def train_under(model, batches, make_plan):
 
     control._plan = install
     try:
-        return train(model, batches)
+        assert_identical(eager, train(model, batches))
     finally:
         del control._plan
+    return model, batches
 
 
 @pytest.mark.parametrize("depth", [2, 3])
@@ -503,12 +511,6 @@ def test_rebuilds_read_offloaded_anchors_identically(tmp_path, depth):
     the measured peak is within the prediction, and offloading the anchors lowers it."""
     from remat.torch import _eager_plan as ep, _eager_segments as segments
 
-    torch.manual_seed(0)
-    base = Net(d=64, layers=4)
-    batches = [net_batch(0, seq=128)]
-    eager = train(copy.deepcopy(base), batches)
-    model = rt.auto_checkpoint(copy.deepcopy(base), 1.0, store=tmp_path, bandwidth="1GB/s")
-    c = rt.controller(model)
     planned = {}
 
     def install(entry):
@@ -522,7 +524,8 @@ def test_rebuilds_read_offloaded_anchors_identically(tmp_path, depth):
         planned.update(kept=kept, plan=plan)
         return plan
 
-    assert_identical(eager, train_under(model, batches, install))
+    model, batches = train_under(tmp_path, 4, install)
+    c = rt.controller(model)
     plan, kept = planned["plan"], planned["kept"]
     offloaded = {v for v, d in plan.decisions.items() if d == "offload"}
     assert offloaded and offloaded <= plan.anchors, (offloaded, plan.anchors)
@@ -548,12 +551,6 @@ def test_a_proposal_that_rebuilds_from_a_swapped_tensor_reads_it_offloaded(tmp_p
 
     from remat.torch import _eager_plan as ep
 
-    torch.manual_seed(0)
-    base = Net(d=64, layers=2)
-    batches = [net_batch(0, seq=128)]
-    eager = train(copy.deepcopy(base), batches)
-    model = rt.auto_checkpoint(copy.deepcopy(base), 1.0, store=tmp_path, bandwidth="1GB/s")
-    c = rt.controller(model)
     chosen = {}
 
     def install(entry):
@@ -574,7 +571,8 @@ def test_a_proposal_that_rebuilds_from_a_swapped_tensor_reads_it_offloaded(tmp_p
         chosen.update(plan=plan, fc1=fc1, out=out, matmul=values[fc1].op)
         return plan
 
-    assert_identical(eager, train_under(model, batches, install))
+    model, batches = train_under(tmp_path, 2, install)
+    c = rt.controller(model)
     plan = chosen["plan"]
     assert plan.decisions[chosen["fc1"]] == "offload"
     assert chosen["fc1"] in plan.anchors

@@ -38,10 +38,8 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
     members: dict[int, list[int]] = {}
     for v, g in groups.items():
         members.setdefault(g, []).append(v)
-    # A group is rebuilt at the first unpack of any member; its anchors are read then.
-    trigger = {g: min(values[v].first_unpack for v in vs) for g, vs in members.items()}
+    trigger, first_anchor_use = rebuild_triggers(values, groups, group_recipes, frames)
     last_anchor_use: dict[int, int] = {}
-    first_anchor_use: dict[int, int] = {}  # anchor -> the first rebuild that reads it
     for g, r in group_recipes.items():
         until = trigger[g]
         held = set(r.anchors)
@@ -50,7 +48,6 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
             held.update(frames.get(g, ()))
         for a in held:
             last_anchor_use[a] = max(last_anchor_use.get(a, 0), until)
-            first_anchor_use[a] = min(first_anchor_use.get(a, trigger[g]), trigger[g])
     forward_ops = profile.forward_ops
     by_node: dict[int, list[int]] = {}  # the values of each forward node (op or part)
     own_frees_at: dict[int, list[int]] = {}  # position -> backward sum and part nodes gone
@@ -146,6 +143,23 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
             steps.append(("free", sg.hold_node[p]))
     steps.append(("compute", sg.end))
     return steps
+
+def rebuild_triggers(values, groups: dict[int, int], group_recipes: dict[int, Recipe],
+                     frames: Optional[dict[int, tuple[int, ...]]] = None
+                     ) -> tuple[dict[int, int], dict[int, int]]:
+    """Group -> the position of its rebuild (the first unpack of any member: note 4), and
+    anchor -> the first rebuild that reads it (or whose checkpoint frame holds it)."""
+    trigger: dict[int, int] = {}
+    for v, g in groups.items():
+        trigger[g] = min(trigger.get(g, values[v].first_unpack), values[v].first_unpack)
+    first_read: dict[int, int] = {}
+    for g, r in group_recipes.items():
+        held = set(r.anchors)
+        if frames is not None:
+            held.update(frames.get(g, ()))
+        for a in held:
+            first_read[a] = min(first_read.get(a, trigger[g]), trigger[g])
+    return trigger, first_read
 
 def _recompute_steps(sg: StepGraph, ops: list[int], steps, resident: set[int],
                      retain: set[int], frames: bool = False):

@@ -19,7 +19,7 @@ from ._eager_profile import Profile
 from ._eager_graph import (EagerPlan, KEEP, OFFLOAD, RECOMPUTE, TIME_UNIT_S, _recipes, _refs,
                            recipe)
 from ._eager_schedule import (_evaluate, _evaluate_as, checkpoint_call_seconds, positions_of,
-                              rebuild_groups)
+                              rebuild_groups, rebuild_triggers)
 
 
 def _recompute_everything(sg, bandwidth, budget_bytes, store_all) -> EagerPlan:
@@ -145,13 +145,7 @@ def _offload_anchors(sg, plan: EagerPlan, bandwidth, budget_bytes, store_all
     forward until its first rebuild)."""
     values = sg.profile.values
     groups, group_recipes = rebuild_groups(plan.decisions, plan.recipes, True)
-    trigger: dict[int, int] = {}
-    for v, g in groups.items():
-        trigger[g] = min(trigger.get(g, values[v].first_unpack), values[v].first_unpack)
-    first_use: dict[int, int] = {}
-    for g, recipe in group_recipes.items():
-        for a in recipe.anchors:
-            first_use[a] = min(first_use.get(a, trigger[g]), trigger[g])
+    trigger, first_use = rebuild_triggers(values, groups, group_recipes)
     starts = sorted(set(trigger.values()))
     decisions, prefetch = dict(plan.decisions), {}
     for a, use in first_use.items():
