@@ -241,3 +241,44 @@ fn a_dropped_tensor_pays_for_its_inputs() {
         "bound {bound}: the rebuild of scores (4 units) is not charged"
     );
 }
+
+/// `a` (10 bytes, 50 units) is read by the forward chain `f1..f4` (100 units) and last by
+/// `end`; at `c` and `d` the budget leaves no room for it, so it is restored after `d` and
+/// before `end`, with nothing to compute in between: every schedule waits for its copy back
+/// (10 units at 1 B/s) or recomputes it (50). The forward's 151 units come before `c` in
+/// every schedule, so the copy stream cannot use them (the link's room is 2 units): with
+/// `theta` = 0.5 the cover says min(25, 5) - 0.5 x 2 = 4. Against the whole step (153
+/// units) it said 0.
+#[test]
+fn a_copy_back_after_the_forward_is_charged() {
+    let nodes = vec![
+        node(0, 10, 50, vec![]),   // a
+        node(1, 1, 25, vec![0]),   // f1
+        node(2, 1, 25, vec![1]),   // f2
+        node(3, 1, 25, vec![2]),   // f3
+        node(4, 1, 25, vec![3]),   // f4
+        node(5, 11, 1, vec![4]),   // c
+        node(6, 1, 1, vec![5]),    // d
+        node(7, 1, 1, vec![0, 6]), // end
+    ];
+    let graph = Graph::new("copy back", nodes, 0, 1.0).expect("a valid graph");
+    let budget = 12;
+    let problem = Problem {
+        graph: &graph,
+        budget_bytes: budget,
+        bandwidth: 1.0,
+    };
+    let bound = bound_at(&graph, budget, 1.0);
+    let best = registry()
+        .iter()
+        .filter(|s| s.name() != "checkmate-milp")
+        .filter_map(|s| s.plan(&problem).ok())
+        .map(|p| p.report.total_time - p.report.base_time)
+        .fold(f64::INFINITY, f64::min);
+    assert!(best.is_finite(), "no strategy planned it");
+    assert!(bound <= best + 1e-6, "bound {bound} above a plan's {best}");
+    assert!(
+        bound >= 4.0 - 1e-6,
+        "bound {bound}: the copy back after the forward is not charged"
+    );
+}

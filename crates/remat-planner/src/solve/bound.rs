@@ -39,7 +39,16 @@
 //! LP >= g(y) = sum_v d(v) y_v - sum_t max(0, bytes(t) Y_t - w_t),    Y_t = sum_{v: t in L(v)} y_v
 //! ```
 //!
-//! (the LP dual with `z_t = max(0, bytes(t) Y_t - w_t)` for the `x <= 1` rows). We start
+//! (the LP dual with `z_t = max(0, bytes(t) Y_t - w_t)` for the `x <= 1` rows).
+//!
+//! The link's room. Only the rows with `y_v > 0` (the priced points) enter `g(y)`, so it
+//! bounds the LP of those rows alone, whose `x_t = 1` are tensors absent at a priced point
+//! and restored after it. Every strict ancestor of every priced point (the set `A`) is
+//! first computed before the first priced point starts, so those restorations, swap-ins
+//! included, begin after at least `c(A)` of compute: `total >= c(A) + H` for their swap-ins,
+//! and the `(1 - theta) base` above may be `(1 - theta) (base - c(A))`: the copy stream
+//! cannot use the part of the step that every schedule spends before the points. Near the
+//! floor the priced points lie in the backward pass, and `c(A)` is the forward's time. We start
 //! from the best single node (where `g` is maximised by a fractional knapsack) and climb
 //! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
 //! (at the deadline) only makes it weaker.
@@ -125,18 +134,21 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     // Each `theta`'s best single point, kept: the rebuild chains start from them too.
     let mut singles: Vec<(f64, Vec<f64>)> = Vec::new();
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
-    // Largest theta first (near the floor without swaps it gives the most), one at least,
+    // In `THETAS` order (the largest first: near the floor without swaps it gives the most;
+    // then those that weigh a swap against a recomputation over a fast link), one at least,
     // then none past the deadline: on 5,000 nodes each takes ~0.15 s, and all eight ran
     // 1.3 s past a 0.5 s share.
-    for theta in THETAS.into_iter().rev() {
+    for theta in THETAS {
         if !singles.is_empty() && Instant::now() >= deadline {
             break;
         }
         let weights = cover.weights(graph, theta, units_per_byte);
-        let (value, y) = cover.best_single_point(&weights);
-        let value = value - (1.0 - theta) * base;
-        // Ties go to the smaller theta, as when they were taken in ascending order.
-        if best.as_ref().is_none_or(|b| value >= b.0) {
+        let (value, y) = cover.best_single_point(&weights, theta, base);
+        // Ties go to the smaller theta.
+        if best
+            .as_ref()
+            .is_none_or(|b| value > b.0 || (value == b.0 && theta < b.1))
+        {
             best = Some((value, theta, y.clone()));
         }
         singles.push((theta, y));
@@ -147,22 +159,28 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     if value.is_infinite() {
         return bound(f64::INFINITY);
     }
-    // The rebuild chains ([`rebuild`]) from each `theta`'s single point first (a fraction
+    // The rebuild chains ([`rebuild`]) from every `theta`'s single point first (a fraction
     // of a millisecond each on 1,000 nodes, and near the floor most of the bound), then the
     // subgradient climb of the plain cover, the rebuild chains from where it ended, and the
     // link's windows ([`window`]) in what is left; each tries one start at least.
     let now = Instant::now();
     let left = deadline.saturating_duration_since(now);
     let until = now + left.mul_f64(0.25);
-    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &singles, true, until));
+    let link = Link {
+        graph,
+        ancestry: &ancestry,
+        base,
+        units_per_byte,
+    };
+    value = value.max(cover.with_rebuilds(&link, &singles, true, until));
     let weights = cover.weights(graph, theta, units_per_byte);
-    let offset = (1.0 - theta) * base;
+    let offset = (1.0 - theta) * cover.room(&link, &y);
     let target = upper.map(|u| u * base + offset);
     let (climbed, climbed_y) = cover.climb(&weights, y, target, now + left.mul_f64(0.6));
-    value = value.max(climbed - offset);
+    value = value.max(climbed - (1.0 - theta) * cover.room(&link, &climbed_y));
     let climbed = [(theta, climbed_y)];
     let until = now + left.mul_f64(0.8);
-    value = value.max(cover.with_rebuilds(graph, base, units_per_byte, &climbed, false, until));
+    value = value.max(cover.with_rebuilds(&link, &climbed, false, until));
     if let Some(windowed) = window::best(&cover, graph, &ancestry, units_per_byte, deadline) {
         value = value.max(windowed);
     }
@@ -173,8 +191,13 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
 /// cover's, so the best price per byte is higher.
 const REBUILD_SCALES: [f64; 11] = [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 6.0, 8.0];
 
-/// Values of `theta` tried (see the module docs); 1 would make swaps free.
-const THETAS: [f64; 8] = [0.0, 0.5, 0.8, 0.9, 0.97, 0.99, 0.999, 0.9999];
+/// Values of `theta` tried (see the module docs; 1 would make swaps free), in the order
+/// tried: recompute-only requests gain most from the largest; over a fast link (the
+/// transformers near the floor at 32 GB/s) 0.85-0.95 gave the most, and on graphs of
+/// thousands of nodes the deadline may leave time for only the first few.
+const THETAS: [f64; 11] = [
+    0.9999, 0.9, 0.95, 0.85, 0.999, 0.99, 0.97, 0.93, 0.8, 0.5, 0.0,
+];
 
 /// The covering problem: points (nodes with a positive deficit) and the tensors that can
 /// cover them, in both directions as compressed lists.
@@ -191,32 +214,58 @@ struct Cover {
     item_points: Vec<u32>,
     /// Bytes of each tensor.
     item_bytes: Vec<f64>,
+    /// Per point, the compute time of its strict ancestors: spent before it in every
+    /// schedule (the link's room, see the module docs).
+    before: Vec<f64>,
+}
+
+/// What the link's room needs: the graph, its ancestry, its base time, the link's speed.
+struct Link<'a> {
+    graph: &'a Graph,
+    ancestry: &'a Ancestry,
+    base: f64,
+    units_per_byte: f64,
+}
+
+/// Sum of `cost` over the set bits of `bits`.
+fn sum_bits(bits: &[u64], cost: impl Fn(usize) -> f64) -> f64 {
+    let mut sum = 0.0;
+    for (w, &word) in bits.iter().enumerate() {
+        let mut rest = word;
+        while rest != 0 {
+            sum += cost(w * 64 + rest.trailing_zeros() as usize);
+            rest &= rest - 1;
+        }
+    }
+    sum
 }
 
 impl Cover {
-    /// The best rebuild-aware value ([`rebuild::value`], less `(1 - theta) base`) over the
-    /// `(theta, y)` starts and multiples of each, until `deadline` (at least the first
-    /// evaluation; with `first_whole`, every multiple of the first start: cheap for a
-    /// single point's vector).
+    /// The best rebuild-aware value ([`rebuild::value`], less `(1 - theta)` times the link's
+    /// room, [`Cover::room`]) over the `(theta, y)` starts and multiples of each, until
+    /// `deadline` (at least the first evaluation). With `whole`, every multiple of every
+    /// start whatever the clock: single points' vectors, whose evaluations take
+    /// microseconds even on 4,000 nodes (the single points can take the bound's time
+    /// there, and the best rebuild then came from the fourth `theta`).
     fn with_rebuilds(
         &self,
-        graph: &Graph,
-        base: f64,
-        units_per_byte: f64,
+        link: &Link,
         starts: &[(f64, Vec<f64>)],
-        first_whole: bool,
+        whole: bool,
         deadline: Instant,
     ) -> f64 {
         let mut best = f64::NEG_INFINITY;
         for (k, (theta, y)) in starts.iter().enumerate() {
-            if k > 0 && Instant::now() >= deadline {
+            if k > 0 && !whole && Instant::now() >= deadline {
                 break;
             }
             if y.len() != self.points.len() {
                 continue;
             }
+            let (graph, units_per_byte) = (link.graph, link.units_per_byte);
             let weights = self.weights(graph, *theta, units_per_byte);
             let in_q = rebuild::q_set(graph, *theta, units_per_byte, &weights);
+            let room = self.room(link, y);
             if !in_q.iter().any(|&q| q) {
                 continue;
             }
@@ -225,14 +274,14 @@ impl Cover {
                 // One evaluation passes over the (tensor, point) pairs with a price: a
                 // single point's are few, a climbed vector's can be millions on 10,000
                 // nodes, so past the first start the clock is checked between them.
-                if (k > 0 || !first_whole) && (k, j) != (0, 0) && Instant::now() >= deadline {
+                if !whole && (k, j) != (0, 0) && Instant::now() >= deadline {
                     return best;
                 }
                 for (s, y) in scaled.iter_mut().zip(y) {
                     *s = y * scale;
                 }
                 let value = rebuild::value(self, graph, &weights, &in_q, &scaled);
-                best = best.max(value - (1.0 - theta) * base);
+                best = best.max(value - (1.0 - theta) * room);
             }
         }
         best
@@ -283,7 +332,12 @@ impl Cover {
                 fill[t as usize] += 1;
             }
         }
+        let before = points
+            .iter()
+            .map(|&v| ancestry.sum_over(v, true, |w| graph.node(w).compute_time))
+            .collect();
         Cover {
+            before,
             demand,
             points,
             point_start,
@@ -317,10 +371,11 @@ impl Cover {
             .collect()
     }
 
-    /// The largest fractional-knapsack cover cost over single points, and the dual vector
-    /// that attains it (`y` at that point = the ratio of the last item taken).
-    fn best_single_point(&self, weights: &[f64]) -> (f64, Vec<f64>) {
-        let mut best = (0.0, 0, 0.0);
+    /// The largest fractional-knapsack cover cost over single points less `(1 - theta)`
+    /// times the point's room (the base time but its strict ancestors'), and the dual
+    /// vector that attains it (`y` at that point = the ratio of the last item taken).
+    fn best_single_point(&self, weights: &[f64], theta: f64, base: f64) -> (f64, Vec<f64>) {
+        let mut best = (f64::NEG_INFINITY, 0, 0.0);
         let mut items: Vec<(f64, f64)> = Vec::new();
         for p in 0..self.points.len() {
             items.clear();
@@ -349,17 +404,46 @@ impl Cover {
             if left > 0.0 {
                 return (f64::INFINITY, Vec::new());
             }
-            if cost > best.0 {
-                best = (cost, p, ratio);
+            let value = cost - (1.0 - theta) * (base - self.before[p]).max(0.0);
+            if cost > 0.0 && value > best.0 {
+                best = (value, p, ratio);
             }
         }
         let mut y = vec![0.0; self.points.len()];
-        if best.0 > 0.0 {
+        if best.0 > f64::NEG_INFINITY {
             y[best.1] = best.2;
         }
         // The knapsack's cost equals g(y) in exact arithmetic; the bound is g(y) itself,
         // which weak duality makes valid for any y >= 0 whatever the rounding.
-        (self.dual(weights, &y).0, y)
+        let room = if best.0 > f64::NEG_INFINITY {
+            (base - self.before[best.1]).max(0.0)
+        } else {
+            base
+        };
+        (self.dual(weights, &y).0 - (1.0 - theta) * room, y)
+    }
+
+    /// The link's room for `y` (see the module docs): the base time less the compute of the
+    /// tensors that are strict ancestors of every priced point; the whole base time when
+    /// nothing is priced.
+    fn room(&self, link: &Link, y: &[f64]) -> f64 {
+        let mut priced = y
+            .iter()
+            .enumerate()
+            .filter(|&(_, &price)| price > 0.0)
+            .map(|(p, _)| self.points[p]);
+        let Some(first) = priced.next() else {
+            return link.base;
+        };
+        let ancestry = link.ancestry;
+        let mut common = ancestry.row(&ancestry.anc, first).to_vec();
+        for v in priced {
+            for (c, a) in common.iter_mut().zip(ancestry.row(&ancestry.anc, v)) {
+                *c &= a;
+            }
+        }
+        let before = sum_bits(&common, |w| link.graph.node(w).compute_time);
+        (link.base - before).max(0.0)
     }
 
     /// `g(y)` of the module docs, and `x_t = [bytes(t) Y_t > w_t]`, its minimiser.
@@ -536,14 +620,6 @@ impl Ancestry {
     /// Sum of `cost` over the strict ancestors (`ancestors`) or descendants of `v`.
     fn sum_over(&self, v: usize, ancestors: bool, cost: impl Fn(usize) -> f64) -> f64 {
         let bits = if ancestors { &self.anc } else { &self.desc };
-        let mut sum = 0.0;
-        for (w, &word) in self.row(bits, v).iter().enumerate() {
-            let mut rest = word;
-            while rest != 0 {
-                sum += cost(w * 64 + rest.trailing_zeros() as usize);
-                rest &= rest - 1;
-            }
-        }
-        sum
+        sum_bits(self.row(bits, v), cost)
     }
 }

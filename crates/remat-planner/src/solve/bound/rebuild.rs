@@ -23,13 +23,16 @@
 //! A schedule gives a solution of at most its cost: the memory row is its memory at `v`
 //! (present tensors of `E(v)` count too); a tensor of `Q` recomputed after `v` had its
 //! inputs present then, so each was present at `v` or came back after it. `Q` holds the
-//! tensors that are not pinned and whose swap costs at least their recomputation plus every
-//! unpinned tensor's `w` (`(1 - theta) s_t >= theta c_t + sum w`): when the schedule swaps
-//! one in instead, count it as recomputed with every unpinned input it needs restored (the
-//! rows name no pinned input); the extra `X`s cost at most `sum w`, which its swap paid
-//! already. (Recompute-only requests plan at 1 B/s:
-//! every tensor of a byte or more is in `Q`; over a fast link few are, and the bound is
-//! the cover's.)
+//! tensors that are not pinned and whose swap costs at least their recomputation plus `S_t`
+//! (`(1 - theta) s_t >= theta c_t + S_t`), where `S_t` is at least the `w` of every tensor
+//! the rows can then ask to be restored: `t`'s unpinned inputs, and for those in `Q` theirs,
+//! and so on (`q_set`: the smaller of every unpinned tensor's `w` and that chain's sum).
+//! When the schedule swaps a tensor of `Q` in instead, count it as recomputed with those
+//! inputs restored (the rows name no pinned input); the extra `X`s cost at most `S_t`,
+//! which its swap paid already. (Recompute-only requests plan at 1 B/s:
+//! every tensor of a byte or more is in `Q`; over a fast link, the steps of a chain whose
+//! swap is dear against its own recomputation and its inputs' `w`: the softmax chain of an
+//! attention block at 32 GB/s and `theta` up to about 0.9.)
 //!
 //! **The dual.** With `y >= 0` and donations `pi >= 0` (input `i` pays part of `t`'s
 //! charge at `v`), choosing the other multipliers to zero every per-point term leaves
@@ -173,17 +176,76 @@ impl Donations<'_> {
 /// softmax, mask, scale, `q k^T`); it also bounds the recursion.
 const MAX_DEPTH: usize = 16;
 
-/// The tensors of `Q` at this `theta` (see the module docs).
+/// The tensors of `Q` at this `theta` (see the module docs), in node order (inputs first):
+/// `t` is in `Q` when `(1 - theta) s_t >= theta c_t + S_t`, where `S_t` is at least the `w`
+/// of every tensor that a swap of `t`, counted as a recomputation, can mark restored: the
+/// smaller of every unpinned tensor's `w` and the sum of `w` over `t`'s unpinned inputs
+/// plus, for those in `Q`, their own `S` (a tensor reached twice is summed twice, which
+/// only makes `Q` smaller; over a slow link the first sum decides, over a fast one the
+/// second lets a chain's steps in when the whole graph's recomputation would not).
 pub(super) fn q_set(graph: &Graph, theta: f64, units_per_byte: f64, weights: &[f64]) -> Vec<bool> {
-    let total: f64 = (0..graph.len())
+    let n = graph.len();
+    let total: f64 = (0..n)
         .filter(|&t| !graph.is_pinned(t))
         .map(|t| weights[t])
         .sum();
-    (0..graph.len())
-        .map(|t| {
-            let node = graph.node(t);
-            let swap = (1.0 - theta) * node.output_bytes as f64 * units_per_byte;
-            !graph.is_pinned(t) && swap >= theta * node.compute_time + total
-        })
-        .collect()
+    let mut in_q = vec![false; n];
+    let mut chain = vec![0.0f64; n];
+    for t in 0..n {
+        if graph.is_pinned(t) {
+            continue;
+        }
+        let node = graph.node(t);
+        let inputs: f64 = node
+            .inputs
+            .iter()
+            .filter(|&&i| !graph.is_pinned(i))
+            .map(|&i| weights[i] + if in_q[i] { chain[i] } else { 0.0 })
+            .sum();
+        chain[t] = inputs.min(total);
+        let swap = (1.0 - theta) * node.output_bytes as f64 * units_per_byte;
+        in_q[t] = swap >= theta * node.compute_time + chain[t];
+    }
+    in_q
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Node, Phase};
+
+    fn node(name: &str, bytes: u64, time: f64, inputs: Vec<usize>) -> Node {
+        Node {
+            name: name.into(),
+            phase: Phase::Forward,
+            compute_time: time,
+            output_bytes: bytes,
+            inputs,
+        }
+    }
+
+    /// `q -> scores -> softmax`, and a large tensor elsewhere whose `w` alone exceeds what a
+    /// swap of the softmax leaves over its recomputation: the chain's own sum lets the
+    /// softmax and the scores into `Q` (the whole graph's sum kept them out).
+    #[test]
+    fn a_chain_enters_q_on_its_own_inputs_weights() {
+        let nodes = vec![
+            node("q", 1, 1.0, vec![]),
+            node("scores", 10, 4.0, vec![0]),
+            node("softmax", 10, 1.0, vec![1]),
+            node("big", 100, 1000.0, vec![]),
+            node("end", 1, 1.0, vec![2, 3]),
+        ];
+        let graph = Graph::new("chain", nodes, 0, 1.0).expect("a valid graph");
+        let (theta, units_per_byte) = (0.5, 1.0);
+        let weights: Vec<f64> = (0..graph.len())
+            .map(|t| {
+                let n = graph.node(t);
+                (theta * n.compute_time).min((1.0 - theta) * n.output_bytes as f64)
+            })
+            .collect();
+        let in_q = q_set(&graph, theta, units_per_byte, &weights);
+        // softmax: swap 5 >= 0.5 + w(scores) 2 + w(q) 0.5; scores: 5 >= 2 + 0.5.
+        assert_eq!(in_q, vec![true, true, true, false, false]);
+    }
 }
