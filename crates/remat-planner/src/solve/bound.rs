@@ -136,10 +136,14 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
     // In `THETAS` order (the largest first: near the floor without swaps it gives the most;
     // then those that weigh a swap against a recomputation over a fast link), one at least,
-    // then none past the deadline: on 5,000 nodes each takes ~0.15 s, and all eight ran
-    // 1.3 s past a 0.5 s share.
+    // then none past half the time: on 5,000 nodes each takes ~0.15 s, and all eight ran
+    // 1.3 s past a 0.5 s share; on 32 layers all eleven took the bound's whole time, and
+    // the rebuild chains below, whose best start over a fast link is the second or fourth
+    // `theta`, had none left.
+    let start = Instant::now();
+    let singles_until = start + deadline.saturating_duration_since(start) / 2;
     for theta in THETAS {
-        if !singles.is_empty() && Instant::now() >= deadline {
+        if !singles.is_empty() && Instant::now() >= singles_until {
             break;
         }
         let weights = cover.weights(graph, theta, units_per_byte);
@@ -159,7 +163,7 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     if value.is_infinite() {
         return bound(f64::INFINITY);
     }
-    // The rebuild chains ([`rebuild`]) from every `theta`'s single point first (a fraction
+    // The rebuild chains ([`rebuild`]) from each `theta`'s single point first (a fraction
     // of a millisecond each on 1,000 nodes, and near the floor most of the bound), then the
     // subgradient climb of the plain cover, the rebuild chains from where it ended, and the
     // link's windows ([`window`]) in what is left; each tries one start at least.
@@ -243,20 +247,18 @@ fn sum_bits(bits: &[u64], cost: impl Fn(usize) -> f64) -> f64 {
 impl Cover {
     /// The best rebuild-aware value ([`rebuild::value`], less `(1 - theta)` times the link's
     /// room, [`Cover::room`]) over the `(theta, y)` starts and multiples of each, until
-    /// `deadline` (at least the first evaluation). With `whole`, every multiple of every
-    /// start whatever the clock: single points' vectors, whose evaluations take
-    /// microseconds even on 4,000 nodes (the single points can take the bound's time
-    /// there, and the best rebuild then came from the fourth `theta`).
+    /// `deadline` (at least the first evaluation; with `first_whole`, every multiple of the
+    /// first start: cheap for a single point's vector).
     fn with_rebuilds(
         &self,
         link: &Link,
         starts: &[(f64, Vec<f64>)],
-        whole: bool,
+        first_whole: bool,
         deadline: Instant,
     ) -> f64 {
         let mut best = f64::NEG_INFINITY;
         for (k, (theta, y)) in starts.iter().enumerate() {
-            if k > 0 && !whole && Instant::now() >= deadline {
+            if k > 0 && Instant::now() >= deadline {
                 break;
             }
             if y.len() != self.points.len() {
@@ -274,7 +276,7 @@ impl Cover {
                 // One evaluation passes over the (tensor, point) pairs with a price: a
                 // single point's are few, a climbed vector's can be millions on 10,000
                 // nodes, so past the first start the clock is checked between them.
-                if !whole && (k, j) != (0, 0) && Instant::now() >= deadline {
+                if (k > 0 || !first_whole) && (k, j) != (0, 0) && Instant::now() >= deadline {
                     return best;
                 }
                 for (s, y) in scaled.iter_mut().zip(y) {
