@@ -195,6 +195,12 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
 /// cover's, so the best price per byte is higher.
 const REBUILD_SCALES: [f64; 11] = [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 6.0, 8.0];
 
+/// Golden-section steps (two evaluations each) around the best of [`REBUILD_SCALES`].
+const REFINE_STEPS: usize = 6;
+
+/// The golden section's inner ratio, `(sqrt 5 - 1) / 2`.
+const GOLDEN: f64 = 0.618_033_988_749_895;
+
 /// Values of `theta` tried (see the module docs; 1 would make swaps free), in the order
 /// tried: recompute-only requests gain most from the largest; over a fast link (the
 /// transformers near the floor at 32 GB/s) 0.85-0.95 gave the most, and on graphs of
@@ -272,6 +278,13 @@ impl Cover {
                 continue;
             }
             let mut scaled = y.clone();
+            let mut at = |scale: f64| {
+                for (s, y) in scaled.iter_mut().zip(y) {
+                    *s = y * scale;
+                }
+                rebuild::value(self, graph, &weights, &in_q, &scaled) - (1.0 - theta) * room
+            };
+            let mut values = Vec::with_capacity(REBUILD_SCALES.len());
             for (j, scale) in REBUILD_SCALES.into_iter().enumerate() {
                 // One evaluation passes over the (tensor, point) pairs with a price: a
                 // single point's are few, a climbed vector's can be millions on 10,000
@@ -279,11 +292,31 @@ impl Cover {
                 if (k > 0 || !first_whole) && (k, j) != (0, 0) && Instant::now() >= deadline {
                     return best;
                 }
-                for (s, y) in scaled.iter_mut().zip(y) {
-                    *s = y * scale;
+                values.push(at(scale));
+                best = best.max(values[j]);
+            }
+            // Then a golden-section search between the best multiple's neighbours: the
+            // value is not smooth in the multiple, and the grid's steps can miss its top
+            // (8 layers, recompute-only, + 10%: 33.90% on the grid, 34.14% with finer steps).
+            let top = (0..values.len())
+                .max_by(|&a, &b| values[a].total_cmp(&values[b]))
+                .unwrap_or(0);
+            let (mut lo, mut hi) = (
+                REBUILD_SCALES[top.saturating_sub(1)],
+                REBUILD_SCALES[(top + 1).min(REBUILD_SCALES.len() - 1)],
+            );
+            for _ in 0..REFINE_STEPS {
+                if (k > 0 || !first_whole) && Instant::now() >= deadline {
+                    return best;
                 }
-                let value = rebuild::value(self, graph, &weights, &in_q, &scaled);
-                best = best.max(value - (1.0 - theta) * room);
+                let (a, b) = (hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo));
+                let (va, vb) = (at(a), at(b));
+                best = best.max(va).max(vb);
+                if va >= vb {
+                    hi = b;
+                } else {
+                    lo = a;
+                }
             }
         }
         best
