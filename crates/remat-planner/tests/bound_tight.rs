@@ -120,6 +120,26 @@ fn bound_at(graph: &Graph, budget: u64, bandwidth: f64) -> f64 {
     bound.overhead * graph.base_time()
 }
 
+/// The bound at `budget` and `bandwidth`, checked to be at most the overhead of the best
+/// plan of every strategy but the MILP (one of them must plan it).
+fn bound_under_every_plan(graph: &Graph, budget: u64, bandwidth: f64) -> f64 {
+    let problem = Problem {
+        graph,
+        budget_bytes: budget,
+        bandwidth,
+    };
+    let bound = bound_at(graph, budget, bandwidth);
+    let best = registry()
+        .iter()
+        .filter(|s| s.name() != "checkmate-milp")
+        .filter_map(|s| s.plan(&problem).ok())
+        .map(|p| p.report.total_time - p.report.base_time)
+        .fold(f64::INFINITY, f64::min);
+    assert!(best.is_finite(), "no strategy planned it");
+    assert!(bound <= best + 1e-6, "bound {bound} above a plan's {best}");
+    bound
+}
+
 /// From the floor to the store-all peak in steps of `step` bytes: wherever a recompute-only
 /// schedule fits, the bound is at most its least recompute time.
 fn bound_below_optimum_at_every_budget(graph: &Graph, step: u64) -> Result<(), TestCaseError> {
@@ -198,21 +218,7 @@ fn a_copy_out_the_window_cannot_hide_is_charged() {
         node(4, 1, 1, vec![0, 3]), // end
     ];
     let graph = Graph::new("window", nodes, 0, 1.0).expect("a valid graph");
-    let budget = 12;
-    let problem = Problem {
-        graph: &graph,
-        budget_bytes: budget,
-        bandwidth: 1.0,
-    };
-    let bound = bound_at(&graph, budget, 1.0);
-    let best = registry()
-        .iter()
-        .filter(|s| s.name() != "checkmate-milp")
-        .filter_map(|s| s.plan(&problem).ok())
-        .map(|p| p.report.total_time - p.report.base_time)
-        .fold(f64::INFINITY, f64::min);
-    assert!(best.is_finite(), "no strategy planned it");
-    assert!(bound <= best + 1e-6, "bound {bound} above a plan's {best}");
+    let bound = bound_under_every_plan(&graph, 12, 1.0);
     assert!(
         bound >= 8.1 - 1e-6,
         "bound {bound}: the exposed copy out is not charged"
@@ -262,21 +268,7 @@ fn a_copy_back_after_the_forward_is_charged() {
         node(7, 1, 1, vec![0, 6]), // end
     ];
     let graph = Graph::new("copy back", nodes, 0, 1.0).expect("a valid graph");
-    let budget = 12;
-    let problem = Problem {
-        graph: &graph,
-        budget_bytes: budget,
-        bandwidth: 1.0,
-    };
-    let bound = bound_at(&graph, budget, 1.0);
-    let best = registry()
-        .iter()
-        .filter(|s| s.name() != "checkmate-milp")
-        .filter_map(|s| s.plan(&problem).ok())
-        .map(|p| p.report.total_time - p.report.base_time)
-        .fold(f64::INFINITY, f64::min);
-    assert!(best.is_finite(), "no strategy planned it");
-    assert!(bound <= best + 1e-6, "bound {bound} above a plan's {best}");
+    let bound = bound_under_every_plan(&graph, 12, 1.0);
     assert!(
         bound >= 4.0 - 1e-6,
         "bound {bound}: the copy back after the forward is not charged"
