@@ -195,8 +195,9 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
 /// cover's, so the best price per byte is higher.
 const REBUILD_SCALES: [f64; 11] = [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 6.0, 8.0];
 
-/// Golden-section steps (two evaluations each) around the best of [`REBUILD_SCALES`].
-const REFINE_STEPS: usize = 6;
+/// Golden-section steps (one evaluation each, after the first two) around the best of
+/// [`REBUILD_SCALES`].
+const REFINE_STEPS: usize = 10;
 
 /// The golden section's inner ratio, `(sqrt 5 - 1) / 2`.
 const GOLDEN: f64 = 0.618_033_988_749_895;
@@ -262,6 +263,7 @@ impl Cover {
         first_whole: bool,
         deadline: Instant,
     ) -> f64 {
+        let (graph, units_per_byte) = (link.graph, link.units_per_byte);
         let mut best = f64::NEG_INFINITY;
         for (k, (theta, y)) in starts.iter().enumerate() {
             if k > 0 && Instant::now() >= deadline {
@@ -270,7 +272,6 @@ impl Cover {
             if y.len() != self.points.len() {
                 continue;
             }
-            let (graph, units_per_byte) = (link.graph, link.units_per_byte);
             let weights = self.weights(graph, *theta, units_per_byte);
             let in_q = rebuild::q_set(graph, *theta, units_per_byte, &weights);
             let room = self.room(link, y);
@@ -305,18 +306,24 @@ impl Cover {
                 REBUILD_SCALES[top.saturating_sub(1)],
                 REBUILD_SCALES[(top + 1).min(REBUILD_SCALES.len() - 1)],
             );
+            // Each step keeps one inner point and its value, and evaluates one new one.
+            let (mut a, mut b) = (hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo));
+            let (mut va, mut vb) = (at(a), at(b));
+            best = best.max(va).max(vb);
             for _ in 0..REFINE_STEPS {
                 if (k > 0 || !first_whole) && Instant::now() >= deadline {
                     return best;
                 }
-                let (a, b) = (hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo));
-                let (va, vb) = (at(a), at(b));
-                best = best.max(va).max(vb);
                 if va >= vb {
-                    hi = b;
+                    (hi, b, vb) = (b, a, va);
+                    a = hi - GOLDEN * (hi - lo);
+                    va = at(a);
                 } else {
-                    lo = a;
+                    (lo, a, va) = (a, b, vb);
+                    b = lo + GOLDEN * (hi - lo);
+                    vb = at(b);
                 }
+                best = best.max(va).max(vb);
             }
         }
         best
@@ -439,7 +446,7 @@ impl Cover {
             if left > 0.0 {
                 return (f64::INFINITY, Vec::new());
             }
-            let value = cost - (1.0 - theta) * (base - self.before[p]).max(0.0);
+            let value = cost - (1.0 - theta) * self.point_room(p, base);
             if cost > 0.0 && value > best.0 {
                 best = (value, p, ratio);
             }
@@ -451,11 +458,16 @@ impl Cover {
         // The knapsack's cost equals g(y) in exact arithmetic; the bound is g(y) itself,
         // which weak duality makes valid for any y >= 0 whatever the rounding.
         let room = if best.0 > f64::NEG_INFINITY {
-            (base - self.before[best.1]).max(0.0)
+            self.point_room(best.1, base)
         } else {
             base
         };
         (self.dual(weights, &y).0 - (1.0 - theta) * room, y)
+    }
+
+    /// [`Cover::room`] of a vector that prices point `p` alone.
+    fn point_room(&self, p: usize, base: f64) -> f64 {
+        (base - self.before[p]).max(0.0)
     }
 
     /// The link's room for `y` (see the module docs): the base time less the compute of the
