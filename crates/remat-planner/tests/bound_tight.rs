@@ -274,3 +274,28 @@ fn a_copy_back_after_the_forward_is_charged() {
         "bound {bound}: the copy back after the forward is not charged"
     );
 }
+
+/// The chain of `a_dropped_tensor_pays_for_its_inputs` over a 2 B/s link: `S` must be
+/// absent at `v`; a swap of it costs 5 units each way (and only `u` runs between its
+/// making and `v`), its recomputation 1 plus its chain's (`scores` 4, `q` 1). Its swap is
+/// not dear enough for `Q` (it does not cover the chain), so the bound used to charge `S`
+/// alone: 0.6. With a tensor outside `Q` split into its recomputation (which pays the
+/// chain) and its swap (both copies, over one point), it is 1.75, under every plan.
+#[test]
+fn a_tensor_outside_q_pays_for_its_inputs_when_recomputed() {
+    let nodes = vec![
+        node(0, 1, 1, vec![]),        // q
+        node(1, 10, 4, vec![0]),      // scores
+        node(2, 10, 1, vec![1]),      // S
+        node(3, 1, 1, vec![2]),       // u
+        node(4, 20, 1, vec![3]),      // v
+        node(5, 1, 1, vec![4]),       // v2
+        node(6, 1, 1, vec![2, 3, 5]), // end
+    ];
+    let graph = Graph::new("attention-like", nodes, 0, 1.0).expect("a valid graph");
+    let bound = bound_under_every_plan(&graph, 21, 2.0);
+    assert!(
+        bound >= 1.75 - 1e-6,
+        "bound {bound}: the recomputation of S outside Q does not pay for its chain"
+    );
+}

@@ -48,7 +48,21 @@
 //! included, begin after at least `c(A)` of compute: `total >= c(A) + H` for their swap-ins,
 //! and the `(1 - theta) base` above may be `(1 - theta) (base - c(A))`: the copy stream
 //! cannot use the part of the step that every schedule spends before the points. Near the
-//! floor the priced points lie in the backward pass, and `c(A)` is the forward's time. We start
+//! floor the priced points lie in the backward pass, and `c(A)` is the forward's time.
+//!
+//! The copies out. A tensor absent at a priced point `v` and swapped back after it has a host
+//! copy, made by a copy out while it was on the device, so before the `Free` that made it
+//! absent; that `Free` waits for the copy (the simulator's rule), and comes before `v`'s
+//! first computation. So the copies out of those tensors (one per tensor at least, on the
+//! device-to-host stream, from time 0) end before the last priced point starts, and every
+//! node that is a priced point or a descendant of every priced point (the set `C`) computes
+//! after that: `total >= s_out + c(C)`. With the copies out as long as the copies back, the
+//! room may be `base - max(c(A), c(C))`, whichever stream has less compute to hide behind.
+//! For a single priced point `v` the two streams add: the copies out end before `v` starts,
+//! the copies back begin after it ends, so `total >= 2 H + c(v)` and a swap may be charged
+//! both copies, `min(theta c(t), 2 (1 - theta) s(t))`, less `(1 - theta) (base - c(v))`
+//! ([`LinkTerm::OutAndBack`]); several priced points may overlap the two streams, so that
+//! term prices one point only. We start
 //! from the best single node (where `g` is maximised by a fractional knapsack) and climb
 //! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
 //! (at the deadline) only makes it weaker.
@@ -131,9 +145,13 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         return bound(0.0);
     }
     let units_per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
-    // Each `theta`'s best single point, kept: the rebuild chains start from them too.
-    let mut singles: Vec<(f64, Vec<f64>)> = Vec::new();
+    // Each `theta`'s best single point under each link term, kept: the rebuild chains
+    // start from them too.
+    let mut singles: Vec<Start> = Vec::new();
+    // The best under the room's term: the climb starts there (the other term holds for
+    // single points only).
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
+    let mut best_value = f64::NEG_INFINITY;
     // In `THETAS` order (the largest first: near the floor without swaps it gives the most;
     // then those that weigh a swap against a recomputation over a fast link), one at least,
     // then none past half the time: on 5,000 nodes each takes ~0.15 s, and all eight ran
@@ -142,24 +160,35 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     // `theta`, had none left.
     let start = Instant::now();
     let singles_until = start + deadline.saturating_duration_since(start) / 2;
-    for theta in THETAS {
-        if !singles.is_empty() && Instant::now() >= singles_until {
-            break;
+    let terms: &[LinkTerm] = if problem.recompute_only() {
+        // A swap costs more than anything it could save: one term is enough.
+        &[LinkTerm::Room]
+    } else {
+        &[LinkTerm::Room, LinkTerm::OutAndBack]
+    };
+    'thetas: for theta in THETAS {
+        for &term in terms {
+            if !singles.is_empty() && Instant::now() >= singles_until {
+                break 'thetas;
+            }
+            let weights = cover.weights(graph, theta, units_per_byte * term.copies());
+            let (value, y) = cover.best_single_point(&weights, theta, base, term);
+            best_value = best_value.max(value);
+            // Ties go to the smaller theta.
+            if term == LinkTerm::Room
+                && best
+                    .as_ref()
+                    .is_none_or(|b| value > b.0 || (value == b.0 && theta < b.1))
+            {
+                best = Some((value, theta, y.clone()));
+            }
+            singles.push(Start { theta, term, y });
         }
-        let weights = cover.weights(graph, theta, units_per_byte);
-        let (value, y) = cover.best_single_point(&weights, theta, base);
-        // Ties go to the smaller theta.
-        if best
-            .as_ref()
-            .is_none_or(|b| value > b.0 || (value == b.0 && theta < b.1))
-        {
-            best = Some((value, theta, y.clone()));
-        }
-        singles.push((theta, y));
     }
-    let Some((mut value, theta, y)) = best else {
+    let Some((room_value, theta, y)) = best else {
         return bound(0.0);
     };
+    let mut value = best_value.max(room_value);
     if value.is_infinite() {
         return bound(f64::INFINITY);
     }
@@ -175,6 +204,7 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         ancestry: &ancestry,
         base,
         units_per_byte,
+        recompute_only: problem.recompute_only(),
     };
     value = value.max(cover.with_rebuilds(&link, &singles, true, until));
     let weights = cover.weights(graph, theta, units_per_byte);
@@ -182,7 +212,11 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     let target = upper.map(|u| u * base + offset);
     let (climbed, climbed_y) = cover.climb(&weights, y, target, now + left.mul_f64(0.6));
     value = value.max(climbed - (1.0 - theta) * cover.room(&link, &climbed_y));
-    let climbed = [(theta, climbed_y)];
+    let climbed = [Start {
+        theta,
+        term: LinkTerm::Room,
+        y: climbed_y,
+    }];
     let until = now + left.mul_f64(0.8);
     value = value.max(cover.with_rebuilds(&link, &climbed, false, until));
     if let Some(windowed) = window::best(&cover, graph, &ancestry, units_per_byte, deadline) {
@@ -228,6 +262,11 @@ struct Cover {
     /// Per point, the compute time of its strict ancestors: spent before it in every
     /// schedule (the link's room, see the module docs).
     before: Vec<f64>,
+    /// Per point, the compute time of the point and its strict descendants: spent after
+    /// its start in every schedule (the room of the copies out, see the module docs).
+    after: Vec<f64>,
+    /// Per point, its own compute time.
+    own: Vec<f64>,
 }
 
 /// What the link's room needs: the graph, its ancestry, its base time, the link's speed.
@@ -236,6 +275,35 @@ struct Link<'a> {
     ancestry: &'a Ancestry,
     base: f64,
     units_per_byte: f64,
+    /// A recompute-only request ([`Problem::recompute_only`]).
+    recompute_only: bool,
+}
+
+/// How a bound charges the host link (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LinkTerm {
+    /// A swap costs its copy back, less the room ([`Cover::room`]): any dual vector.
+    Room,
+    /// A swap costs its copy out, before the point, and its copy back, after it, less the
+    /// base time but the point's own compute: a vector that prices one point only.
+    OutAndBack,
+}
+
+impl LinkTerm {
+    /// Copies charged per swap.
+    fn copies(self) -> f64 {
+        match self {
+            LinkTerm::Room => 1.0,
+            LinkTerm::OutAndBack => 2.0,
+        }
+    }
+}
+
+/// A dual vector to evaluate, with the `theta` and link term it was found under.
+struct Start {
+    theta: f64,
+    term: LinkTerm,
+    y: Vec<f64>,
 }
 
 /// Sum of `cost` over the set bits of `bits`.
@@ -259,22 +327,24 @@ impl Cover {
     fn with_rebuilds(
         &self,
         link: &Link,
-        starts: &[(f64, Vec<f64>)],
+        starts: &[Start],
         first_whole: bool,
         deadline: Instant,
     ) -> f64 {
         let (graph, units_per_byte) = (link.graph, link.units_per_byte);
         let mut best = f64::NEG_INFINITY;
-        for (k, (theta, y)) in starts.iter().enumerate() {
+        for (k, Start { theta, term, y }) in starts.iter().enumerate() {
             if k > 0 && Instant::now() >= deadline {
                 break;
             }
             if y.len() != self.points.len() {
                 continue;
             }
-            let weights = self.weights(graph, *theta, units_per_byte);
-            let in_q = rebuild::q_set(graph, *theta, units_per_byte, &weights);
-            let room = self.room(link, y);
+            let per_byte = units_per_byte * term.copies();
+            let sides = rebuild::Sides::of(graph, *theta, per_byte, !link.recompute_only);
+            let in_q = rebuild::q_set(graph, *theta, per_byte, &sides.weights);
+            // Multiples of `y` price the same points: the same room.
+            let room = self.offset(link, y, *term);
             if !in_q.iter().any(|&q| q) {
                 continue;
             }
@@ -283,7 +353,7 @@ impl Cover {
                 for (s, y) in scaled.iter_mut().zip(y) {
                     *s = y * scale;
                 }
-                rebuild::value(self, graph, &weights, &in_q, &scaled) - (1.0 - theta) * room
+                rebuild::value(self, graph, &sides, &in_q, &scaled) - (1.0 - theta) * room
             };
             let mut values = Vec::with_capacity(REBUILD_SCALES.len());
             for (j, scale) in REBUILD_SCALES.into_iter().enumerate() {
@@ -378,8 +448,18 @@ impl Cover {
             .iter()
             .map(|&v| ancestry.sum_over(v, true, |w| graph.node(w).compute_time))
             .collect();
+        let after = points
+            .iter()
+            .map(|&v| {
+                graph.node(v).compute_time
+                    + ancestry.sum_over(v, false, |w| graph.node(w).compute_time)
+            })
+            .collect();
+        let own = points.iter().map(|&v| graph.node(v).compute_time).collect();
         Cover {
             before,
+            after,
+            own,
             demand,
             points,
             point_start,
@@ -416,7 +496,13 @@ impl Cover {
     /// The largest fractional-knapsack cover cost over single points less `(1 - theta)`
     /// times the point's room (the base time but its strict ancestors'), and the dual
     /// vector that attains it (`y` at that point = the ratio of the last item taken).
-    fn best_single_point(&self, weights: &[f64], theta: f64, base: f64) -> (f64, Vec<f64>) {
+    fn best_single_point(
+        &self,
+        weights: &[f64],
+        theta: f64,
+        base: f64,
+        term: LinkTerm,
+    ) -> (f64, Vec<f64>) {
         let mut best = (f64::NEG_INFINITY, 0, 0.0);
         let mut items: Vec<(f64, f64)> = Vec::new();
         for p in 0..self.points.len() {
@@ -446,7 +532,7 @@ impl Cover {
             if left > 0.0 {
                 return (f64::INFINITY, Vec::new());
             }
-            let value = cost - (1.0 - theta) * self.point_room(p, base);
+            let value = cost - (1.0 - theta) * self.point_offset(p, base, term);
             if cost > 0.0 && value > best.0 {
                 best = (value, p, ratio);
             }
@@ -458,21 +544,43 @@ impl Cover {
         // The knapsack's cost equals g(y) in exact arithmetic; the bound is g(y) itself,
         // which weak duality makes valid for any y >= 0 whatever the rounding.
         let room = if best.0 > f64::NEG_INFINITY {
-            self.point_room(best.1, base)
+            self.point_offset(best.1, base, term)
         } else {
             base
         };
         (self.dual(weights, &y).0 - (1.0 - theta) * room, y)
     }
 
-    /// [`Cover::room`] of a vector that prices point `p` alone.
-    fn point_room(&self, p: usize, base: f64) -> f64 {
-        (base - self.before[p]).max(0.0)
+    /// [`Cover::offset`] of a vector that prices point `p` alone.
+    fn point_offset(&self, p: usize, base: f64, term: LinkTerm) -> f64 {
+        match term {
+            LinkTerm::Room => (base - self.before[p].max(self.after[p])).max(0.0),
+            LinkTerm::OutAndBack => (base - self.own[p]).max(0.0),
+        }
     }
 
-    /// The link's room for `y` (see the module docs): the base time less the compute of the
-    /// tensors that are strict ancestors of every priced point; the whole base time when
-    /// nothing is priced.
+    /// What `(1 - theta)` times is subtracted from the dual value of `y` under `term`:
+    /// [`Cover::room`], or for [`LinkTerm::OutAndBack`] the base time less the priced
+    /// point's own compute (infinite when `y` prices several points: the term does not
+    /// hold there).
+    fn offset(&self, link: &Link, y: &[f64], term: LinkTerm) -> f64 {
+        match term {
+            LinkTerm::Room => self.room(link, y),
+            LinkTerm::OutAndBack => {
+                let mut priced = y.iter().enumerate().filter(|&(_, &price)| price > 0.0);
+                match (priced.next(), priced.next()) {
+                    (Some((p, _)), None) => self.point_offset(p, link.base, term),
+                    (None, _) => link.base,
+                    (Some(_), Some(_)) => f64::INFINITY,
+                }
+            }
+        }
+    }
+
+    /// The link's room for `y` (see the module docs): the base time less the larger of the
+    /// compute of the tensors that are strict ancestors of every priced point (before the
+    /// copies back) and of those that are every priced point or its descendant (after the
+    /// copies out); the whole base time when nothing is priced.
     fn room(&self, link: &Link, y: &[f64]) -> f64 {
         let mut priced = y
             .iter()
@@ -483,14 +591,26 @@ impl Cover {
             return link.base;
         };
         let ancestry = link.ancestry;
-        let mut common = ancestry.row(&ancestry.anc, first).to_vec();
+        let mut before = ancestry.row(&ancestry.anc, first).to_vec();
+        let mut after = ancestry.row(&ancestry.desc, first).to_vec();
+        after[first / 64] |= 1 << (first % 64);
         for v in priced {
-            for (c, a) in common.iter_mut().zip(ancestry.row(&ancestry.anc, v)) {
+            for (c, a) in before.iter_mut().zip(ancestry.row(&ancestry.anc, v)) {
                 *c &= a;
             }
+            for (w, (c, d)) in after
+                .iter_mut()
+                .zip(ancestry.row(&ancestry.desc, v))
+                .enumerate()
+            {
+                let own = if w == v / 64 { 1 << (v % 64) } else { 0 };
+                *c &= d | own;
+            }
         }
-        let before = sum_bits(&common, |w| link.graph.node(w).compute_time);
-        (link.base - before).max(0.0)
+        let compute = |w: usize| link.graph.node(w).compute_time;
+        let before = sum_bits(&before, compute);
+        let after = sum_bits(&after, compute);
+        (link.base - before.max(after)).max(0.0)
     }
 
     /// `g(y)` of the module docs, and `x_t = [bytes(t) Y_t > w_t]`, its minimiser.

@@ -34,6 +34,18 @@
 //! swap is dear against its own recomputation and its inputs' `w`: the softmax chain of an
 //! attention block at 32 GB/s and `theta` up to about 0.9.)
 //!
+//! **Outside `Q`.** An unpinned tensor outside `Q` may still be recomputed, and then its
+//! inputs were present or restored; or swapped back. Its rows split the two:
+//! `a_{t,v} <= X^r_t + X^s_t` (recomputed at least once, cost `theta c_t`; swapped back at
+//! least once, cost `(1 - theta)` times its copies) and `a_{t,v} <= p_{i,v} + r_{i,v} +
+//! X^s_t` (the same for `r_{t,v}`), with `a, r <= 1`. A schedule that swaps `t` back sets
+//! `X^s_t`; one that recomputes it had the inputs. In the dual a tensor outside `Q` is
+//! charged `z + max(0, C_t - z - theta c_t) + max(0, C_t + P_t - z - (1 - theta) s_t)`,
+//! with `P_t` all it received and `0 <= z <= C_t` (the `<= 1` rows; [`split_penalty`]
+//! takes the least): with nothing received it is `max(0, C_t - w_t)`, as before, and a
+//! gift lowers only the recomputation side, so inputs give to it only where its swap is
+//! the dearer side (over a fast link: the matmuls whose rebuild chain is long).
+//!
 //! **The dual.** With `y >= 0` and donations `pi >= 0` (input `i` pays part of `t`'s
 //! charge at `v`), choosing the other multipliers to zero every per-point term leaves
 //!
@@ -42,8 +54,9 @@
 //! C_t = sum_{v: t in L(v)} max(0, y_v b_t - P_{t,v}) + sum_{v: t in E(v)} max(0, D_{t,v} - P_{t,v})
 //! ```
 //!
-//! where `P_{t,v}` is what `t` received at `v` from its inputs and `D_{t,v}` what it gave
-//! there (at most `y_v b_t`, or the `p` term turns negative). Every `(y, pi)` gives a valid
+//! for a tensor of `Q` or a pinned one (outside `Q`, the charge above), where `P_{t,v}` is
+//! what `t` received at `v` from its inputs and `D_{t,v}` what it gave there (at most
+//! `y_v b_t`, or the `p` term turns negative). Every `(y, pi)` gives a valid
 //! bound; [`value`] computes `g` exactly for the donations its greedy chose, so the greedy
 //! only decides how strong the bound is, never whether it holds.
 
@@ -55,20 +68,25 @@ use super::Cover;
 
 /// The rebuild-aware dual value `g` of the module docs at `y` (one entry per cover point),
 /// with `weights` the cover's `w` at this `theta` and `in_q` the tensors of `Q`.
-pub(super) fn value(
-    cover: &Cover,
-    graph: &Graph,
-    weights: &[f64],
-    in_q: &[bool],
-    y: &[f64],
-) -> f64 {
+pub(super) fn value(cover: &Cover, graph: &Graph, sides: &Sides, in_q: &[bool], y: &[f64]) -> f64 {
+    let n = graph.len();
+    // Which tensors have rebuild rows: those of `Q`, and the unpinned others whose swap
+    // costs at least their recomputation (elsewhere a gift only adds to the swap side).
+    let rebuilds: Vec<bool> = (0..n)
+        .map(|t| {
+            in_q[t] || (sides.split && !graph.is_pinned(t) && sides.recompute[t] <= sides.swap[t])
+        })
+        .collect();
     let mut donations = Donations {
         cover,
         graph,
         y,
-        in_q,
-        cap: weights.to_vec(),
+        rebuilds: &rebuilds,
+        split: sides.split,
+        cap: sides.weights.to_vec(),
+        received: vec![0.0; n],
         flows: HashMap::new(),
+        visits_left: 0,
     };
     // The priced (tensor, point) pairs, tensors in id order (a topological order): a
     // tensor's own charges are settled, with what its inputs gave it, before any later
@@ -87,18 +105,89 @@ pub(super) fn value(
         if need <= 0.0 {
             continue;
         }
-        let got = if in_q[t] {
-            donations.pull_inputs(t, p, need, 0)
+        // A tensor of `Q` asks for all of it; one outside `Q` only for what its
+        // recomputation side cannot pay (a gift adds to its swap side).
+        let ask = if in_q[t] {
+            need
+        } else {
+            (need - donations.cap[t].max(0.0)).max(0.0)
+        };
+        donations.visits_left = VISITS_PER_PAIR;
+        let got = if ask > 0.0 && donations.may_ask(t) {
+            donations.pull_inputs(t, p, ask, 0)
         } else {
             0.0
         };
+        donations.received[t] += got;
         donations.cap[t] -= (need - got).max(0.0);
     }
     let mut g: f64 = cover.demand.iter().zip(y).map(|(d, y)| d * y).sum();
-    for &left in &donations.cap {
-        g -= (-left).max(0.0);
+    for (t, &cap) in donations.cap.iter().enumerate() {
+        let charged = sides.weights[t] - cap;
+        g -= if in_q[t] || graph.is_pinned(t) {
+            (charged - sides.weights[t]).max(0.0)
+        } else {
+            split_penalty(
+                charged,
+                donations.received[t],
+                sides.recompute[t],
+                sides.swap[t],
+            )
+        };
     }
     g
+}
+
+/// A tensor's costs at one `theta`: `w` (the cover's weight, the smaller side), and each
+/// side apart, `theta c` (recomputed) and `(1 - theta)` times its copies (swapped).
+pub(super) struct Sides {
+    pub weights: Vec<f64>,
+    pub recompute: Vec<f64>,
+    pub swap: Vec<f64>,
+    /// Whether a tensor outside `Q` gets rebuild rows (see "Outside `Q`"): not for
+    /// recompute-only requests, where a swap's side is far above any recomputation and
+    /// the rows only spread each tensor's room over more chains (Moccasin's n = 250 at the
+    /// recompute floor + 5%: 17.0% with them, 18.6% without).
+    pub split: bool,
+}
+
+impl Sides {
+    /// The sides of every tensor of `graph` at `theta`, a copy costing `per_byte` time
+    /// units a byte; a pinned tensor can only be swapped.
+    pub(super) fn of(graph: &Graph, theta: f64, per_byte: f64, split: bool) -> Sides {
+        let n = graph.len();
+        let mut sides = Sides {
+            weights: Vec::with_capacity(n),
+            recompute: Vec::with_capacity(n),
+            swap: Vec::with_capacity(n),
+            split,
+        };
+        for t in 0..n {
+            let node = graph.node(t);
+            let swap = (1.0 - theta) * node.output_bytes as f64 * per_byte;
+            let recompute = if graph.is_pinned(t) {
+                f64::INFINITY
+            } else {
+                theta * node.compute_time
+            };
+            sides.weights.push(recompute.min(swap));
+            sides.recompute.push(recompute);
+            sides.swap.push(swap);
+        }
+        sides
+    }
+}
+
+/// The dual's charge to a tensor outside `Q` (see the module docs, "Outside `Q`"): its
+/// restorations' prices less what its inputs gave it (`charged`), what they gave
+/// (`received`), against its recomputation side `a` and its swap side `b`, with the
+/// multipliers of `a <= 1` lowering both by the same `z` (the least of the three kinks).
+fn split_penalty(charged: f64, received: f64, a: f64, b: f64) -> f64 {
+    let at = |z: f64| z + (charged - z - a).max(0.0) + (charged + received - z - b).max(0.0);
+    [0.0, charged - a, charged + received - b]
+        .into_iter()
+        .map(|z| at(z.clamp(0.0, charged.max(0.0))))
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// The donations chosen so far: what each tensor may still pay (`w_t - C_t`), and per
@@ -107,9 +196,17 @@ struct Donations<'a> {
     cover: &'a Cover,
     graph: &'a Graph,
     y: &'a [f64],
-    in_q: &'a [bool],
+    /// Tensors with rebuild rows: their inputs may give to them.
+    rebuilds: &'a [bool],
+    /// Whether tensors outside `Q` have rebuild rows ([`Sides::split`]): then the asks
+    /// are counted.
+    split: bool,
     cap: Vec<f64>,
+    /// Per tensor, what its inputs gave it in all (the swap side's charge, outside `Q`).
+    received: Vec<f64>,
     flows: HashMap<(u32, u32), (f64, f64)>,
+    /// Gifts the current priced pair may still ask for (see [`VISITS_PER_PAIR`]).
+    visits_left: usize,
 }
 
 impl Donations<'_> {
@@ -149,8 +246,10 @@ impl Donations<'_> {
         let before = (given - received).max(0.0);
         let mut received_now = received;
         let surplus = (received - given).max(0.0);
-        if want > surplus && self.in_q[i] {
-            received_now += self.pull_inputs(i, p, want - surplus, depth + 1);
+        if want > surplus && self.may_ask(i) {
+            let got = self.pull_inputs(i, p, want - surplus, depth + 1);
+            received_now += got;
+            self.received[i] += got;
         }
         // Largest gift whose charge `max(0, D - P)` grows by at most what `i` has left.
         let own = self.cap[i].max(0.0);
@@ -159,6 +258,18 @@ impl Donations<'_> {
         self.cap[i] -= after - before;
         self.flows.insert(key, (given + out, received_now));
         out
+    }
+
+    /// Whether `t` may ask its inputs to give: when it has rebuild rows, and with the rows
+    /// split, while the pair's [`VISITS_PER_PAIR`] last (counting this ask).
+    fn may_ask(&mut self, t: usize) -> bool {
+        if !self.rebuilds[t] || self.visits_left == 0 {
+            return false;
+        }
+        if self.split {
+            self.visits_left -= 1;
+        }
+        true
     }
 
     /// Whether tensor `i` is in `E(v)` at point `p`: not `v`, not read by `v`, not in
@@ -171,6 +282,13 @@ impl Donations<'_> {
         self.cover.items_of(p).binary_search(&(i as u32)).is_err()
     }
 }
+
+/// Asks per priced `(tensor, point)` pair, down every chain together, when tensors outside
+/// `Q` have rebuild rows: on graphs whose nodes read several earlier ones the chains branch
+/// at every link, and through the tensors outside `Q` the asks grew as the branching to the
+/// power [`MAX_DEPTH`] (Moccasin's n = 500 took 20 s for one dual vector); fewer asks only
+/// weaken the bound.
+const VISITS_PER_PAIR: usize = 256;
 
 /// Links of a rebuild chain followed at most (the attention chain of a transformer is four:
 /// softmax, mask, scale, `q k^T`); it also bounds the recursion.
@@ -222,6 +340,28 @@ mod tests {
             output_bytes: bytes,
             inputs,
         }
+    }
+
+    /// Outside `Q`: with nothing received the charge is the cover's (`max(0, C - w)`, `w`
+    /// the smaller side); a gift lowers the recomputation side only, down to the swap side.
+    #[test]
+    fn a_split_charge_is_the_covers_without_gifts_and_falls_with_them() {
+        for (charged, a, b) in [
+            (5.0, 2.0, 3.0),
+            (5.0, 3.0, 2.0),
+            (1.0, 2.0, 3.0),
+            (9.0, 1.0, 4.0),
+        ] {
+            let cover: f64 = (charged - f64::min(a, b)).max(0.0);
+            assert!((split_penalty(charged, 0.0, a, b) - cover).abs() < 1e-12);
+        }
+        // Priced 8 in all, recomputation side 2, swap side 6: 6 without gifts; with 6 of it
+        // given by the inputs, 8 - 6 = 2 is left, the price over the swap side (a gift
+        // lowers only the recomputation side).
+        assert!((split_penalty(8.0, 0.0, 2.0, 6.0) - 6.0).abs() < 1e-12);
+        assert!((split_penalty(2.0, 6.0, 2.0, 6.0) - 2.0).abs() < 1e-12);
+        // Priced 5, 4 given: nothing left on either side.
+        assert!(split_penalty(1.0, 4.0, 2.0, 6.0).abs() < 1e-12);
     }
 
     /// `q -> scores -> softmax`, and a large tensor elsewhere whose `w` alone exceeds what a
