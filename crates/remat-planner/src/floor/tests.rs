@@ -320,3 +320,26 @@ fn a_recompute_only_request_under_the_recompute_floor_is_refused_naming_it() {
     assert_eq!(planned.report.swapped_out_bytes, 0);
     assert_eq!(planned.report.peak_bytes, 50);
 }
+
+/// `v` reads `p` and `q`, each made from a 10-byte source of its own. Whichever of them is
+/// made last, the other is held while it is: 1 + 1 + 10 = 12 bytes, above the largest
+/// operation (`p` with `x`: 11), and the exact least peak.
+#[test]
+fn the_last_made_input_of_an_operation_is_made_beside_the_others() {
+    let g = Graph::new(
+        "look back",
+        vec![
+            node("x", 10, vec![]),
+            node("y", 10, vec![]),
+            node("p", 1, vec![0]),
+            node("q", 1, vec![1]),
+            node("v", 1, vec![2, 3]),
+        ],
+        0,
+        1.0,
+    )
+    .expect("valid graph");
+    assert_eq!(g.memory_floor(), 11);
+    assert_eq!(certified_recompute_floor(&g), 12);
+    assert_eq!(least_recompute_peak(&g, EXACT_STATE_LIMIT), Some(12));
+}
