@@ -61,7 +61,7 @@
 //! For a single priced point `v` the two streams add: the copies out end before `v` starts,
 //! the copies back begin after it ends, so `total >= 2 H + c(v)` and a swap may be charged
 //! both copies, `min(theta c(t), 2 (1 - theta) s(t))`, less `(1 - theta) (base - c(v))`
-//! ([`LinkTerm::OutAndBack`]); several priced points may overlap the two streams, so that
+//! (`LinkTerm::OutAndBack`); several priced points may overlap the two streams, so that
 //! term prices one point only. We start
 //! from the best single node (where `g` is maximised by a fractional knapsack) and climb
 //! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
