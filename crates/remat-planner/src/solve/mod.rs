@@ -22,6 +22,12 @@
 //! cascades). Over a fast link this is often free; it is also the plan where recomputation
 //! sticks above the budget (random layered n=5,000 at 0.8 of its peak).
 //!
+//! Last, when swaps are allowed, **copies in place of recomputations**
+//! ([`recompute_to_swap`], a tenth of the time before the annealing of copies ends): the
+//! best plan's recomputations, costliest per copy time first, each replaced by a copy out
+//! after the first computation and a copy back hoisted as far as memory allows, with the
+//! recomputations that only fed it dropped; kept when the simulator says faster.
+//!
 //! Whenever copies or some order's eviction pass fit, a plan is returned; when none does, the
 //! error reports the smallest peak reached. A budget under [`Graph::memory_floor`] is
 //! refused up front, naming the floor. [`bound`] gives the lower bound printed beside.
@@ -40,6 +46,7 @@ pub mod cuts;
 pub mod offload;
 pub mod order;
 pub mod recompute;
+pub mod recompute_to_swap;
 
 use std::time::{Duration, Instant};
 
@@ -271,8 +278,16 @@ pub fn solve(
     let until = until.min(Instant::now() + BIAS_MAX_TIME);
     search_biases(problem, &search.states, &mut best, until, &mut progress);
     // --- end branch `small` ---
-    // 5. Until the deadline: anneal the copies of the best sequence (anneal_copies).
-    let deadline = outer_deadline;
+    // 5. Until the deadline (less a share for step 6 when swaps are allowed): anneal the
+    //    copies of the best sequence (anneal_copies).
+    let deadline = if problem.recompute_only() {
+        outer_deadline
+    } else {
+        let now = Instant::now();
+        now + outer_deadline
+            .saturating_duration_since(now)
+            .mul_f64(1.0 - SWAP_RECOMPUTES_SHARE)
+    };
     progress("annealing recomputations", best.overhead());
     let annealed = anneal_copies::phase(
         problem,
@@ -287,6 +302,18 @@ pub fn solve(
     if !problem.recompute_only() && (graph.order_is_fixed() || best.planned.is_none()) {
         progress("swapping", best.overhead());
         best.offer(offload::plan_swaps(problem, &search.states[0].order, NAME));
+    }
+    // 6. Recomputations a copy can replace (see [`recompute_to_swap`]).
+    if !problem.recompute_only()
+        && let Some(planned) = best.planned.as_ref()
+    {
+        progress("replacing recomputations by copies", best.overhead());
+        let until = outer_deadline.max(Instant::now());
+        if let Some(better) =
+            recompute_to_swap::replace_recomputations(problem, planned, NAME, until)
+        {
+            best.offer(Ok(better));
+        }
     }
     if best.planned.is_none() {
         // No eviction pass fitted at the budget on any order. Passes are not monotone in
@@ -310,6 +337,10 @@ fn evict_deadline(best: &Best, deadline: Instant) -> Instant {
     let now = Instant::now();
     now + deadline.saturating_duration_since(now).mul_f64(EVICT_SHARE)
 }
+
+/// Share of the time left before the annealing of copies that step 6 of [`solve`] (copies
+/// in place of recomputations) keeps for itself when swaps are allowed.
+const SWAP_RECOMPUTES_SHARE: f64 = 0.1;
 
 /// Share of the time a training step in free order gives the eviction in its own order
 /// before the order search (phase 0a of [`solve`]).
