@@ -225,8 +225,9 @@ fn a_copy_out_the_window_cannot_hide_is_charged() {
     );
 }
 
-#[test]
-fn a_dropped_tensor_pays_for_its_inputs() {
+/// `q -> scores -> S`, `S` read by `u` and at the end; `v` (20 bytes) after `u` leaves no
+/// room for `S` at a budget of 21.
+fn attention_chain() -> Graph {
     let nodes = vec![
         node(0, 1, 1, vec![]),        // q
         node(1, 10, 4, vec![0]),      // scores
@@ -236,7 +237,12 @@ fn a_dropped_tensor_pays_for_its_inputs() {
         node(5, 1, 1, vec![4]),       // v2
         node(6, 1, 1, vec![2, 3, 5]), // end
     ];
-    let graph = Graph::new("attention-like", nodes, 0, 1.0).expect("a valid graph");
+    Graph::new("attention-like", nodes, 0, 1.0).expect("a valid graph")
+}
+
+#[test]
+fn a_dropped_tensor_pays_for_its_inputs() {
+    let graph = attention_chain();
     let budget = 21;
     let opt = common::least_recompute_time(&graph, budget).expect("a schedule fits");
     assert_eq!(opt, 7.0);
@@ -275,7 +281,7 @@ fn a_copy_back_after_the_forward_is_charged() {
     );
 }
 
-/// The chain of `a_dropped_tensor_pays_for_its_inputs` over a 2 B/s link: `S` must be
+/// [`attention_chain`] over a 2 B/s link: `S` must be
 /// absent at `v`; a swap of it costs 5 units each way (and only `u` runs between its
 /// making and `v`), its recomputation 1 plus its chain's (`scores` 4, `q` 1). Its swap is
 /// not dear enough for `Q` (it does not cover the chain), so the bound used to charge `S`
@@ -283,16 +289,7 @@ fn a_copy_back_after_the_forward_is_charged() {
 /// chain) and its swap (both copies, over one point), it is 1.75, under every plan.
 #[test]
 fn a_tensor_outside_q_pays_for_its_inputs_when_recomputed() {
-    let nodes = vec![
-        node(0, 1, 1, vec![]),        // q
-        node(1, 10, 4, vec![0]),      // scores
-        node(2, 10, 1, vec![1]),      // S
-        node(3, 1, 1, vec![2]),       // u
-        node(4, 20, 1, vec![3]),      // v
-        node(5, 1, 1, vec![4]),       // v2
-        node(6, 1, 1, vec![2, 3, 5]), // end
-    ];
-    let graph = Graph::new("attention-like", nodes, 0, 1.0).expect("a valid graph");
+    let graph = attention_chain();
     let bound = bound_under_every_plan(&graph, 21, 2.0);
     assert!(
         bound >= 1.75 - 1e-6,
