@@ -149,7 +149,7 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     // start from them too.
     let mut singles: Vec<Start> = Vec::new();
     // The best under the room's term: the climb starts there (the other term holds for
-    // single points only).
+    // single points only); and the best value under any term.
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
     let mut best_value = f64::NEG_INFINITY;
     // In `THETAS` order (the largest first: near the floor without swaps it gives the most;
@@ -185,10 +185,10 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
             singles.push(Start { theta, term, y });
         }
     }
-    let Some((room_value, theta, y)) = best else {
+    let Some((_, theta, y)) = best else {
         return bound(0.0);
     };
-    let mut value = best_value.max(room_value);
+    let mut value = best_value;
     if value.is_infinite() {
         return bound(f64::INFINITY);
     }
@@ -478,19 +478,10 @@ impl Cover {
         &self.point_items[self.point_start[p]..self.point_start[p + 1]]
     }
 
-    /// `w_t = min(theta c(t), (1 - theta) s(t))`; a pinned tensor can only be swapped.
+    /// `w_t = min(theta c(t), (1 - theta) s(t))`; a pinned tensor can only be swapped
+    /// ([`rebuild::Sides::of`]).
     fn weights(&self, graph: &Graph, theta: f64, units_per_byte: f64) -> Vec<f64> {
-        (0..graph.len())
-            .map(|t| {
-                let node = graph.node(t);
-                let swap = (1.0 - theta) * node.output_bytes as f64 * units_per_byte;
-                if graph.is_pinned(t) {
-                    swap
-                } else {
-                    (theta * node.compute_time).min(swap)
-                }
-            })
-            .collect()
+        rebuild::Sides::of(graph, theta, units_per_byte, false).weights
     }
 
     /// The largest fractional-knapsack cover cost over single points less `(1 - theta)`

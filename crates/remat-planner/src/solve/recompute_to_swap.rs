@@ -24,6 +24,7 @@ use crate::eager;
 use crate::ir::{Graph, NodeId};
 use crate::plan::Step;
 use crate::problem::{Planned, Problem, plan_from_steps};
+use crate::sim::SimReport;
 
 /// `planned` with some recomputations replaced by copies (see the module docs), when that
 /// is faster within the budget; `None` when no replacement helped. Stops at `deadline`
@@ -43,7 +44,7 @@ pub fn replace_recomputations(
         }
         let current = best.as_ref().unwrap_or(planned);
         let steps = &current.plan.steps;
-        let live = live_after_steps(graph, steps);
+        let live = live_after_steps(&current.report, steps.len(), graph.static_bytes());
         let copy = copy_time(graph, tensor, problem.bandwidth);
         let Some(changed) = with_copies(graph, steps, tensor, &live, problem.budget_bytes, copy)
         else {
@@ -107,21 +108,15 @@ fn copy_time(graph: &Graph, t: NodeId, bandwidth: f64) -> f64 {
     graph.node(t).output_bytes as f64 / (bandwidth * graph.time_unit_s())
 }
 
-/// Device bytes (static included) after each step, as the simulator counts them: a
-/// `Compute` or `SwapIn` allocates, a `Free` releases.
-fn live_after_steps(graph: &Graph, steps: &[Step]) -> Vec<u64> {
-    let mut live = graph.static_bytes();
-    steps
-        .iter()
+/// Device bytes (static included) after each of the plan's `steps`, read from the
+/// simulator's timeline of that plan (a point at each step that changed them).
+fn live_after_steps(report: &SimReport, steps: usize, static_bytes: u64) -> Vec<u64> {
+    let mut points = report.timeline.iter().peekable();
+    let mut live = static_bytes;
+    (0..steps)
         .map(|step| {
-            match *step {
-                Step::Compute { node: t } | Step::SwapIn { tensor: t } => {
-                    live = live.saturating_add(graph.node(t).output_bytes);
-                }
-                Step::Free { tensor } => {
-                    live = live.saturating_sub(graph.node(tensor).output_bytes);
-                }
-                Step::SwapOut { .. } => {}
+            while let Some(point) = points.next_if(|p| p.step == step) {
+                live = point.bytes;
             }
             live
         })
