@@ -26,7 +26,9 @@
 //! ([`recompute_to_swap`], a tenth of the time left when the annealing of copies starts): the
 //! best plan's recomputations, costliest per copy time first, each replaced by a copy out
 //! after the first computation and a copy back hoisted as far as memory allows, with the
-//! recomputations that only fed it dropped; kept when the simulator says faster.
+//! recomputations that only fed it dropped; kept when the simulator says faster. Then the
+//! copies back are issued by their readers' deadlines ([`prefetch`]): where several come
+//! back for readers close together, each hides behind compute of its own.
 //!
 //! Whenever copies or some order's eviction pass fit, a plan is returned; when none does, the
 //! error reports the smallest peak reached. A budget under [`Graph::memory_floor`] is
@@ -45,6 +47,7 @@ pub mod bound;
 pub mod cuts;
 pub mod offload;
 pub mod order;
+pub mod prefetch;
 pub mod recompute;
 pub mod recompute_to_swap;
 
@@ -314,6 +317,12 @@ pub fn solve(
         {
             best.offer(Ok(better));
         }
+    }
+    // 7. Copies back issued by their readers' deadlines (see [`prefetch`]): one simulation.
+    if let Some(planned) = best.planned.as_ref()
+        && let Some(better) = prefetch::polish(problem, planned, NAME)
+    {
+        best.offer(Ok(better));
     }
     if best.planned.is_none() {
         // No eviction pass fitted at the budget on any order. Passes are not monotone in
