@@ -50,6 +50,10 @@ pub fn replace_recomputations(
         else {
             continue;
         };
+        // Its copies back meet their readers as the stream allows ([`super::prefetch`]).
+        let per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
+        let changed =
+            super::prefetch::issue_by_deadlines(graph, problem.budget_bytes, changed, per_byte);
         // The plan's own checks judge it: the simulator, the budget, and in the eager
         // order its form (a copy out right after the producer, as here).
         let decisions = eager::decisions(graph, &changed);
