@@ -36,35 +36,50 @@ pub fn replace_recomputations(
     deadline: Instant,
 ) -> Option<Planned> {
     let graph = problem.graph;
+    let per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
     let mut best: Option<Planned> = None;
-    let ranked = candidates(graph, &planned.plan.steps, problem.bandwidth);
-    for (k, tensor) in ranked.into_iter().enumerate() {
-        if k > 0 && Instant::now() >= deadline {
-            break;
+    let mut tried = 0usize;
+    // Rounds: a change frees or takes memory elsewhere, so the tensors a round could not
+    // copy get another turn in the next, until a round changes nothing.
+    loop {
+        let ranked = candidates(
+            graph,
+            &best.as_ref().unwrap_or(planned).plan.steps,
+            problem.bandwidth,
+        );
+        let mut changed_any = false;
+        for tensor in ranked {
+            if tried > 0 && Instant::now() >= deadline {
+                return best;
+            }
+            tried += 1;
+            let current = best.as_ref().unwrap_or(planned);
+            let steps = &current.plan.steps;
+            let live = live_after_steps(&current.report, steps.len(), graph.static_bytes());
+            let copy = copy_time(graph, tensor, problem.bandwidth);
+            let Some(changed) =
+                with_copies(graph, steps, tensor, &live, problem.budget_bytes, copy)
+            else {
+                continue;
+            };
+            // Its copies back meet their readers as the stream allows ([`super::prefetch`]).
+            let changed =
+                super::prefetch::issue_by_deadlines(graph, problem.budget_bytes, changed, per_byte);
+            // The plan's own checks judge it: the simulator, the budget, and in the eager
+            // order its form (a copy out right after the producer, as here).
+            let decisions = eager::decisions(graph, &changed);
+            let Ok(changed) = plan_from_steps(problem, name, changed, decisions) else {
+                continue;
+            };
+            if changed.report.total_time < current.report.total_time {
+                best = Some(changed);
+                changed_any = true;
+            }
         }
-        let current = best.as_ref().unwrap_or(planned);
-        let steps = &current.plan.steps;
-        let live = live_after_steps(&current.report, steps.len(), graph.static_bytes());
-        let copy = copy_time(graph, tensor, problem.bandwidth);
-        let Some(changed) = with_copies(graph, steps, tensor, &live, problem.budget_bytes, copy)
-        else {
-            continue;
-        };
-        // Its copies back meet their readers as the stream allows ([`super::prefetch`]).
-        let per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
-        let changed =
-            super::prefetch::issue_by_deadlines(graph, problem.budget_bytes, changed, per_byte);
-        // The plan's own checks judge it: the simulator, the budget, and in the eager
-        // order its form (a copy out right after the producer, as here).
-        let decisions = eager::decisions(graph, &changed);
-        let Ok(changed) = plan_from_steps(problem, name, changed, decisions) else {
-            continue;
-        };
-        if changed.report.total_time < current.report.total_time {
-            best = Some(changed);
+        if !changed_any {
+            return best;
         }
     }
-    best
 }
 
 /// Recomputed, unpinned tensors of some bytes that the plan never copies, by the
