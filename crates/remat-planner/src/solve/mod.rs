@@ -349,7 +349,7 @@ fn evict_deadline(best: &Best, deadline: Instant) -> Instant {
 
 /// Share of the time left when the annealing of copies (step 5 of [`solve`]) starts that
 /// step 6 (copies in place of recomputations) keeps for itself when swaps are allowed.
-const SWAP_RECOMPUTES_SHARE: f64 = 0.3;
+const SWAP_RECOMPUTES_SHARE: f64 = 0.1;
 
 /// Share of the time a training step in free order gives the eviction in its own order
 /// before the order search (phase 0a of [`solve`]).

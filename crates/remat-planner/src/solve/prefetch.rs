@@ -75,17 +75,22 @@ pub fn issue_by_deadlines(
         live.push(bytes_now);
     }
     // The copies back with their deadlines, latest deadline first (ties: the later issued
-    // first, so their order on the stream stays).
-    let mut copies: Vec<(f64, usize)> = steps
-        .iter()
-        .enumerate()
-        .filter_map(|(j, step)| match *step {
-            Step::SwapIn { tensor } => {
-                reader_start(graph, &steps, &clock, j, tensor).map(|d| (d, j))
+    // first, so their order on the stream stays). A backward scan finds each copy's reader.
+    let mut next_read = vec![f64::INFINITY; graph.len()];
+    let mut copies: Vec<(f64, usize)> = Vec::new();
+    for (j, step) in steps.iter().enumerate().rev() {
+        match *step {
+            Step::Compute { node } => {
+                for &input in &graph.node(node).inputs {
+                    next_read[input] = clock[j];
+                }
             }
-            _ => None,
-        })
-        .collect();
+            Step::SwapIn { tensor } if next_read[tensor].is_finite() => {
+                copies.push((next_read[tensor], j));
+            }
+            _ => {}
+        }
+    }
     copies.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
     // Where each copy is now: moving one shifts those between its old and new place.
     let mut at: Vec<usize> = copies.iter().map(|&(_, j)| j).collect();
@@ -129,20 +134,6 @@ pub fn issue_by_deadlines(
         }
     }
     steps
-}
-
-/// The compute clock at the first computation after step `j` that reads `tensor`.
-fn reader_start(
-    graph: &Graph,
-    steps: &[Step],
-    clock: &[f64],
-    j: usize,
-    tensor: usize,
-) -> Option<f64> {
-    steps[j + 1..]
-        .iter()
-        .position(|step| matches!(*step, Step::Compute { node } if graph.node(node).inputs.contains(&tensor)))
-        .map(|k| clock[j + 1 + k])
 }
 
 #[cfg(test)]
