@@ -102,6 +102,7 @@ pub fn solve(
     mut progress: impl FnMut(&str, Option<f64>),
 ) -> Result<Planned, PlanError> {
     check_floor(problem)?;
+    let limit = deadline.saturating_duration_since(Instant::now());
     let graph = problem.graph;
     let mut best = Best {
         planned: None,
@@ -286,10 +287,14 @@ pub fn solve(
     let deadline = if problem.recompute_only() {
         outer_deadline
     } else {
-        let now = Instant::now();
-        now + outer_deadline
-            .saturating_duration_since(now)
-            .mul_f64(1.0 - SWAP_RECOMPUTES_SHARE)
+        // Step 6 keeps a share of the time left, and no less than that share of the whole
+        // limit: on 32 layers the earlier steps leave it tens of milliseconds otherwise.
+        let left = outer_deadline.saturating_duration_since(Instant::now());
+        let keep = left
+            .mul_f64(SWAP_RECOMPUTES_SHARE)
+            .max(limit.mul_f64(SWAP_RECOMPUTES_SHARE))
+            .min(left);
+        outer_deadline - keep
     };
     progress("annealing recomputations", best.overhead());
     let annealed = anneal_copies::phase(
