@@ -23,10 +23,11 @@
 //! sticks above the budget (random layered n=5,000 at 0.8 of its peak).
 //!
 //! Last, when swaps are allowed, **copies in place of recomputations**
-//! ([`recompute_to_swap`], a tenth of the time left when the annealing of copies starts): the
-//! best plan's recomputations, costliest per copy time first, each replaced by a copy out
-//! after the first computation and a copy back hoisted as far as memory allows, with the
-//! recomputations that only fed it dropped; kept when the simulator says faster. Then the
+//! ([`recompute_to_swap`], a tenth of the time left when the annealing of copies starts, and
+//! no less than a tenth of the whole limit): the best plan's recomputations, costliest per
+//! copy time first, in rounds, each replaced by a copy out after the first computation and
+//! a copy back hoisted as memory allows, with the recomputations that only fed it dropped;
+//! kept when the simulator says faster. Then the
 //! copies back are issued by their readers' deadlines ([`prefetch`]): where several come
 //! back for readers close together, each hides behind compute of its own.
 //!
@@ -352,8 +353,9 @@ fn evict_deadline(best: &Best, deadline: Instant) -> Instant {
     now + deadline.saturating_duration_since(now).mul_f64(EVICT_SHARE)
 }
 
-/// Share of the time left when the annealing of copies (step 5 of [`solve`]) starts that
-/// step 6 (copies in place of recomputations) keeps for itself when swaps are allowed.
+/// Share of the time left when the annealing of copies (step 5 of [`solve`]) starts, and
+/// at least of the whole limit, that step 6 (copies in place of recomputations) keeps for
+/// itself when swaps are allowed.
 const SWAP_RECOMPUTES_SHARE: f64 = 0.1;
 
 /// Share of the time a training step in free order gives the eviction in its own order

@@ -1,4 +1,5 @@
-//! Copies back issued by their readers' deadlines: the plan's last polish when it swaps.
+//! Copies back issued by their readers' deadlines, and frees after their copies out: the
+//! plan's last polish when it swaps.
 //!
 //! Why. The eviction passes issue each copy back as early as hides its own copy time
 //! ([`crate::exact::evict::hoist_swap_ins`]), one copy at a time. The host-to-device stream
@@ -17,29 +18,129 @@
 //! cross its own `Free` or `SwapOut`. A copy memory stops early is late; the copies before
 //! it then aim at where it really starts. A copy never moves later. The simulator judges
 //! the result, and the plan is kept only when faster.
+//!
+//! The copies out have the mirror image: a `Free` waits for its tensor's copy out still in
+//! flight, and near the floor the passes free a tensor right after its copy is issued. Each
+//! `Free` that waited moves later, over computations as long as its wait, while the bytes
+//! it keeps on the device fit under the budget at every step it crosses
+//! ([`free_after_copies`]; 8 layers + 5% at 32 GB/s: 38.02 -> 37.02%).
 
 use crate::eager;
 use crate::ir::Graph;
 use crate::plan::Step;
 use crate::problem::{Planned, Problem, plan_from_steps};
+use crate::sim::simulate_traced;
 
-/// `planned` with its copies back issued by their deadlines ([`issue_by_deadlines`]), when
-/// that is faster within the budget (the simulator judges, and in the eager order the
-/// form's checks); `None` when the plan copies nothing back or nothing got faster.
+/// `planned` with its copies back issued by their deadlines ([`issue_by_deadlines`]) and
+/// then its frees that wait for a copy out moved after it ([`free_after_copies`]), each
+/// kept when faster within the budget (the simulator judges, and in the eager order the
+/// form's checks); `None` when the plan copies nothing or nothing got faster.
 pub fn polish(problem: &Problem, planned: &Planned, name: &str) -> Option<Planned> {
-    let steps = &planned.plan.steps;
-    if !steps.iter().any(|s| matches!(s, Step::SwapIn { .. })) {
-        return None;
-    }
     let graph = problem.graph;
     let per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
-    let moved = issue_by_deadlines(graph, problem.budget_bytes, steps.clone(), per_byte);
-    if moved == *steps {
-        return None;
+    let judged = |steps: Vec<Step>, against: &Planned| {
+        let decisions = eager::decisions(graph, &steps);
+        let changed = plan_from_steps(problem, name, steps, decisions).ok()?;
+        (changed.report.total_time < against.report.total_time).then_some(changed)
+    };
+    let mut best: Option<Planned> = None;
+    let steps = &planned.plan.steps;
+    if steps.iter().any(|s| matches!(s, Step::SwapIn { .. })) {
+        let moved = issue_by_deadlines(graph, problem.budget_bytes, steps.clone(), per_byte);
+        if moved != *steps {
+            best = judged(moved, planned);
+        }
     }
-    let decisions = eager::decisions(graph, &moved);
-    let polished = plan_from_steps(problem, name, moved, decisions).ok()?;
-    (polished.report.total_time < planned.report.total_time).then_some(polished)
+    let current = best.as_ref().unwrap_or(planned);
+    let steps = &current.plan.steps;
+    if steps.iter().any(|s| matches!(s, Step::SwapOut { .. }))
+        && let Ok((_, times)) = simulate_traced(graph, steps, problem.bandwidth)
+    {
+        let waits: Vec<f64> = times.iter().map(|t| t.wait).collect();
+        let moved = free_after_copies(graph, problem.budget_bytes, steps.clone(), &waits);
+        if moved != *steps
+            && let Some(better) = judged(moved, current)
+        {
+            best = Some(better);
+        }
+    }
+    best
+}
+
+/// `steps` with each `Free` that waited for its tensor's copy out (`waits[k]` for step `k`,
+/// as [`simulate_traced`] reports them) moved later, over computations that take as long as
+/// it waited, while the device bytes of every step it crosses, plus the tensor's, stay
+/// within `budget_bytes` and it crosses no other step of the same tensor: the copy then
+/// ends behind those computations instead of holding up the compute stream. Memory only
+/// grows between the old and the new place, by the tensor's bytes, so a schedule within
+/// the budget stays within it.
+pub fn free_after_copies(
+    graph: &Graph,
+    budget_bytes: u64,
+    mut steps: Vec<Step>,
+    waits: &[f64],
+) -> Vec<Step> {
+    let Some(cap) = budget_bytes.checked_sub(graph.static_bytes()) else {
+        return steps;
+    };
+    let mut live = live_after(graph, &steps);
+    // Latest first, so a move does not shift the frees still to be moved.
+    let waiting: Vec<usize> = (0..steps.len())
+        .filter(|&k| {
+            matches!(steps[k], Step::Free { .. }) && waits.get(k).is_some_and(|&w| w > 0.0)
+        })
+        .collect();
+    for &j in waiting.iter().rev() {
+        let Step::Free { tensor } = steps[j] else {
+            continue;
+        };
+        let bytes = graph.node(tensor).output_bytes;
+        let mut covered = 0.0;
+        let mut to = j;
+        while to + 1 < steps.len() && covered < waits[j] {
+            let k = to + 1;
+            let own = match steps[k] {
+                Step::Compute { node } => node == tensor,
+                Step::Free { tensor: t }
+                | Step::SwapOut { tensor: t }
+                | Step::SwapIn { tensor: t } => t == tensor,
+            };
+            if own || live[k] + bytes > cap {
+                break;
+            }
+            if let Step::Compute { node } = steps[k] {
+                covered += graph.node(node).compute_time;
+            }
+            to = k;
+        }
+        if to == j {
+            continue;
+        }
+        // The free now runs after steps j+1..=to: each holds the tensor's bytes too.
+        let step = steps.remove(j);
+        steps.insert(to, step);
+        let mut moved: Vec<u64> = live[j + 1..=to].iter().map(|held| held + bytes).collect();
+        moved.push(live[to]);
+        live.splice(j..=to, moved);
+    }
+    steps
+}
+
+/// Device bytes (static excluded) once each step of `steps` has run.
+fn live_after(graph: &Graph, steps: &[Step]) -> Vec<u64> {
+    let mut now: u64 = 0;
+    steps
+        .iter()
+        .map(|step| {
+            match *step {
+                Step::Compute { node } => now += graph.node(node).output_bytes,
+                Step::SwapIn { tensor } => now += graph.node(tensor).output_bytes,
+                Step::Free { tensor } => now = now.saturating_sub(graph.node(tensor).output_bytes),
+                Step::SwapOut { .. } => {}
+            }
+            now
+        })
+        .collect()
 }
 
 /// `steps` with each `SwapIn` moved earlier as the module docs say; unchanged when
@@ -214,5 +315,61 @@ mod tests {
         let after = simulate_steps(&graph, &moved, 1.0 / PER_BYTE).expect("valid");
         assert!(after.peak_bytes <= 210, "{after:?}");
         assert_eq!(after.stall_time, 2.0, "{moved:?}");
+    }
+
+    /// `a` copied out and freed at once (the free waits for the copy), then two
+    /// computations that could have hidden the copy. 100 bytes copy in 4 units.
+    fn a_free_that_waits() -> (Graph, Vec<Step>) {
+        let graph = Graph::new(
+            "free waits",
+            vec![
+                node("a", 100, 1.0, vec![]),
+                node("w1", 10, 2.0, vec![]),
+                node("w2", 10, 2.0, vec![1]),
+                node("end", 0, 1.0, vec![0, 2]),
+            ],
+            0,
+            1.0,
+        )
+        .expect("a valid graph");
+        use Step::*;
+        let steps = vec![
+            Compute { node: 0 },
+            SwapOut { tensor: 0 },
+            Free { tensor: 0 },
+            Compute { node: 1 },
+            Compute { node: 2 },
+            Free { tensor: 1 },
+            SwapIn { tensor: 0 },
+            Compute { node: 3 },
+        ];
+        (graph, steps)
+    }
+
+    fn moved_frees(budget: u64) -> (f64, f64, Vec<Step>) {
+        let (graph, steps) = a_free_that_waits();
+        let bandwidth = 1.0 / 0.04;
+        let (before, times) = simulate_traced(&graph, &steps, bandwidth).expect("valid");
+        let waits: Vec<f64> = times.iter().map(|t| t.wait).collect();
+        assert_eq!(waits[2], 4.0);
+        let moved = free_after_copies(&graph, budget, steps, &waits);
+        let after = simulate_steps(&graph, &moved, bandwidth).expect("valid");
+        assert!(after.peak_bytes <= budget, "{after:?}");
+        (before.total_time, after.total_time, moved)
+    }
+
+    #[test]
+    fn a_free_waiting_for_its_copy_moves_after_the_compute_that_hides_it() {
+        let (before, after, moved) = moved_frees(1_000);
+        assert_eq!(after, before - 4.0, "{moved:?}");
+        assert_eq!(moved[4], Step::Free { tensor: 0 });
+    }
+
+    #[test]
+    fn a_free_moves_no_further_than_the_budget_lets_it() {
+        // `a` beside w1 fits (110 bytes), beside w1 and w2 it would not (120).
+        let (before, after, moved) = moved_frees(115);
+        assert_eq!(after, before - 2.0, "{moved:?}");
+        assert_eq!(moved[3], Step::Free { tensor: 0 });
     }
 }

@@ -15,8 +15,12 @@
 //! bytes of every step it crosses, plus the tensor's, within the budget) and no earlier
 //! than needed to hide the copy behind the computations it crosses. Then the
 //! recomputations whose output nothing reads any more are dropped, with their `Free`, up
-//! the chain. The simulator judges each change; one that is not faster, or not within the
-//! budget, is undone. Pinned tensors and tensors the plan already swaps are left alone.
+//! the chain. The plan's copies back are then issued by their readers' deadlines
+//! ([`super::prefetch`]: the new copy may queue behind the others on the stream), and the
+//! simulator judges each change; one that is not faster, or not within the budget, is
+//! undone. A change frees or takes memory elsewhere, so the candidates are ranked again and
+//! tried in rounds until a round changes nothing. Pinned tensors and tensors the plan
+//! already swaps are left alone.
 
 use std::time::Instant;
 
