@@ -22,7 +22,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ir::NodeId;
+use crate::ir::{Graph, NodeId};
 
 /// Version of the JSON plan format; bumped on any incompatible change.
 pub const PLAN_FORMAT_VERSION: u32 = 1;
@@ -189,6 +189,27 @@ pub enum PlanFormatError {
     NotFinite { field: &'static str, value: f64 },
     #[error("plan has format version {found}, this build reads version {expected}")]
     Version { found: u32, expected: u32 },
+}
+
+/// Device bytes, static bytes excluded, once each of `steps` has run on `graph`: a
+/// computation and a swap-in add their tensor, a free removes it, a swap-out leaves them
+/// (the accounting of [`crate::sim`], for passes that move steps against a budget).
+pub(crate) fn live_bytes_after(graph: &Graph, steps: &[Step]) -> Vec<u64> {
+    let mut now: u64 = 0;
+    steps
+        .iter()
+        .map(|step| {
+            match *step {
+                Step::Compute { node } => now += graph.node(node).output_bytes,
+                Step::SwapIn { tensor } => now += graph.node(tensor).output_bytes,
+                Step::Free { tensor } => {
+                    now = now.saturating_sub(graph.node(tensor).output_bytes);
+                }
+                Step::SwapOut { .. } => {}
+            }
+            now
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -572,17 +572,7 @@ pub fn hoist_swap_ins(
         return steps;
     };
     // live[k]: device bytes (static excluded) once step k has run.
-    let mut live = Vec::with_capacity(steps.len());
-    let mut now: u64 = 0;
-    for step in &steps {
-        match *step {
-            Step::Compute { node } => now += graph.node(node).output_bytes,
-            Step::SwapIn { tensor } => now += graph.node(tensor).output_bytes,
-            Step::Free { tensor } => now = now.saturating_sub(graph.node(tensor).output_bytes),
-            Step::SwapOut { .. } => {}
-        }
-        live.push(now);
-    }
+    let mut live = crate::plan::live_bytes_after(graph, &steps);
     let mut j = 0;
     while j < steps.len() {
         let Step::SwapIn { tensor } = steps[j] else {
@@ -595,11 +585,7 @@ pub fn hoist_swap_ins(
         let mut to = j;
         while to > 0 && hidden < copy {
             let k = to - 1;
-            let own = matches!(steps[k], Step::Free { tensor: t } | Step::SwapOut { tensor: t } if t == tensor);
-            // Before step k the swap-in holds its bytes beside what was live before the
-            // step (a free's peak) and after it (a computation's).
-            let before = if k == 0 { 0 } else { live[k - 1] };
-            if own || before.max(live[k]) + bytes > cap {
+            if !swap_in_may_cross(&steps, &live, k, tensor, bytes, cap) {
                 break;
             }
             if let Step::Compute { node } = steps[k] {
@@ -607,20 +593,50 @@ pub fn hoist_swap_ins(
             }
             to = k;
         }
-        if to < j {
-            // The swap-in now runs before steps to..j: each holds its bytes too.
-            let step = steps.remove(j);
-            steps.insert(to, step);
-            let before = if to == 0 { 0 } else { live[to - 1] };
-            live.remove(j);
-            live.insert(to, before + bytes);
-            for held in &mut live[to + 1..=j] {
-                *held += bytes;
-            }
-        }
+        move_swap_in(&mut steps, &mut live, j, to, bytes);
         j += 1;
     }
     steps
+}
+
+/// Whether the swap-in of `tensor` (`bytes`) may move before step `k`: not before the
+/// tensor's own `Free` or `SwapOut`, and only where it fits under `cap` (device bytes,
+/// static excluded) beside what was live before the step (a free's peak) and after it (a
+/// computation's). `live[k]`: bytes once step `k` has run.
+pub(crate) fn swap_in_may_cross(
+    steps: &[Step],
+    live: &[u64],
+    k: usize,
+    tensor: NodeId,
+    bytes: u64,
+    cap: u64,
+) -> bool {
+    let own =
+        matches!(steps[k], Step::Free { tensor: t } | Step::SwapOut { tensor: t } if t == tensor);
+    let before = if k == 0 { 0 } else { live[k - 1] };
+    !own && before.max(live[k]) + bytes <= cap
+}
+
+/// Moves the swap-in at step `j` (`bytes`) to step `to <= j`, keeping `live` (bytes once
+/// each step has run) right: the steps it now runs before hold its bytes too.
+pub(crate) fn move_swap_in(
+    steps: &mut Vec<Step>,
+    live: &mut Vec<u64>,
+    j: usize,
+    to: usize,
+    bytes: u64,
+) {
+    if to >= j {
+        return;
+    }
+    let step = steps.remove(j);
+    steps.insert(to, step);
+    let before = if to == 0 { 0 } else { live[to - 1] };
+    live.remove(j);
+    live.insert(to, before + bytes);
+    for held in &mut live[to + 1..=j] {
+        *held += bytes;
+    }
 }
 
 /// `decisions` with each tensor that `steps` swap out marked swapped (its first swap: out
