@@ -23,7 +23,10 @@ Notes on what keeps the result bit-identical to plain eager:
    so the allocator cannot hand it out before the copy ends. The copy back runs on another
    side stream and the unpack makes the compute stream wait on its event; nothing
    synchronizes the device. On CPU, offload goes to the caller's file store (``_store``):
-   a worker thread writes the storage to a file and reads it back before its reader.
+   a worker thread writes the storage to a file and reads it back before its reader. The
+   step waits for the write before the op at which the value's python reference dies (its
+   plan frees it there, and the planner's ``Free`` waits for its copy out), so that a slow
+   store stalls the step rather than hold more storages than the predicted peak.
 6. Lifetimes: a dropped or offloaded tensor is held by nothing of ours; a rebuilt one is
    held by the handles autograd keeps, so it goes when its last backward node has run.
    Anchors (tensors rebuilds start from) are held by the rebuilds that need them.
@@ -43,7 +46,7 @@ from ._eager_profile import Profile, TensorRef, _cdata, version_message, view_of
 from ._store import FileStore
 from .errors import StepDivergedError
 
-CAPTURE, REGISTER, CREATE, ANCHOR, SEND = 1, 2, 4, 8, 16
+CAPTURE, REGISTER, CREATE, ANCHOR, SEND, WAIT = 1, 2, 4, 8, 16, 32
 
 
 class RuntimePlan:
@@ -57,6 +60,9 @@ class RuntimePlan:
         n = profile.forward_ops
         self.flags = [0] * n
         self.send_after: dict[int, list[int]] = {}  # op -> offloaded values to copy after it
+        # Op -> offloaded values whose store write must be done before it runs (note 5); a
+        # value dying after the forward is waited for when the forward ends.
+        self.wait_before: dict[int, list[int]] = {}
         read_by_recipes: set[int] = set()
         for vid, kind in plan.decisions.items():
             value = profile.values[vid]
@@ -68,6 +74,11 @@ class RuntimePlan:
                 last = max([value.op, *(w for w in value.writers if w < n)])
                 self.flags[last] |= SEND
                 self.send_after.setdefault(last, []).append(vid)
+                death = value.python_death if value.python_death is not None else n
+                at = max(death, last + 1)
+                if at < n:
+                    self.flags[at] |= WAIT
+                self.wait_before.setdefault(at, []).append(vid)
             if kind == RECOMPUTE:
                 r = plan.recipes[vid]
                 for i in r.ops:
@@ -121,6 +132,7 @@ class StepState:
         self.weak: list[int] = []
         self.offloaded: dict[int, weakref.ref] = {}
         self.sending: dict[int, torch.UntypedStorage] = {}  # offloaded, copy not started
+        self.writing: dict[int, Any] = {}  # offloaded to a store, write maybe not done yet
         self.diverged_at: Optional[int] = None
         self.divergence = ""
         self.internal = False
@@ -149,6 +161,15 @@ class StepState:
         finally:
             self.internal = False
         self.offloaded[vid] = weakref.ref(value)
+        if self.rt.store is not None:
+            self.writing[vid] = value.host
+
+    def wait_writes(self, before: int) -> None:
+        """Waits for the store writes the plan has freed by op ``before`` (note 5)."""
+        for vid in self.rt.wait_before.get(before, ()):
+            written = self.writing.pop(vid, None)
+            if written is not None:
+                written.wait()
 
     def end_forward(self) -> None:
         profile = self.rt.profile
@@ -171,6 +192,9 @@ class StepState:
         # storage is final now.
         for vid in list(self.sending):
             self.send(vid)
+        # Writes of values that die when the forward ends, or later (note 5).
+        for vid in list(self.writing):
+            self.writing.pop(vid).wait()
         self.values = {}
         self.anchors = {}
         self.cdata = {}
@@ -479,6 +503,8 @@ class RunMode(TorchDispatchMode):
             return func(*args, **kwargs)
         rec = self.ops[i]
         flags = self.flags[i]
+        if flags & WAIT:
+            st.wait_writes(i)
         if flags & CAPTURE:
             if not self._capture(i, rec, args, kwargs):
                 return func(*args, **kwargs)

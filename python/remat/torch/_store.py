@@ -12,8 +12,13 @@ Notes:
 1. One worker thread does every write and read, in the order they were asked for: a value's
    read always follows its write, and the planner's one link (``bandwidth``) is what this
    thread is. File I/O releases the GIL, so the copies run beside the step's compute.
-2. A write holds its storage until the bytes are in the file; then the storage goes as soon
-   as nothing else holds it (the model's own references, as in eager).
+2. A write holds its storage until the bytes are in the file, and no longer: the worker drops
+   its reference before the write's future completes, so once :meth:`Written.wait` returns
+   the storage goes as soon as nothing else holds it (the model's own references, as in
+   eager). The step waits for a write where the plan frees its value (the value's python
+   death, ``_eager_run``): the planner's model, whose ``Free`` waits for its copy out. A
+   store slower than the measured link then stalls the step, as the model stalls, instead
+   of piling storages up behind the writer past the predicted peak.
 3. The buffer a read fills is allocated on the caller's thread when the prefetch is asked
    for (where the planner counts it), not on the worker's.
 4. A file is deleted when it has been read back, and when its value is dropped unread (a
@@ -82,7 +87,9 @@ class FileStore:
         raw = torch.empty(0, dtype=torch.uint8).set_(storage)
         path = self._path()
         written = Written(path, raw.numel())
-        written.future = self.pool.submit(_write, path, raw)
+        written.raw = raw
+        del raw  # the worker's reference, in ``written``, is the one that holds it (note 2)
+        written.future = self.pool.submit(_write, written)
         # Note 4: the file goes with its value if it is never read back.
         written.finalizer = weakref.finalize(written, _remove, path)
         return written
@@ -96,23 +103,33 @@ class FileStore:
 class Written:
     """A storage on its way to, or in, a file."""
 
-    __slots__ = ("path", "nbytes", "future", "finalizer", "__weakref__")
+    __slots__ = ("path", "nbytes", "raw", "future", "finalizer", "__weakref__")
 
     def __init__(self, path: Path, nbytes: int):
         self.path = path
         self.nbytes = nbytes
+        self.raw: torch.Tensor | None = None  # the storage, until its bytes are in the file
         self.future: Future | None = None
         self.finalizer = None
 
+    def wait(self) -> None:
+        """Returns once the bytes are in the file and the worker holds the storage no more
+        (note 2); raises the write's ``StoreError``."""
+        self.future.result()
 
-def _write(path: Path, raw: torch.Tensor) -> None:
+
+def _write(written: Written) -> None:
+    path = written.path
+    raw, written.raw = written.raw, None  # nothing of the worker's holds it after this call
     try:
         with open(path, "wb") as f:
             f.write(_bytes_of(raw))
     except OSError as error:
         _remove(path)
-        raise StoreError(f"remat could not write an offloaded tensor ({raw.numel()} bytes) "
+        raise StoreError(f"remat could not write an offloaded tensor ({written.nbytes} bytes) "
                          f"to {path}: {error}", path=str(path), step="write") from error
+    finally:
+        del raw
 
 
 def _read(written: Written, buffer: torch.Tensor) -> torch.Tensor:
