@@ -87,6 +87,10 @@ pub struct Args {
     /// above).
     #[arg(long)]
     pub near_floor_time_limit: Option<f64>,
+    /// With --near-floor: only the graphs whose label contains this text, in any case
+    /// ("32 layers, eager", "moccasin n=500"), to reproduce one row quickly.
+    #[arg(long, requires = "near_floor")]
+    pub near_floor_only: Option<String>,
     /// Skip the near-the-floor section.
     #[arg(long, conflicts_with = "near_floor")]
     pub no_near_floor: bool,
@@ -317,7 +321,8 @@ pub fn run(args: Args) -> Result<()> {
             time_limit: std::time::Duration::from_secs(1),
         });
     }
-    let near_floor = near_floor::NearFloorBench::new(args.near_floor_time_limit, bandwidth)?;
+    let mut near_floor = near_floor::NearFloorBench::new(args.near_floor_time_limit, bandwidth)?;
+    near_floor.only = args.near_floor_only.clone();
     if args.near_floor {
         return near_floor::run(&near_floor);
     }

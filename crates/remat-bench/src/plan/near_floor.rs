@@ -38,6 +38,8 @@ pub struct NearFloorBench {
     pub bandwidth: f64,
     /// Per solve; `None`: the planner's default for the graph.
     pub time_limit: Option<Duration>,
+    /// Only the graphs whose label contains this text, in any case (`None`: all).
+    pub only: Option<String>,
 }
 
 impl NearFloorBench {
@@ -54,7 +56,15 @@ impl NearFloorBench {
             layered: vec![250, 500, 1000],
             bandwidth,
             time_limit: time_limit_s.map(Duration::from_secs_f64),
+            only: None,
         })
+    }
+
+    /// Whether the graph labelled `label` is benched (see [`NearFloorBench::only`]).
+    fn includes(&self, label: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|text| label.to_lowercase().contains(&text.to_lowercase()))
     }
 
     /// The time limit of one solve on `graph`.
@@ -65,20 +75,32 @@ impl NearFloorBench {
 }
 
 /// The graphs of the section, each with its label: the transformers in free, node and
-/// eager order, then Moccasin's graphs in free order.
+/// eager order, then Moccasin's graphs in free order (those [`NearFloorBench::only`] keeps;
+/// none is an error naming the labels).
 fn graphs(bench: &NearFloorBench) -> Result<Vec<(String, Graph)>> {
     let mut out = Vec::new();
+    let mut labels = Vec::new();
     for &layers in &bench.layers {
         let free = transformer(&TransformerParams::gpt(layers))?;
         let node = free.clone().with_fixed_order();
         let eager = free.clone().with_eager_order()?;
         for (order, graph) in [("free", free), ("node", node), ("eager", eager)] {
+            labels.push(format!("{layers} layers, {order} order"));
             out.push((format!("{layers} layers, {order} order"), graph));
         }
     }
     for &nodes in &bench.layered {
         let graph = random_layered(&LayeredParams::moccasin(nodes), 1)?;
+        labels.push(format!("Moccasin n={nodes}, free order"));
         out.push((format!("Moccasin n={nodes}, free order"), graph));
+    }
+    out.retain(|(label, _)| bench.includes(label));
+    if out.is_empty() {
+        bail!(
+            "--near-floor-only {:?}: no graph of the section matches; its graphs: {}",
+            bench.only.as_deref().unwrap_or(""),
+            labels.join("; ")
+        );
     }
     Ok(out)
 }
@@ -97,6 +119,7 @@ fn floors(graph: &Graph) -> (u64, u64, bool) {
 }
 
 pub fn run(bench: &NearFloorBench) -> Result<()> {
+    let graphs = graphs(bench)?;
     println!(
         "\nnear the floor: transformer joint graphs (free, node and eager order) and Moccasin's random layered graphs at the floor + {}; recompute-only above the recompute floor, swaps at {:.0} GB/s above today's floor (the eager order: above the eager floor where higher); {} per solve",
         MARGINS.map(|m| format!("{:.0}%", 100.0 * m)).join(", "),
@@ -109,7 +132,7 @@ pub fn run(bench: &NearFloorBench) -> Result<()> {
     let started = Instant::now();
     let mut floor_rows = Vec::new();
     let mut rows = Vec::new();
-    for (label, graph) in graphs(bench)? {
+    for (label, graph) in graphs {
         let (floor, recompute, exact) = floors(&graph);
         floor_rows.push(vec![
             label.clone(),
@@ -158,6 +181,7 @@ pub fn run(bench: &NearFloorBench) -> Result<()> {
             "plans",
             "budget",
             "overhead",
+            "recomputed + waited",
             "bound",
             "gap (points)",
             "solve s",
@@ -204,6 +228,19 @@ fn row(
     let na = || "n/a".to_string();
     // Without a plan the bound is left out: a recompute-only request's is for plans at
     // 1 B/s, swaps included, and says nothing here.
+    // Where a plan's overhead goes: recomputation, and exposed copies (the compute stream
+    // waiting on the link).
+    let split = match &result {
+        Ok(planned) if planned.report.base_time > 0.0 => {
+            let r = &planned.report;
+            format!(
+                "{} + {}",
+                pct(r.recompute_time / r.base_time),
+                pct(r.stall_time / r.base_time)
+            )
+        }
+        _ => "n/a".to_string(),
+    };
     let (overhead, bound_cell, gap) = match (&result, &bound) {
         (Ok(planned), Some(b)) => {
             let overhead = planned.report.overhead();
@@ -248,8 +285,38 @@ fn row(
             100.0 * margin
         ),
         overhead,
+        split,
         bound_cell,
         gap,
         format!("{seconds:.2}"),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_keeps_the_graphs_whose_label_matches_in_any_case() {
+        let mut bench = NearFloorBench::new(Some(1.0), 32e9).unwrap();
+        bench.layers = vec![2];
+        bench.layered = vec![60];
+        bench.only = Some("2 LAYERS, EAGER".into());
+        let labels: Vec<String> = graphs(&bench).unwrap().into_iter().map(|g| g.0).collect();
+        assert_eq!(labels, ["2 layers, eager order"]);
+        bench.only = Some("moccasin".into());
+        let labels: Vec<String> = graphs(&bench).unwrap().into_iter().map(|g| g.0).collect();
+        assert_eq!(labels, ["Moccasin n=60, free order"]);
+    }
+
+    #[test]
+    fn only_matching_nothing_is_refused_naming_the_graphs() {
+        let mut bench = NearFloorBench::new(None, 32e9).unwrap();
+        bench.layers = vec![2];
+        bench.layered = vec![60];
+        bench.only = Some("9 layers".into());
+        let error = graphs(&bench).err().unwrap().to_string();
+        assert!(error.contains("--near-floor-only \"9 layers\""), "{error}");
+        assert!(error.contains("2 layers, node order"), "{error}");
+    }
 }
