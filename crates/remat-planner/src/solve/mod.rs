@@ -30,7 +30,10 @@
 //! a copy back hoisted as memory allows, with the recomputations that only fed it dropped;
 //! kept when the simulator says faster. Then the
 //! copies back are issued by their readers' deadlines ([`prefetch`]): where several come
-//! back for readers close together, each hides behind compute of its own.
+//! back for readers close together, each hides behind compute of its own. Last, where a
+//! reader still waits for copies back, **room for them** ([`room`], a twentieth of the
+//! limit, taken from the annealing of copies): tensors held over the tight steps before it
+//! are dropped there and rebuilt after them, so the copies can be issued earlier.
 //!
 //! Whenever copies or some order's eviction pass fit, a plan is returned; when none does, the
 //! error reports the smallest peak reached. A budget under [`Graph::memory_floor`] is
@@ -52,6 +55,7 @@ pub mod order;
 pub mod prefetch;
 pub mod recompute;
 pub mod recompute_to_swap;
+pub mod room;
 
 use std::time::{Duration, Instant};
 
@@ -287,17 +291,32 @@ pub fn solve(
     // --- end branch `small` ---
     // 5. Until the deadline (less a share for step 6 when swaps are allowed): anneal the
     //    copies of the best sequence (anneal_copies).
+    // Step 8 (room for late copies back) keeps a share of the whole limit when the best
+    // plan waits on the link (it only looks at such waits); taken from this step, so that
+    // step 6 keeps its own.
+    let waits = best
+        .planned
+        .as_ref()
+        .is_some_and(|p| p.report.stall_time > 0.0);
+    let room_from = if waits && !problem.recompute_only() {
+        outer_deadline
+            .checked_sub(limit.mul_f64(ROOM_SHARE))
+            .unwrap_or(outer_deadline)
+            .max(Instant::now())
+    } else {
+        outer_deadline
+    };
     let deadline = if problem.recompute_only() {
         outer_deadline
     } else {
         // Step 6 keeps a share of the time left, and no less than that share of the whole
         // limit: on 32 layers the earlier steps leave it tens of milliseconds otherwise.
-        let left = outer_deadline.saturating_duration_since(Instant::now());
+        let left = room_from.saturating_duration_since(Instant::now());
         let keep = left
             .mul_f64(SWAP_RECOMPUTES_SHARE)
             .max(limit.mul_f64(SWAP_RECOMPUTES_SHARE))
             .min(left);
-        outer_deadline - keep
+        room_from - keep
     };
     progress("annealing recomputations", best.overhead());
     let annealed = anneal_copies::phase(
@@ -330,7 +349,7 @@ pub fn solve(
     // eviction passes' best too, half the time each.
     if !problem.recompute_only() {
         progress("replacing recomputations by copies", best.overhead());
-        let until = outer_deadline.max(Instant::now());
+        let until = room_from.max(Instant::now());
         let mut starts: Vec<Planned> = best.planned.iter().cloned().collect();
         if let (Some(evicted), Some(first)) = (&best.evicted, starts.first())
             && evicted.report.total_time != first.report.total_time
@@ -355,6 +374,17 @@ pub fn solve(
         && let Some(better) = prefetch::polish(problem, planned, NAME)
     {
         best.offer(Ok(better));
+    }
+    // 8. Room for the copies back a reader still waits for (see [`room`]): tensors dropped
+    //    over the tight steps before it and rebuilt after them.
+    if !problem.recompute_only()
+        && let Some(planned) = best.planned.as_ref()
+    {
+        progress("making room for late copies back", best.overhead());
+        let until = outer_deadline.max(Instant::now());
+        if let Some(better) = room::make_room(problem, planned, NAME, until) {
+            best.offer(Ok(better));
+        }
     }
     if best.planned.is_none() {
         // No eviction pass fitted at the budget on any order. Passes are not monotone in
@@ -383,6 +413,10 @@ fn evict_deadline(best: &Best, deadline: Instant) -> Instant {
 /// at least of the whole limit, that step 6 (copies in place of recomputations) keeps for
 /// itself when swaps are allowed.
 const SWAP_RECOMPUTES_SHARE: f64 = 0.1;
+
+/// Share of the whole limit that step 8 (room for late copies back, [`room`]) keeps when
+/// swaps are allowed; the copies in place of recomputations (step 6) end before it.
+const ROOM_SHARE: f64 = 0.05;
 
 /// Share of the time a training step in free order gives the eviction in its own order
 /// before the order search (phase 0a of [`solve`]).
