@@ -16,8 +16,13 @@
 //! that; its `SwapIn` moves earlier until the computations before it start no later than
 //! then, or one step more would pass the budget (it holds its bytes from its issue) or
 //! cross its own `Free` or `SwapOut`. A copy memory stops early is late; the copies before
-//! it then aim at where it really starts. A copy never moves later. The simulator judges
-//! the result, and the plan is kept only when faster.
+//! it then aim at where it really starts. A copy never moves later. The compute clock does
+//! not see the stream's queue, so a copy for a near reader issued right behind one for a
+//! far reader still waits for it: last, each copy moves ahead of the run of copies just
+//! before it whose readers come later, as memory allows (earliest deadline first; 8 layers
+//! at the floor + 5%: a 32 KB norm statistic behind an 8.4 MB rope output cost 66 us a
+//! layer, 35.71 -> 33.75%). The simulator judges the result, and the plan is kept only when
+//! faster.
 //!
 //! The copies out have the mirror image: a `Free` waits for its tensor's copy out still in
 //! flight, and near the floor the passes free a tensor right after its copy is issued. Each
@@ -202,6 +207,69 @@ pub fn issue_by_deadlines(
             }
         }
     }
+    earlier_deadlines_first(graph, cap, steps)
+}
+
+/// `steps` with each copy back issued before the copies back just ahead of it on the
+/// stream whose readers come later (the stream runs copies in issue order, so a small copy
+/// for a near reader queued behind a large one for a far reader waits for it: 8 layers at
+/// the floor + 5%, a 32 KB norm statistic behind an 8.4 MB rope output, 66 us a layer), as
+/// far as memory allows and never before its own `Free` or `SwapOut`. Each moves past a
+/// run of such copies only, to the first of them, never past a copy with an earlier or
+/// equal deadline.
+/// How far back (in steps) a copy back looks for the copies queued ahead of it.
+const REORDER_SCAN_STEPS: usize = 2048;
+
+fn earlier_deadlines_first(graph: &Graph, cap: u64, mut steps: Vec<Step>) -> Vec<Step> {
+    let mut live = live_bytes_after(graph, &steps);
+    // deadline[k]: for a copy back, the compute clock at its first reader after it.
+    let mut deadline = vec![f64::INFINITY; steps.len()];
+    let mut clock = 0.0;
+    let mut clocks = Vec::with_capacity(steps.len());
+    for step in &steps {
+        clocks.push(clock);
+        if let Step::Compute { node } = *step {
+            clock += graph.node(node).compute_time;
+        }
+    }
+    let mut next_read = vec![f64::INFINITY; graph.len()];
+    for (j, step) in steps.iter().enumerate().rev() {
+        match *step {
+            Step::Compute { node } => {
+                for &input in &graph.node(node).inputs {
+                    next_read[input] = clocks[j];
+                }
+            }
+            Step::SwapIn { tensor } => deadline[j] = next_read[tensor],
+            _ => {}
+        }
+    }
+    for k in 0..steps.len() {
+        let Step::SwapIn { tensor } = steps[k] else {
+            continue;
+        };
+        let bytes = graph.node(tensor).output_bytes;
+        let mut to = k;
+        let mut target = k;
+        while to > 0
+            && k - to < REORDER_SCAN_STEPS
+            && swap_in_may_cross(&steps, &live, to - 1, tensor, bytes, cap)
+        {
+            to -= 1;
+            if matches!(steps[to], Step::SwapIn { .. }) {
+                if deadline[to] > deadline[k] {
+                    target = to;
+                } else {
+                    break;
+                }
+            }
+        }
+        if target < k {
+            move_swap_in(&mut steps, &mut live, k, target, bytes);
+            let moved = deadline.remove(k);
+            deadline.insert(target, moved);
+        }
+    }
     steps
 }
 
@@ -339,5 +407,60 @@ mod tests {
         let (before, after, moved) = moved_frees(115);
         assert_eq!(after, before - 2.0, "{moved:?}");
         assert_eq!(moved[3], Step::Free { tensor: 0 });
+    }
+
+    /// `a` (100 bytes, read at the end) and `b` (10 bytes, read one computation after its
+    /// copy back is issued) come back in that order; the compute clock says `b`'s copy has
+    /// time, but the stream runs `a`'s first: `b`'s reader waits 1.2 units.
+    fn a_small_copy_behind_a_large_one() -> (Graph, Vec<Step>) {
+        let graph = Graph::new(
+            "queued copy",
+            vec![
+                node("a", 100, 1.0, vec![]),
+                node("b", 10, 1.0, vec![]),
+                node("w1", 10, 4.0, vec![]),
+                node("w3", 0, 1.0, vec![2]),
+                node("near", 0, 1.0, vec![1, 3]),
+                node("w2", 0, 6.0, vec![4]),
+                node("far", 0, 1.0, vec![0, 5]),
+            ],
+            0,
+            1.0,
+        )
+        .expect("a valid graph");
+        use Step::*;
+        let steps = vec![
+            Compute { node: 0 },
+            SwapOut { tensor: 0 },
+            Compute { node: 1 },
+            SwapOut { tensor: 1 },
+            Compute { node: 2 },
+            Free { tensor: 0 },
+            Free { tensor: 1 },
+            SwapIn { tensor: 0 },
+            SwapIn { tensor: 1 },
+            Compute { node: 3 },
+            Free { tensor: 2 },
+            Compute { node: 4 },
+            Free { tensor: 1 },
+            Free { tensor: 3 },
+            Compute { node: 5 },
+            Free { tensor: 4 },
+            Compute { node: 6 },
+        ];
+        (graph, steps)
+    }
+
+    #[test]
+    fn a_copy_for_a_nearer_reader_goes_first_on_the_stream() {
+        let (graph, steps) = a_small_copy_behind_a_large_one();
+        let before = simulate_steps(&graph, &steps, 1.0 / PER_BYTE).expect("valid");
+        assert!((before.stall_time - 1.2).abs() < 1e-9, "{before:?}");
+        let moved = issue_by_deadlines(&graph, 120, steps, PER_BYTE);
+        let after = simulate_steps(&graph, &moved, 1.0 / PER_BYTE).expect("valid");
+        assert_eq!(after.stall_time, 0.0, "{moved:?}");
+        assert!(after.peak_bytes <= 120);
+        let position = |t: usize| moved.iter().position(|s| *s == Step::SwapIn { tensor: t });
+        assert!(position(1) < position(0), "{moved:?}");
     }
 }
