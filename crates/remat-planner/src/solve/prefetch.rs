@@ -147,34 +147,15 @@ pub fn issue_by_deadlines(
     // live[k]: device bytes (static excluded) once step k has run; clock[k]: compute time
     // of the steps before k.
     let mut live = live_bytes_after(graph, &steps);
-    let mut time_now = 0.0;
-    let mut clock: Vec<f64> = steps
-        .iter()
-        .map(|step| {
-            let before = time_now;
-            if let Step::Compute { node } = *step {
-                time_now += graph.node(node).compute_time;
-            }
-            before
-        })
-        .collect();
+    let mut clock = compute_clock(graph, &steps);
     // The copies back with their deadlines, latest deadline first (ties: the later issued
-    // first, so their order on the stream stays). A backward scan finds each copy's reader.
-    let mut next_read = vec![f64::INFINITY; graph.len()];
-    let mut copies: Vec<(f64, usize)> = Vec::new();
-    for (j, step) in steps.iter().enumerate().rev() {
-        match *step {
-            Step::Compute { node } => {
-                for &input in &graph.node(node).inputs {
-                    next_read[input] = clock[j];
-                }
-            }
-            Step::SwapIn { tensor } if next_read[tensor].is_finite() => {
-                copies.push((next_read[tensor], j));
-            }
-            _ => {}
-        }
-    }
+    // first, so their order on the stream stays).
+    let mut copies: Vec<(f64, usize)> = copy_deadlines(graph, &steps, &clock)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, deadline)| deadline.is_finite())
+        .map(|(j, deadline)| (deadline, j))
+        .collect();
     copies.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
     // Where each copy is now: moving one shifts those between its old and new place.
     let mut at: Vec<usize> = copies.iter().map(|&(_, j)| j).collect();
@@ -217,33 +198,47 @@ pub fn issue_by_deadlines(
 /// far as memory allows and never before its own `Free` or `SwapOut`. Each moves past a
 /// run of such copies only, to the first of them, never past a copy with an earlier or
 /// equal deadline.
-/// How far back (in steps) a copy back looks for the copies queued ahead of it.
-const REORDER_SCAN_STEPS: usize = 2048;
+/// The compute time of the steps before each step: the compute clock without waits.
+pub(crate) fn compute_clock(graph: &Graph, steps: &[Step]) -> Vec<f64> {
+    let mut now = 0.0;
+    steps
+        .iter()
+        .map(|step| {
+            let before = now;
+            if let Step::Compute { node } = *step {
+                now += graph.node(node).compute_time;
+            }
+            before
+        })
+        .collect()
+}
 
-fn earlier_deadlines_first(graph: &Graph, cap: u64, mut steps: Vec<Step>) -> Vec<Step> {
-    let mut live = live_bytes_after(graph, &steps);
-    // deadline[k]: for a copy back, the compute clock at its first reader after it.
+/// For each copy back (`SwapIn`), its deadline: the compute clock (`clock`, one entry a
+/// step) at the first computation after it that reads the tensor; infinity for every other
+/// step and for a copy back nothing reads. One backward scan.
+fn copy_deadlines(graph: &Graph, steps: &[Step], clock: &[f64]) -> Vec<f64> {
     let mut deadline = vec![f64::INFINITY; steps.len()];
-    let mut clock = 0.0;
-    let mut clocks = Vec::with_capacity(steps.len());
-    for step in &steps {
-        clocks.push(clock);
-        if let Step::Compute { node } = *step {
-            clock += graph.node(node).compute_time;
-        }
-    }
     let mut next_read = vec![f64::INFINITY; graph.len()];
     for (j, step) in steps.iter().enumerate().rev() {
         match *step {
             Step::Compute { node } => {
                 for &input in &graph.node(node).inputs {
-                    next_read[input] = clocks[j];
+                    next_read[input] = clock[j];
                 }
             }
             Step::SwapIn { tensor } => deadline[j] = next_read[tensor],
             _ => {}
         }
     }
+    deadline
+}
+
+/// How far back (in steps) a copy back looks for the copies queued ahead of it.
+const REORDER_SCAN_STEPS: usize = 2048;
+
+fn earlier_deadlines_first(graph: &Graph, cap: u64, mut steps: Vec<Step>) -> Vec<Step> {
+    let mut live = live_bytes_after(graph, &steps);
+    let mut deadline = copy_deadlines(graph, &steps, &compute_clock(graph, &steps));
     for k in 0..steps.len() {
         let Step::SwapIn { tensor } = steps[k] else {
             continue;

@@ -42,7 +42,7 @@ use crate::plan::{Step, live_bytes_after};
 use crate::problem::{Planned, Problem, plan_from_steps};
 use crate::sim::simulate_traced;
 
-use super::prefetch::issue_by_deadlines;
+use super::prefetch::{compute_clock, issue_by_deadlines};
 
 /// The most nodes one rebuild chain may recompute: a longer chain costs more than the
 /// copies it could hide near the end of a step.
@@ -334,14 +334,7 @@ fn candidates(graph: &Graph, steps: &[Step], late: &Late, budget_bytes: u64) -> 
         return Vec::new();
     };
     let live = live_bytes_after(graph, steps);
-    let mut clock = Vec::with_capacity(steps.len());
-    let mut now = 0.0;
-    for step in steps {
-        clock.push(now);
-        if let Step::Compute { node } = *step {
-            now += graph.node(node).compute_time;
-        }
-    }
+    let clock = compute_clock(graph, steps);
     // The copies would have to start their copy time before the reader. Walking back
     // from the first of them, the first steps where the largest could not be issued
     // (under `largest` bytes to spare) stop them all: the tight block is that run of such
