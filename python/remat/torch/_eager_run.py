@@ -60,8 +60,8 @@ class RuntimePlan:
         n = profile.forward_ops
         self.flags = [0] * n
         self.send_after: dict[int, list[int]] = {}  # op -> offloaded values to copy after it
-        # Op -> offloaded values whose store write must be done before it runs (note 5); a
-        # value dying after the forward is waited for when the forward ends.
+        # Op -> offloaded values whose store write must be done before it runs (note 5); the
+        # writes of values dying when the forward ends or later are waited for there.
         self.wait_before: dict[int, list[int]] = {}
         read_by_recipes: set[int] = set()
         for vid, kind in plan.decisions.items():
@@ -78,7 +78,7 @@ class RuntimePlan:
                 at = max(death, last + 1)
                 if at < n:
                     self.flags[at] |= WAIT
-                self.wait_before.setdefault(at, []).append(vid)
+                    self.wait_before.setdefault(at, []).append(vid)
             if kind == RECOMPUTE:
                 r = plan.recipes[vid]
                 for i in r.ops:

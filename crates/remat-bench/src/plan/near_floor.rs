@@ -79,21 +79,19 @@ impl NearFloorBench {
 /// none is an error naming the labels).
 fn graphs(bench: &NearFloorBench) -> Result<Vec<(String, Graph)>> {
     let mut out = Vec::new();
-    let mut labels = Vec::new();
     for &layers in &bench.layers {
         let free = transformer(&TransformerParams::gpt(layers))?;
         let node = free.clone().with_fixed_order();
         let eager = free.clone().with_eager_order()?;
         for (order, graph) in [("free", free), ("node", node), ("eager", eager)] {
-            labels.push(format!("{layers} layers, {order} order"));
             out.push((format!("{layers} layers, {order} order"), graph));
         }
     }
     for &nodes in &bench.layered {
         let graph = random_layered(&LayeredParams::moccasin(nodes), 1)?;
-        labels.push(format!("Moccasin n={nodes}, free order"));
         out.push((format!("Moccasin n={nodes}, free order"), graph));
     }
+    let labels: Vec<String> = out.iter().map(|(label, _)| label.clone()).collect();
     out.retain(|(label, _)| bench.includes(label));
     if out.is_empty() {
         bail!(

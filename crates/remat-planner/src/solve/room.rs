@@ -85,7 +85,7 @@ pub fn make_room(
         let current = best.as_ref().unwrap_or(planned);
         let steps = early_frees(graph, &current.plan.steps);
         let mut kept = false;
-        'readers: for late in late_readers(graph, &steps, problem) {
+        'readers: for late in late_readers(graph, &steps, problem, per_byte) {
             let candidates = candidates(graph, &steps, &late, problem.budget_bytes);
             for candidate in candidates.into_iter().take(CANDIDATES_PER_ROUND) {
                 if tried > 0 && Instant::now() >= deadline {
@@ -110,7 +110,7 @@ pub fn make_room(
 /// reading it, its own computation or copy back), unless a copy out of the tensor was
 /// issued since it was last made or brought back: that `Free` waits for the copy, and
 /// stays. Memory only drops; times do not change.
-pub fn early_frees(graph: &Graph, steps: &[Step]) -> Vec<Step> {
+fn early_frees(graph: &Graph, steps: &[Step]) -> Vec<Step> {
     let n = steps.len();
     // For each tensor: (step of its last use, whether a copy out was issued since).
     let mut last_use: Vec<Option<(usize, bool)>> = vec![None; graph.len()];
@@ -153,20 +153,20 @@ pub fn early_frees(graph: &Graph, steps: &[Step]) -> Vec<Step> {
     out
 }
 
-/// The computation that waits longest for copies back, with its late copies.
+/// A computation that waits for copies back, with its late copies.
 struct Late {
     /// Step of the waiting computation.
     reader: usize,
-    /// Steps of the late copies back (`SwapIn`), ascending.
-    copies: Vec<usize>,
-    /// The largest one's bytes, and their copy time in the graph's unit.
+    /// Step of the first late copy back (`SwapIn`).
+    first_copy: usize,
+    /// The largest late copy's bytes, and all of their copy time in the graph's unit.
     largest: u64,
     copy_time: f64,
 }
 
 /// The computations that wait for copies back, longest wait first (at most
 /// [`READERS_PER_ROUND`]), each with its late copies.
-fn late_readers(graph: &Graph, steps: &[Step], problem: &Problem) -> Vec<Late> {
+fn late_readers(graph: &Graph, steps: &[Step], problem: &Problem, per_byte: f64) -> Vec<Late> {
     let Ok((_, times)) = simulate_traced(graph, steps, problem.bandwidth) else {
         return Vec::new();
     };
@@ -180,12 +180,12 @@ fn late_readers(graph: &Graph, steps: &[Step], problem: &Problem) -> Vec<Late> {
         .collect();
     waiting.sort_by(|a, b| times[b.0].wait.total_cmp(&times[a.0].wait));
     waiting.truncate(READERS_PER_ROUND);
-    let per_byte = 1.0 / (problem.bandwidth * graph.time_unit_s());
     let mut out = Vec::new();
     for (reader, node) in waiting {
         let ready = times[reader].start - times[reader].wait;
         let inputs = &graph.node(node).inputs;
-        let mut copies = Vec::new();
+        // The latest copy back of each input before the reader, when it ends late.
+        let (mut first_copy, mut bytes, mut largest) = (None, 0u64, 0u64);
         let mut seen = vec![false; graph.len()];
         for k in (0..reader).rev() {
             if let Step::SwapIn { tensor } = steps[k]
@@ -194,23 +194,19 @@ fn late_readers(graph: &Graph, steps: &[Step], problem: &Problem) -> Vec<Late> {
             {
                 seen[tensor] = true;
                 if times[k].end > ready {
-                    copies.push(k);
+                    let size = graph.node(tensor).output_bytes;
+                    first_copy = Some(k);
+                    bytes += size;
+                    largest = largest.max(size);
                 }
             }
         }
-        if copies.is_empty() {
+        let Some(first_copy) = first_copy else {
             continue;
-        }
-        copies.reverse();
-        let sizes = copies.iter().map(|&k| match steps[k] {
-            Step::SwapIn { tensor } => graph.node(tensor).output_bytes,
-            _ => 0,
-        });
-        let bytes: u64 = sizes.clone().sum();
-        let largest = sizes.max().unwrap_or(0);
+        };
         out.push(Late {
             reader,
-            copies,
+            first_copy,
             largest,
             copy_time: bytes as f64 * per_byte,
         });
@@ -251,7 +247,7 @@ impl Candidate {
 /// the last computation of the chain that reads it (the last one is what the chain
 /// rebuilds; the plan's own steps free it later).
 fn rebuild_steps(graph: &Graph, chain: &[NodeId]) -> Vec<Step> {
-    let Some((&target, ancestors)) = chain.split_last() else {
+    let Some((_, ancestors)) = chain.split_last() else {
         return Vec::new();
     };
     // last_reader[j]: position in `chain` of the last node reading chain[j].
@@ -267,7 +263,7 @@ fn rebuild_steps(graph: &Graph, chain: &[NodeId]) -> Vec<Step> {
     for (j, &node) in chain.iter().enumerate() {
         out.push(Step::Compute { node });
         for (i, &ancestor) in ancestors.iter().enumerate() {
-            if last_reader[i] == j && ancestor != target {
+            if last_reader[i] == j {
                 out.push(Step::Free { tensor: ancestor });
             }
         }
@@ -319,7 +315,8 @@ fn rebuild_chain(graph: &Graph, tensor: NodeId, resident: &[bool]) -> Option<Vec
             if resident[input] || state[input] == DONE {
                 continue;
             }
-            if graph.is_pinned(input) || !graph.may_drop(input) {
+            // A pinned tensor may never be dropped (`may_drop` is false for it).
+            if !graph.may_drop(input) {
                 return None;
             }
             stack.push((input, false));
@@ -339,7 +336,7 @@ fn candidates(graph: &Graph, steps: &[Step], late: &Late, budget_bytes: u64) -> 
     // from the first of them, the first steps where the largest could not be issued
     // (under `largest` bytes to spare) stop them all: the tight block is that run of such
     // steps (gaps of under `BLOCK_GAP` steps), which a candidate must be absent over.
-    let first_copy = late.copies[0];
+    let first_copy = late.first_copy;
     let issue_by = clock[late.reader] - late.copy_time;
     let mut from = first_copy;
     while from > 0 && clock[from] > issue_by {
@@ -362,7 +359,7 @@ fn candidates(graph: &Graph, steps: &[Step], late: &Late, budget_bytes: u64) -> 
     let resident = resident_before(graph, steps, first + 1);
     let mut found = Vec::new();
     for tensor in (0..graph.len()).filter(|&t| resident[t]) {
-        if graph.is_pinned(tensor) || !graph.may_drop(tensor) {
+        if !graph.may_drop(tensor) {
             continue;
         }
         if let Some(candidate) = candidate_for(graph, steps, tensor, first, last) {
