@@ -42,7 +42,7 @@ use crate::plan::{Step, live_bytes_after};
 use crate::problem::{Planned, Problem, plan_from_steps};
 use crate::sim::simulate_traced;
 
-use super::prefetch::{compute_clock, issue_by_deadlines};
+use super::prefetch::{compute_clock, early_frees, issue_by_deadlines};
 
 /// The most nodes one rebuild chain may recompute: a longer chain costs more than the
 /// copies it could hide near the end of a step.
@@ -104,53 +104,6 @@ pub fn make_room(
             return best;
         }
     }
-}
-
-/// Each `Free` moved to right after the last step that uses its tensor (a computation
-/// reading it, its own computation or copy back), unless a copy out of the tensor was
-/// issued since it was last made or brought back: that `Free` waits for the copy, and
-/// stays. Memory only drops; times do not change.
-fn early_frees(graph: &Graph, steps: &[Step]) -> Vec<Step> {
-    let n = steps.len();
-    // For each tensor: (step of its last use, whether a copy out was issued since).
-    let mut last_use: Vec<Option<(usize, bool)>> = vec![None; graph.len()];
-    let mut moved_after: Vec<Vec<Step>> = vec![Vec::new(); n];
-    let mut stays = vec![true; n];
-    for (k, step) in steps.iter().enumerate() {
-        match *step {
-            Step::Compute { node } => {
-                for &input in &graph.node(node).inputs {
-                    if let Some((_, out)) = last_use[input] {
-                        last_use[input] = Some((k, out));
-                    }
-                }
-                last_use[node] = Some((k, false));
-            }
-            Step::SwapIn { tensor } => last_use[tensor] = Some((k, false)),
-            Step::SwapOut { tensor } => {
-                if let Some((at, _)) = last_use[tensor] {
-                    last_use[tensor] = Some((at, true));
-                }
-            }
-            Step::Free { tensor } => {
-                if let Some((at, false)) = last_use[tensor]
-                    && at + 1 < k
-                {
-                    moved_after[at].push(*step);
-                    stays[k] = false;
-                }
-                last_use[tensor] = None;
-            }
-        }
-    }
-    let mut out = Vec::with_capacity(n);
-    for (k, moved) in moved_after.into_iter().enumerate() {
-        if stays[k] {
-            out.push(steps[k]);
-        }
-        out.extend(moved);
-    }
-    out
 }
 
 /// A computation that waits for copies back, with its late copies.
