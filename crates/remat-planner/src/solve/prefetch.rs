@@ -103,7 +103,12 @@ fn polish_from(
             && let Ok((_, times)) = simulate_traced(graph, &steps, problem.bandwidth)
         {
             let waits: Vec<f64> = times.iter().map(|t| t.wait).collect();
-            judge(free_after_copies(graph, problem.budget_bytes, steps, &waits));
+            judge(free_after_copies(
+                graph,
+                problem.budget_bytes,
+                steps,
+                &waits,
+            ));
         }
     }
     best
@@ -585,9 +590,18 @@ mod tests {
         let polished = polish(&problem, &planned, "test").expect("faster");
         let steps = &polished.plan.steps;
         let at = |s: Step| steps.iter().position(|x| *x == s);
-        assert!(at(Step::Free { tensor: 1 }) < at(Step::SwapOut { tensor: 0 }), "{steps:?}");
-        assert!(at(Step::Free { tensor: 0 }) > at(Step::Compute { node: 3 }), "{steps:?}");
-        assert!(at(Step::SwapIn { tensor: 0 }) < at(Step::Compute { node: 4 }), "{steps:?}");
+        assert!(
+            at(Step::Free { tensor: 1 }) < at(Step::SwapOut { tensor: 0 }),
+            "{steps:?}"
+        );
+        assert!(
+            at(Step::Free { tensor: 0 }) > at(Step::Compute { node: 3 }),
+            "{steps:?}"
+        );
+        assert!(
+            at(Step::SwapIn { tensor: 0 }) < at(Step::Compute { node: 4 }),
+            "{steps:?}"
+        );
         assert!(polished.report.peak_bytes <= 250);
         assert_eq!(polished.report.stall_time, 0.0, "{steps:?}");
         assert_eq!(polished.report.total_time, planned.report.total_time - 4.0);
