@@ -118,7 +118,7 @@ fn polish_from(
 /// reading it, its own computation or copy back), unless a copy out of the tensor was
 /// issued since it was last made or brought back: that `Free` waits for the copy, and
 /// stays. Memory only drops; times do not change.
-pub(super) fn early_frees(graph: &Graph, steps: &[Step]) -> Vec<Step> {
+pub fn early_frees(graph: &Graph, steps: &[Step]) -> Vec<Step> {
     let n = steps.len();
     // For each tensor: (step of its last use, whether a copy out was issued since).
     let mut last_use: Vec<Option<(usize, bool)>> = vec![None; graph.len()];
