@@ -334,7 +334,7 @@ pub fn solve(
         best.offer(offload::plan_swaps(problem, &search.states[0].order, NAME));
     }
     // 6. Recomputations a copy can replace (see [`recompute_to_swap`]), from the plan with
-    //    its copies polished first (step 7's polish, one simulation or two): step 6 judges
+    //    its copies polished first (step 7's polish, up to six schedules judged): step 6 judges
     //    its changes with the copies back by deadlines but not with the frees after copies
     //    out, so it starts from a plan where those are settled (81 layers at 0.7 of the
     //    peak: 10.56 -> 10.43-10.48% before step 6).
@@ -369,7 +369,8 @@ pub fn solve(
             }
         }
     }
-    // 7. Copies back issued by their readers' deadlines (see [`prefetch`]): one simulation.
+    // 7. Copies back issued by their readers' deadlines and frees after copies out, on the
+    //    plan's frees and on early frees (see [`prefetch::polish`]): a few simulations.
     if let Some(planned) = best.planned.as_ref()
         && let Some(better) = prefetch::polish(problem, planned, NAME)
     {
