@@ -196,7 +196,8 @@ pub struct Outcome {
 }
 
 /// Plans `problem` with the strategy named `strategy` (parameterized names such as
-/// `every:4` included; `anytime` takes `time_limit`), or, without a name, with the anytime
+/// `every:4` included; `anytime` runs for `time_limit`, and a strategy that can stop early
+/// stops there when `time_limit` is given), or, without a name, with the anytime
 /// search: every strategy that can finish in the time left, then the `anytime` solver
 /// improving on the best until `time_limit` ([`default_time_limit`] when `None`).
 /// `progress` is called as the search goes. A budget below the memory floor is refused
@@ -218,7 +219,7 @@ pub fn plan(
         };
     }
     match strategy {
-        Some(name) => plan_named(problem, name, limit),
+        Some(name) => plan_named(problem, name, limit, time_limit.is_some()),
         None => {
             let BestPlan {
                 result,
@@ -280,8 +281,10 @@ pub fn plan_recompute_only(
 }
 
 /// One strategy by name, then the covering bound for a tenth of the time the plan took
-/// (at least 0.1 s), sized by the plan's overhead.
-fn plan_named(problem: &Problem, name: &str, limit: Duration) -> Outcome {
+/// (at least 0.1 s), sized by the plan's overhead. `anytime` runs for `limit`; another
+/// strategy stops there ([`Strategy::plan_until`]) only when the caller gave the limit
+/// (`limited`): asked for by name without one, an exact strategy runs to its optimum.
+fn plan_named(problem: &Problem, name: &str, limit: Duration, limited: bool) -> Outcome {
     let started = Instant::now();
     let strategy: Result<Box<dyn Strategy>, PlanError> = if name == solve::NAME {
         Ok(Box::new(Anytime {
@@ -290,7 +293,13 @@ fn plan_named(problem: &Problem, name: &str, limit: Duration) -> Outcome {
     } else {
         lookup(name)
     };
-    let result = strategy.and_then(|s| s.plan(problem));
+    let result = strategy.and_then(|s| {
+        if limited {
+            s.plan_until(problem, started + limit)
+        } else {
+            s.plan(problem)
+        }
+    });
     let bound = result.as_ref().ok().map(|planned| {
         let spent = started.elapsed().max(Duration::from_secs(1)) / 10;
         cover_bound(
@@ -497,6 +506,39 @@ mod tests {
         let fits = plan(&problem(&g, 300), Some("store-all"), None, |_| {});
         assert!(fits.result.is_ok());
         assert_eq!(fits.least_peak, None);
+    }
+
+    #[test]
+    fn a_named_strategy_stops_at_a_time_limit_given_and_only_then() {
+        // The skip graph above at 250 bytes: evict drops a and rebuilds it for d.
+        let node = |name: &str, bytes, inputs: Vec<usize>| Node {
+            name: name.into(),
+            phase: Phase::Forward,
+            compute_time: 1.0,
+            output_bytes: bytes,
+            inputs,
+        };
+        let nodes = vec![
+            node("a", 100, vec![]),
+            node("b", 100, vec![0]),
+            node("c", 100, vec![1]),
+            node("d", 1, vec![0, 2]),
+        ];
+        let g = Graph::new("skip", nodes, 0, 1.0).unwrap();
+        let unlimited = plan(&problem(&g, 250), Some("evict"), None, |_| {});
+        assert!(unlimited.result.is_ok());
+        let none_left = plan(
+            &problem(&g, 250),
+            Some("evict"),
+            Some(Duration::ZERO),
+            |_| {},
+        );
+        match none_left.result {
+            Err(RequestError::Plan(PlanError::NotApplicable { why, .. })) => {
+                assert!(why.contains("out of time"), "{why}")
+            }
+            other => panic!("expected out of time, got {other:?}"),
+        }
     }
 
     #[test]

@@ -708,29 +708,55 @@ impl Strategy for Evict {
         }
     }
     fn plan(&self, problem: &Problem) -> Result<Planned, PlanError> {
-        let (found, smallest_need) = best_pass(problem.graph, problem.budget_bytes);
-        let (weights, steps, time, at) = match found {
-            Some((weights, steps, time)) => (weights, steps, time, problem.budget_bytes),
-            // Greedy passes are not monotone in the budget: one that gets stuck at this
-            // budget may fit a smaller one. The search for the smallest reachable peak finds
-            // such a schedule, or the peak to report.
-            None => match smallest_reachable(problem, None) {
-                Some(reached) if reached.peak <= problem.budget_bytes => {
-                    (reached.weights, reached.steps, reached.time, reached.budget)
-                }
-                reached => {
-                    return Err(PlanError::OverBudget {
-                        strategy: NAME.into(),
-                        budget: problem.budget_bytes,
-                        best_peak: reached.map_or(smallest_need, |r| r.peak),
-                    });
-                }
-            },
-        };
-        let steps = refine(problem.graph, at, weights, (steps, time), None);
-        let decisions = decisions_of(problem.graph, &steps);
-        plan_from_steps(problem, NAME, steps, decisions)
+        plan_by_weightings(problem, None)
     }
+    /// Stops at `deadline`: a pass still running there is abandoned (a pass that thrashes,
+    /// rebuilding chains of ancestors over and over, can run for minutes on a 5,000-node
+    /// random layered graph), as are the search for a smaller budget and the refinement.
+    fn plan_until(
+        &self,
+        problem: &Problem,
+        deadline: std::time::Instant,
+    ) -> Result<Planned, PlanError> {
+        plan_by_weightings(problem, Some(deadline))
+    }
+}
+
+/// [`Evict`]'s plan, with no pass begun after `deadline` and one running there abandoned.
+fn plan_by_weightings(
+    problem: &Problem,
+    deadline: Option<std::time::Instant>,
+) -> Result<Planned, PlanError> {
+    let (found, smallest_need) = best_pass(problem.graph, problem.budget_bytes, deadline);
+    let (weights, steps, time, at) = match found {
+        Some((weights, steps, time)) => (weights, steps, time, problem.budget_bytes),
+        // Greedy passes are not monotone in the budget: one that gets stuck at this
+        // budget may fit a smaller one. The search for the smallest reachable peak finds
+        // such a schedule, or the peak to report.
+        None => match smallest_reachable(problem, deadline) {
+            Some(reached) if reached.peak <= problem.budget_bytes => {
+                (reached.weights, reached.steps, reached.time, reached.budget)
+            }
+            _ if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
+                return Err(PlanError::NotApplicable {
+                    strategy: NAME.into(),
+                    why: "out of time before a pass fitted the budget (its passes rebuild \
+                          chains of ancestors on this graph); raise --time-limit"
+                        .into(),
+                });
+            }
+            reached => {
+                return Err(PlanError::OverBudget {
+                    strategy: NAME.into(),
+                    budget: problem.budget_bytes,
+                    best_peak: reached.map_or(smallest_need, |r| r.peak),
+                });
+            }
+        },
+    };
+    let steps = refine(problem.graph, at, weights, (steps, time), deadline);
+    let decisions = decisions_of(problem.graph, &steps);
+    plan_from_steps(problem, NAME, steps, decisions)
 }
 
 /// [`Evict`]'s plan when no pass fits the budget: the search for a smaller budget whose
@@ -766,13 +792,24 @@ pub(crate) fn plan_smaller_budget(
 /// fits at a tight budget with one set of times may get stuck with another; the unit-time
 /// passes give choices that depend on the graph alone. Each schedule is timed with the
 /// profiled times.
-fn best_pass(graph: &Graph, budget: u64) -> (Option<(Weights, Vec<Step>, f64)>, u64) {
+///
+/// No pass begins after `deadline`, and one running there is abandoned (it counts as stuck,
+/// asking for the store-all peak).
+fn best_pass(
+    graph: &Graph,
+    budget: u64,
+    deadline: Option<std::time::Instant>,
+) -> (Option<(Weights, Vec<Step>, f64)>, u64) {
     let unit = graph.with_unit_costs();
+    let unprotected = vec![false; graph.len()];
     let mut best: Option<(Weights, Vec<Step>, f64)> = None;
     let mut smallest_need = u64::MAX;
     for weights in weightings() {
         for on in [graph, &unit] {
-            match evict_pass(on, budget, weights) {
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return (best, smallest_need.min(graph.store_all_peak()));
+            }
+            match evict_pass_until(on, budget, weights, &unprotected, deadline) {
                 Pass::Fits { steps, .. } => {
                     let time = compute_time(graph, &steps);
                     if best.as_ref().is_none_or(|b| time < b.2) {

@@ -65,6 +65,26 @@ fn a_pass_and_its_refinement_stop_at_the_deadline() {
 }
 
 #[test]
+fn the_strategy_under_a_deadline_stops_there_and_says_so() {
+    let g = crate::strategy::baselines::tests::training_chain(200);
+    let p = problem(&g, g.store_all_peak() / 3);
+    let unlimited = Evict.plan(&p).expect("a third of the chain's peak fits");
+    // A deadline far ahead changes nothing: the same passes, the same plan.
+    let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    let limited = Evict.plan_until(&p, far).expect("fits before an hour");
+    assert_eq!(limited.plan.steps, unlimited.plan.steps);
+    // One already past: no pass runs, and the error says the time ran out rather than
+    // calling a budget that fits infeasible.
+    match Evict.plan_until(&p, std::time::Instant::now()) {
+        Err(PlanError::NotApplicable { strategy, why }) => {
+            assert_eq!(strategy, NAME);
+            assert!(why.contains("out of time"), "{why}");
+        }
+        other => panic!("expected out of time, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_pinned_buffer_is_never_the_victim_another_tensor_is() {
     let free = buffer_graph();
     let planned = Evict.plan(&problem(&free, 30)).unwrap();
