@@ -67,6 +67,16 @@ def test_parameterized_strategies_are_taken_by_name(graph_path):
     assert p.strategy == "every:3"
 
 
+def test_a_named_strategy_stops_at_the_time_limit_given(graph_path):
+    g = remat.load_graph(graph_path)
+    # Without a limit evict runs to its plan; with one already spent it says so rather
+    # than calling a budget that fits infeasible.
+    assert remat.plan(g, 0.5, strategy="evict").strategy == "evict"
+    with pytest.raises(remat.PlanError, match="out of time") as caught:
+        remat.plan(g, 0.5, strategy="evict", time_limit=1e-9)
+    assert caught.value.strategy == "evict"
+
+
 def test_budget_forms_agree(graph_path):
     g = remat.load_graph(graph_path)
     peak = g.store_all_peak

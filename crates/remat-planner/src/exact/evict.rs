@@ -741,7 +741,7 @@ fn plan_by_weightings(
                 return Err(PlanError::NotApplicable {
                     strategy: NAME.into(),
                     why: "out of time before a pass fitted the budget (its passes rebuild \
-                          chains of ancestors on this graph); raise --time-limit"
+                          chains of ancestors on this graph); raise the time limit"
                         .into(),
                 });
             }
