@@ -296,3 +296,30 @@ fn a_tensor_outside_q_pays_for_its_inputs_when_recomputed() {
         "bound {bound}: the recomputation of S outside Q does not pay for its chain"
     );
 }
+
+/// `a` and `b` (80 bytes, 20 units each) are made first and read by `f` and last by `end`;
+/// `c` (161 bytes) leaves no room for either at `c` and `d`, and `g` (50 units) follows.
+/// Over a 2 B/s link a copy takes 40 units and the forward before `c` is 41: the copies out
+/// of both cannot end before `c`, and whatever is not swapped is recomputed after `c`, on
+/// the compute stream that `c`, `d`, `g` and `end` need too (every plan pays about 40).
+/// With `theta` = 0.5 the copies out then the rebuilds give `2 x min(20, 0.5 x 40) - 0.5 x
+/// 41 = 19.5`; the room's term and the two copies' give at most 7.8 and 13.4 on the grid
+/// of `theta`s, as the cover did before.
+#[test]
+fn copies_out_and_the_rebuilds_after_the_point_add_up() {
+    let nodes = vec![
+        node(0, 80, 20, vec![]),      // a
+        node(1, 80, 20, vec![]),      // b
+        node(2, 1, 1, vec![0, 1]),    // f
+        node(3, 161, 1, vec![2]),     // c
+        node(4, 1, 1, vec![3]),       // d
+        node(5, 1, 50, vec![4]),      // g
+        node(6, 1, 1, vec![0, 1, 5]), // end
+    ];
+    let graph = Graph::new("out then rebuild", nodes, 0, 1.0).expect("a valid graph");
+    let bound = bound_under_every_plan(&graph, 162, 2.0);
+    assert!(
+        bound >= 19.5 - 1e-6,
+        "bound {bound}: the copies out and the rebuilds after them do not add up"
+    );
+}

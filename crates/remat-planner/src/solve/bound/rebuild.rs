@@ -46,6 +46,12 @@
 //! gift lowers only the recomputation side, so inputs give to it only where its swap is
 //! the dearer side (over a fast link: the matmuls whose rebuild chain is long).
 //!
+//! **Other link terms.** The rows above are written with the room's charges, `theta c_t`
+//! and `(1 - theta) s_t`. A link term of [`super`] that bounds the overhead by a sum of a
+//! recomputation side `r_t` per tensor recomputed and a swap side `sigma_t` per tensor
+//! swapped back, less an offset, puts its own `r_t` and `sigma_t` in their places
+//! ([`Sides::scaled`]); the rows, `Q` and the proofs are unchanged.
+//!
 //! **The dual.** With `y >= 0` and donations `pi >= 0` (input `i` pays part of `t`'s
 //! charge at `v`), choosing the other multipliers to zero every per-point term leaves
 //!
@@ -155,6 +161,13 @@ impl Sides {
     /// The sides of every tensor of `graph` at `theta`, a copy costing `per_byte` time
     /// units a byte; a pinned tensor can only be swapped.
     pub(super) fn of(graph: &Graph, theta: f64, per_byte: f64, split: bool) -> Sides {
+        Sides::scaled(graph, theta, (1.0 - theta) * per_byte, split)
+    }
+
+    /// The sides with a recomputation charged `recompute` times its compute time and a
+    /// swap `swap_per_byte` a byte (a pinned tensor can only be swapped): the link terms
+    /// other than the room's weigh the two sides differently (see [`super::LinkTerm`]).
+    pub(super) fn scaled(graph: &Graph, recompute: f64, swap_per_byte: f64, split: bool) -> Sides {
         let n = graph.len();
         let mut sides = Sides {
             weights: Vec::with_capacity(n),
@@ -164,14 +177,14 @@ impl Sides {
         };
         for t in 0..n {
             let node = graph.node(t);
-            let swap = (1.0 - theta) * node.output_bytes as f64 * per_byte;
-            let recompute = if graph.is_pinned(t) {
+            let swap = node.output_bytes as f64 * swap_per_byte;
+            let rebuild = if graph.is_pinned(t) {
                 f64::INFINITY
             } else {
-                theta * node.compute_time
+                recompute * node.compute_time
             };
-            sides.weights.push(recompute.min(swap));
-            sides.recompute.push(recompute);
+            sides.weights.push(rebuild.min(swap));
+            sides.recompute.push(rebuild);
             sides.swap.push(swap);
         }
         sides
@@ -294,15 +307,17 @@ const VISITS_PER_PAIR: usize = 256;
 /// softmax, mask, scale, `q k^T`); it also bounds the recursion.
 const MAX_DEPTH: usize = 16;
 
-/// The tensors of `Q` at this `theta` (see the module docs), in node order (inputs first):
-/// `t` is in `Q` when `(1 - theta) s_t >= theta c_t + S_t`, where `S_t` is at least the `w`
+/// The tensors of `Q` for these sides (see the module docs), in node order (inputs first):
+/// `t` is in `Q` when its swap side is at least its recomputation side plus `S_t` (under
+/// the room's term `(1 - theta) s_t >= theta c_t + S_t`), where `S_t` is at least the `w`
 /// of every tensor that a swap of `t`, counted as a recomputation, can mark restored: the
 /// smaller of every unpinned tensor's `w` and the sum of `w` over `t`'s unpinned inputs
 /// plus, for those in `Q`, their own `S` (a tensor reached twice is summed twice, which
 /// only makes `Q` smaller; over a slow link the first sum decides, over a fast one the
 /// second lets a chain's steps in when the whole graph's recomputation would not).
-pub(super) fn q_set(graph: &Graph, theta: f64, units_per_byte: f64, weights: &[f64]) -> Vec<bool> {
+pub(super) fn q_set(graph: &Graph, sides: &Sides) -> Vec<bool> {
     let n = graph.len();
+    let weights = &sides.weights;
     let total: f64 = (0..n)
         .filter(|&t| !graph.is_pinned(t))
         .map(|t| weights[t])
@@ -321,8 +336,7 @@ pub(super) fn q_set(graph: &Graph, theta: f64, units_per_byte: f64, weights: &[f
             .map(|&i| weights[i] + if in_q[i] { chain[i] } else { 0.0 })
             .sum();
         chain[t] = inputs.min(total);
-        let swap = (1.0 - theta) * node.output_bytes as f64 * units_per_byte;
-        in_q[t] = swap >= theta * node.compute_time + chain[t];
+        in_q[t] = sides.swap[t] >= sides.recompute[t] + chain[t];
     }
     in_q
 }
@@ -378,13 +392,7 @@ mod tests {
         ];
         let graph = Graph::new("chain", nodes, 0, 1.0).expect("a valid graph");
         let (theta, units_per_byte) = (0.5, 1.0);
-        let weights: Vec<f64> = (0..graph.len())
-            .map(|t| {
-                let n = graph.node(t);
-                (theta * n.compute_time).min((1.0 - theta) * n.output_bytes as f64)
-            })
-            .collect();
-        let in_q = q_set(&graph, theta, units_per_byte, &weights);
+        let in_q = q_set(&graph, &Sides::of(&graph, theta, units_per_byte, false));
         // softmax: swap 5 >= 0.5 + w(scores) 2 + w(q) 0.5; scores: 5 >= 2 + 0.5.
         assert_eq!(in_q, vec![true, true, true, false, false]);
     }
