@@ -166,7 +166,8 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
     let mut best: Option<(f64, f64, Vec<f64>)> = None;
     let mut best_value = f64::NEG_INFINITY;
     // In `THETAS` order (the largest first: near the floor without swaps it gives the most;
-    // then those that weigh a swap against a recomputation over a fast link), one at least,
+    // then those that weigh a swap against a recomputation over a fast link; with swaps,
+    // `THETAS_WITH_SWAPS`, those first), one at least,
     // then none past half the time: on 5,000 nodes each takes ~0.15 s, and all eight ran
     // 1.3 s past a 0.5 s share; on 32 layers all eleven took the bound's whole time, and
     // the rebuild chains below, whose best start over a fast link is the second or fourth
@@ -183,7 +184,12 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
             LinkTerm::OutAndBack,
         ]
     };
-    'thetas: for theta in THETAS {
+    let thetas = if problem.recompute_only() {
+        THETAS
+    } else {
+        THETAS_WITH_SWAPS
+    };
+    'thetas: for theta in thetas {
         for &term in terms {
             if !singles.is_empty() && Instant::now() >= singles_until {
                 break 'thetas;
@@ -259,6 +265,15 @@ const GOLDEN: f64 = 0.618_033_988_749_895;
 /// thousands of nodes the deadline may leave time for only the first few.
 const THETAS: [f64; 11] = [
     0.9999, 0.9, 0.95, 0.85, 0.999, 0.99, 0.97, 0.93, 0.8, 0.5, 0.0,
+];
+
+/// [`THETAS`] in the order tried when swaps are allowed: near the floor of the
+/// transformers at 32 GB/s the copies-out-then-rebuilds term gives the most at 0.85 (8
+/// layers + 5%: 0.8 / 0.85 / 0.9 / 0.95 give 26.4 / 27.0 / 26.2 / 12.6%) and the room's
+/// at 0.9, while 0.9999 gives nothing; on 32 layers the singles have time for two or
+/// three `theta`s.
+const THETAS_WITH_SWAPS: [f64; 11] = [
+    0.85, 0.9, 0.8, 0.93, 0.95, 0.97, 0.5, 0.99, 0.999, 0.9999, 0.0,
 ];
 
 /// The covering problem: points (nodes with a positive deficit) and the tensors that can
