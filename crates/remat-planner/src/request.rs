@@ -481,10 +481,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_request_that_fits_nothing_says_the_least_peak_reached() {
-        // a -> b -> c, d reads a and c: store-all holds a, b and c at c (300 bytes); the
-        // floor is 201 (d with a and c), so 250 is planned, and store-all cannot fit it.
+    /// a -> b -> c, d reads a and c: store-all holds a, b and c at c (300 bytes); the
+    /// floor is 201 (d with a and c).
+    fn skip() -> Graph {
         let node = |name: &str, bytes, inputs: Vec<usize>| Node {
             name: name.into(),
             phase: Phase::Forward,
@@ -498,7 +497,13 @@ mod tests {
             node("c", 100, vec![1]),
             node("d", 1, vec![0, 2]),
         ];
-        let g = Graph::new("skip", nodes, 0, 1.0).unwrap();
+        Graph::new("skip", nodes, 0, 1.0).unwrap()
+    }
+
+    #[test]
+    fn a_request_that_fits_nothing_says_the_least_peak_reached() {
+        // 250 is above the floor, and store-all cannot fit it.
+        let g = skip();
         assert_eq!((g.memory_floor(), g.store_all_peak()), (201, 300));
         let outcome = plan(&problem(&g, 250), Some("store-all"), None, |_| {});
         assert!(outcome.result.is_err());
@@ -510,21 +515,8 @@ mod tests {
 
     #[test]
     fn a_named_strategy_stops_at_a_time_limit_given_and_only_then() {
-        // The skip graph above at 250 bytes: evict drops a and rebuilds it for d.
-        let node = |name: &str, bytes, inputs: Vec<usize>| Node {
-            name: name.into(),
-            phase: Phase::Forward,
-            compute_time: 1.0,
-            output_bytes: bytes,
-            inputs,
-        };
-        let nodes = vec![
-            node("a", 100, vec![]),
-            node("b", 100, vec![0]),
-            node("c", 100, vec![1]),
-            node("d", 1, vec![0, 2]),
-        ];
-        let g = Graph::new("skip", nodes, 0, 1.0).unwrap();
+        // At 250 bytes evict drops a and rebuilds it for d.
+        let g = skip();
         let unlimited = plan(&problem(&g, 250), Some("evict"), None, |_| {});
         assert!(unlimited.result.is_ok());
         let none_left = plan(
