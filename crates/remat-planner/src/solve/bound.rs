@@ -75,8 +75,9 @@
 //! recomputation is charged its whole `c(t)` and its swap `(1 - theta) s(t)`, less
 //! `(1 - theta) (base - after(v))`. Near the floor of a transformer the point is the
 //! backward's first step, `base - after(v)` the forward's compute, and this term is the
-//! one that binds (8 layers + 5% at 32 GB/s: 25.08 -> 27.96%). We start
-//! from the best single node (where `g` is maximised by a fractional knapsack) and climb
+//! one that binds (8 layers + 5% at 32 GB/s: 25.08 -> 27.03%).
+//!
+//! We start from the best single node (where `g` is maximised by a fractional knapsack) and climb
 //! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
 //! (at the deadline) only makes it weaker.
 //!
@@ -593,8 +594,9 @@ impl Cover {
 
     /// What `(1 - theta)` times is subtracted from the dual value of `y` under `term`:
     /// [`Cover::room`], or for [`LinkTerm::OutAndBack`] the base time less the priced
-    /// point's own compute (infinite when `y` prices several points: the term does not
-    /// hold there).
+    /// point's own compute, for [`LinkTerm::OutThenRebuild`] less the point's and its
+    /// descendants' (infinite when `y` prices several points: those terms do not hold
+    /// there).
     fn offset(&self, link: &Link, y: &[f64], term: LinkTerm) -> f64 {
         match term {
             LinkTerm::Room => self.room(link, y),
