@@ -260,7 +260,7 @@ def plan(
     bandwidth: host-device bytes per second, each direction (float, or "32GB/s").
     time_limit: seconds the search (or the ``anytime`` strategy) may take; default 1 s up
         to 1,000 nodes, 1 ms per node above. A named strategy that can stop early (``evict``,
-        ``threshold``, ``milp``, ...) stops there when it is given, else runs to its end.
+        ``threshold``, ``checkmate-milp``, ...) stops there when it is given, else runs to its end.
     order: the plan form, as ``remat plan --order``: "free", "node" (the graph's order) or
         "eager" (what PyTorch's autograd runs as it is: the forward and backward in the
         graph's order, recomputation only right before a backward reader, offload right
