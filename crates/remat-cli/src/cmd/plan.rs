@@ -57,9 +57,9 @@ pub struct Args {
     #[arg(long)]
     pub strategy: Option<String>,
     /// Seconds the search may take (default: 1 s up to 1,000 nodes, 1 ms per node above).
-    /// Also the limit of `--strategy anytime` and of every named strategy that can stop early
-    /// (`evict`, `threshold`, `checkmate-milp`, ...: without it they run to the end), and each strategy's
-    /// limit with --compare.
+    /// Also the limit of `--strategy anytime` and of every named strategy that can stop
+    /// early (`evict`, `threshold`, `checkmate-milp`, ...: without it they run to the end),
+    /// and each strategy's limit with --compare.
     #[arg(long)]
     pub time_limit: Option<f64>,
     /// Host-device bandwidth, each direction (`32GB/s`, `16GiB/s`, bytes per second).
