@@ -124,6 +124,11 @@ struct Evictor<'g> {
     swap_outs: Vec<(usize, NodeId)>,
 }
 
+/// Whether `deadline` (none: no limit) has passed.
+fn past(deadline: Option<std::time::Instant>) -> bool {
+    deadline.is_some_and(|d| std::time::Instant::now() >= d)
+}
+
 /// Computations between two looks at the clock in a pass.
 const DEADLINE_EVERY: usize = 256;
 
@@ -338,11 +343,7 @@ impl Evictor<'_> {
     fn compute(&mut self, x: NodeId) -> Result<(), u64> {
         let look = self.computes.is_multiple_of(DEADLINE_EVERY);
         self.computes += 1;
-        if look
-            && self
-                .deadline
-                .is_some_and(|d| std::time::Instant::now() >= d)
-        {
+        if look && past(self.deadline) {
             self.out_of_time = true;
             return Err(0);
         }
@@ -737,7 +738,7 @@ fn plan_by_weightings(
             Some(reached) if reached.peak <= problem.budget_bytes => {
                 (reached.weights, reached.steps, reached.time, reached.budget)
             }
-            _ if deadline.is_some_and(|d| std::time::Instant::now() >= d) => {
+            _ if past(deadline) => {
                 return Err(PlanError::NotApplicable {
                     strategy: NAME.into(),
                     why: "out of time before a pass fitted the budget (its passes rebuild \
@@ -806,7 +807,7 @@ fn best_pass(
     let mut smallest_need = u64::MAX;
     for weights in weightings() {
         for on in [graph, &unit] {
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            if past(deadline) {
                 return (best, smallest_need.min(graph.store_all_peak()));
             }
             match evict_pass_until(on, budget, weights, &unprotected, deadline) {
@@ -870,11 +871,10 @@ pub(crate) fn refine_from(
     (mut steps, mut time): (Vec<Step>, f64),
     deadline: Option<std::time::Instant>,
 ) -> Vec<Step> {
-    let past = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
     for _ in 0..REFINE_ROUNDS {
         let mut improved = false;
         for candidate in costliest_recomputed(graph, &steps, REFINE_CANDIDATES) {
-            if past() {
+            if past(deadline) {
                 return steps;
             }
             if protected[candidate] {
@@ -951,12 +951,12 @@ fn smallest_reachable(problem: &Problem, deadline: Option<std::time::Instant>) -
     );
     let mut best = None;
     while hi > lo + 1 + hi / 10_000 {
-        if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+        if past(deadline) {
             break;
         }
         let mid = lo + (hi - lo) / 2;
         let fits = weightings().find_map(|weights| {
-            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            if past(deadline) {
                 return None;
             }
             evict_pass_result(graph, problem, mid, weights, deadline)

@@ -231,7 +231,11 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         recompute_only: problem.recompute_only(),
     };
     value = value.max(cover.with_rebuilds(&link, &singles, true, until));
-    let weights = cover.weights(graph, theta, units_per_byte);
+    // `w_t = min(theta c(t), (1 - theta) s(t))`: the room's term, the only one that holds
+    // for several points.
+    let weights = LinkTerm::Room
+        .sides(graph, theta, units_per_byte, false)
+        .weights;
     let offset = (1.0 - theta) * cover.room(&link, &y);
     let target = upper.map(|u| u * base + offset);
     let (climbed, climbed_y) = cover.climb(&weights, y, target, now + left.mul_f64(0.6));
@@ -517,12 +521,6 @@ impl Cover {
 
     fn items_of(&self, p: usize) -> &[u32] {
         &self.point_items[self.point_start[p]..self.point_start[p + 1]]
-    }
-
-    /// `w_t = min(theta c(t), (1 - theta) s(t))`; a pinned tensor can only be swapped
-    /// ([`rebuild::Sides::of`]).
-    fn weights(&self, graph: &Graph, theta: f64, units_per_byte: f64) -> Vec<f64> {
-        rebuild::Sides::of(graph, theta, units_per_byte, false).weights
     }
 
     /// The largest fractional-knapsack cover cost over single points less `(1 - theta)`
