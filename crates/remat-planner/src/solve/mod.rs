@@ -49,6 +49,7 @@
 pub mod anneal_copies;
 pub mod bias;
 pub mod bound;
+pub mod copies_out;
 pub mod cuts;
 pub mod offload;
 pub mod order;
