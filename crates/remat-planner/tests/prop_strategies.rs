@@ -198,6 +198,40 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Copies out reissued by their deadlines (`solve::copies_out`) only move `SwapOut`
+    /// steps: the schedule still runs, with the same steps, peak and recomputation.
+    #[test]
+    fn copies_out_by_deadlines_keep_the_schedule_valid(
+        graph in training_dag(),
+        picks in prop::collection::vec(any::<u8>(), 1..16),
+        bandwidth in prop::sample::select(vec![0.25, 4.0, 100.0]),
+    ) {
+        let decisions = random_decisions(&graph, &picks);
+        let lowered = lower(&graph, &decisions, bandwidth).expect("random decisions lower");
+        let before = simulate_steps(&graph, &lowered.steps, bandwidth).expect("lowered plans run");
+        let per_byte = 1.0 / (bandwidth * graph.time_unit_s());
+        let reissued = remat_planner::solve::copies_out::issue_by_deadlines(
+            &graph,
+            lowered.steps.clone(),
+            per_byte,
+        );
+        let after = simulate_steps(&graph, &reissued, bandwidth);
+        prop_assert!(after.is_ok(), "{:?}\n{:?}", after, reissued);
+        let after = after.unwrap();
+        prop_assert_eq!(after.peak_bytes, before.peak_bytes);
+        prop_assert!(close(after.recompute_time, before.recompute_time));
+        let sorted = |steps: &[Step]| {
+            let mut keys: Vec<String> = steps.iter().map(|s| format!("{s:?}")).collect();
+            keys.sort();
+            keys
+        };
+        prop_assert_eq!(sorted(&reissued), sorted(&lowered.steps));
+    }
+}
+
 fn step_of(e: &remat_planner::SimError) -> usize {
     use remat_planner::SimError::*;
     match *e {
