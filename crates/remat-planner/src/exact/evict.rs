@@ -728,7 +728,7 @@ fn plan_by_weightings(
     problem: &Problem,
     deadline: Option<std::time::Instant>,
 ) -> Result<Planned, PlanError> {
-    let (found, smallest_need) = best_pass(problem.graph, problem.budget_bytes, deadline);
+    let found = best_pass(problem.graph, problem.budget_bytes, deadline);
     let (weights, steps, time, at) = match found {
         Some((weights, steps, time)) => (weights, steps, time, problem.budget_bytes),
         // Greedy passes are not monotone in the budget: one that gets stuck at this
@@ -746,11 +746,14 @@ fn plan_by_weightings(
                         .into(),
                 });
             }
+            // The peak of a whole schedule: a stuck pass has none (what it needed at the
+            // step it stuck on bounds its own peak from below, no schedule's from above),
+            // and store-all always reaches its peak.
             reached => {
                 return Err(PlanError::OverBudget {
                     strategy: NAME.into(),
                     budget: problem.budget_bytes,
-                    best_peak: reached.map_or(smallest_need, |r| r.peak),
+                    best_peak: reached.map_or(problem.graph.store_all_peak(), |r| r.peak),
                 });
             }
         },
@@ -786,7 +789,7 @@ pub(crate) fn plan_smaller_budget(
     }
 }
 
-/// The fastest pass over every weighting, and the least memory a stuck pass asked for.
+/// The fastest pass over every weighting.
 ///
 /// Every weighting runs twice: on the profiled times, and on unit times (distances and
 /// rebuild costs counted in operations). Profiled times are noisy, and a greedy pass that
@@ -800,15 +803,14 @@ fn best_pass(
     graph: &Graph,
     budget: u64,
     deadline: Option<std::time::Instant>,
-) -> (Option<(Weights, Vec<Step>, f64)>, u64) {
+) -> Option<(Weights, Vec<Step>, f64)> {
     let unit = graph.with_unit_costs();
     let unprotected = vec![false; graph.len()];
     let mut best: Option<(Weights, Vec<Step>, f64)> = None;
-    let mut smallest_need = u64::MAX;
     for weights in weightings() {
         for on in [graph, &unit] {
             if past(deadline) {
-                return (best, smallest_need.min(graph.store_all_peak()));
+                return best;
             }
             match evict_pass_until(on, budget, weights, &unprotected, deadline) {
                 Pass::Fits { steps, .. } => {
@@ -817,11 +819,11 @@ fn best_pass(
                         best = Some((weights, steps, time));
                     }
                 }
-                Pass::Stuck { needed, .. } => smallest_need = smallest_need.min(needed),
+                Pass::Stuck { .. } => {}
             }
         }
     }
-    (best, smallest_need)
+    best
 }
 
 /// Total compute time of the computations in `steps`.

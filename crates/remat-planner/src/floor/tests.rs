@@ -260,6 +260,36 @@ proptest! {
             prop_assert!(least <= report.peak_bytes, "schedule peaks at {} < {least}", report.peak_bytes);
         }
     }
+
+    /// Under the exact least peak, the eviction and the anytime search find nothing
+    /// without swaps, and the smallest peak they report is one a whole schedule reached:
+    /// never under the least peak (a stuck pass's need at the step it stuck on was
+    /// reported once, as low as the budget plus a byte).
+    #[test]
+    fn the_smallest_peak_reported_is_a_schedules(g in small_graph(8), cut in 0.0f64..1.0) {
+        use crate::problem::{Problem, RECOMPUTE_ONLY_BANDWIDTH};
+        use crate::strategy::Strategy;
+        let least = least_recompute_peak(&g, EXACT_STATE_LIMIT).expect("small");
+        let floor = g.memory_floor();
+        if least <= floor {
+            return Ok(());
+        }
+        let budget = floor + ((least - 1 - floor) as f64 * cut) as u64;
+        let problem = Problem { graph: &g, budget_bytes: budget, bandwidth: RECOMPUTE_ONLY_BANDWIDTH };
+        let evicted = crate::exact::evict::Evict.plan(&problem);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(50);
+        let searched = crate::solve::solve(&problem, deadline, None, |_, _| {});
+        for result in [evicted, searched] {
+            match result {
+                Err(crate::PlanError::OverBudget { best_peak, .. }) => prop_assert!(
+                    best_peak >= least,
+                    "reported {best_peak} under the least peak {least} (budget {budget})"
+                ),
+                Ok(planned) => prop_assert!(planned.report.swapped_out_bytes > 0),
+                Err(_) => {}
+            }
+        }
+    }
 }
 
 #[test]

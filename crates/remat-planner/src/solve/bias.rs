@@ -72,7 +72,7 @@ impl Score {
 
 /// Plans `problem.graph` run in `order` by the search (see the module docs): the fastest
 /// schedule found, mapped back to the graph's ids and judged by the simulator, or
-/// `OverBudget` with the least peak a pass reached.
+/// `OverBudget` with the store-all peak (no stuck pass has a schedule).
 pub fn plan_in_order(
     problem: &Problem,
     order: &[NodeId],
@@ -81,12 +81,14 @@ pub fn plan_in_order(
     let graph = in_order(problem.graph, order)?;
     let graph = graph.as_ref();
     let budget = problem.budget_bytes;
-    let (steps, score) = search(graph, budget, work);
+    let (steps, _) = search(graph, budget, work);
     let Some(steps) = steps else {
+        // A stuck pass has no schedule, so no peak to report (what it lacked where it
+        // stuck says how close it came, not what any schedule reaches): store-all's.
         return Err(PlanError::OverBudget {
             strategy: NAME.into(),
             budget,
-            best_peak: budget + score.lacking,
+            best_peak: graph.store_all_peak(),
         });
     };
     let steps: Vec<Step> = steps.into_iter().map(|s| map_step(s, order)).collect();

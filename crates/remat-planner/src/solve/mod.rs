@@ -786,7 +786,6 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
     let protected_sets = cuts::protected_sets(graph);
     // The fastest without swaps and with: the first is refined before they are compared.
     let mut best: [Option<Fitted>; 2] = [None, None];
-    let mut smallest_need = u64::MAX;
     let mut passes = 0;
     let swaps_allowed = !problem.recompute_only() && !graph.order_is_eager();
     let mut queue = PassQueue::new(protected_sets.len(), swaps_allowed);
@@ -848,7 +847,7 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
                     });
                 }
             }
-            evict::Pass::Stuck { needed, .. } => smallest_need = smallest_need.min(needed),
+            evict::Pass::Stuck { .. } => {}
         }
     }
     let [plain, swapping] = best;
@@ -876,10 +875,12 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
         .into_iter()
         .flatten()
         .min_by(|a, b| time(a).total_cmp(&time(b)))
+        // No pass fitted, and a stuck pass has no schedule whose peak could be reported
+        // (what it needed where it stuck is no peak any schedule reached): store-all's.
         .unwrap_or(Err(PlanError::OverBudget {
             strategy: NAME.into(),
             budget: problem.budget_bytes,
-            best_peak: smallest_need,
+            best_peak: graph.store_all_peak(),
         }))
 }
 
