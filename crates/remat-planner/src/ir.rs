@@ -417,6 +417,19 @@ fn check_totals(nodes: &[Node], static_bytes: u64) -> Result<(), GraphError> {
     Ok(())
 }
 
+/// A forward node of `bytes` output and `time` compute reading `inputs`: the graphs that
+/// unit tests build by hand.
+#[cfg(test)]
+pub(crate) fn test_node(name: &str, bytes: u64, time: f64, inputs: Vec<NodeId>) -> Node {
+    Node {
+        name: name.into(),
+        phase: Phase::Forward,
+        compute_time: time,
+        output_bytes: bytes,
+        inputs,
+    }
+}
+
 fn input_name(id: NodeId) -> String {
     format!("#{id}")
 }

@@ -177,18 +177,8 @@ fn earliest_deadline_first(copies: &[CopyOut]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Node, Phase};
+    use crate::ir::test_node as node;
     use crate::sim::simulate_steps;
-
-    fn node(name: &str, bytes: u64, time: f64, inputs: Vec<usize>) -> Node {
-        Node {
-            name: name.into(),
-            phase: Phase::Forward,
-            compute_time: time,
-            output_bytes: bytes,
-            inputs,
-        }
-    }
 
     /// `long1` and `long2` are made first and kept to the end; `short` is made next and
     /// freed soon after. Issued as made, `short`'s copy queues behind both and its `Free`

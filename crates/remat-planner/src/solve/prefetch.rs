@@ -356,18 +356,8 @@ fn earlier_deadlines_first(graph: &Graph, cap: u64, mut steps: Vec<Step>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Node, Phase};
+    use crate::ir::test_node as node;
     use crate::sim::simulate_steps;
-
-    fn node(name: &str, bytes: u64, time: f64, inputs: Vec<usize>) -> Node {
-        Node {
-            name: name.into(),
-            phase: Phase::Forward,
-            compute_time: time,
-            output_bytes: bytes,
-            inputs,
-        }
-    }
 
     /// `a` and `b` copied out, three computations, and an end that reads both: copied back
     /// right before the end (each copy alone hides behind nothing), the second queues

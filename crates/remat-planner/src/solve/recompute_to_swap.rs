@@ -266,18 +266,8 @@ fn drop_unread(graph: &Graph, steps: &[Step], removed: &mut [bool], mut worklist
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Node, Phase};
+    use crate::ir::test_node as node;
     use crate::sim::simulate_steps;
-
-    fn node(name: &str, bytes: u64, time: f64, inputs: Vec<NodeId>) -> Node {
-        Node {
-            name: name.into(),
-            phase: Phase::Forward,
-            compute_time: time,
-            output_bytes: bytes,
-            inputs,
-        }
-    }
 
     /// `a -> b` (costly), `b` read again at the end after `c` and `d`; the plan drops `a`
     /// and `b` and rebuilds both: 7 units of recomputation.

@@ -391,18 +391,8 @@ fn candidate_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Node, Phase};
+    use crate::ir::test_node as node;
     use crate::sim::simulate_steps;
-
-    fn node(name: &str, bytes: u64, time: f64, inputs: Vec<usize>) -> Node {
-        Node {
-            name: name.into(),
-            phase: Phase::Forward,
-            compute_time: time,
-            output_bytes: bytes,
-            inputs,
-        }
-    }
 
     /// 100 bytes copy in 5 units (20 bytes per unit of time).
     const BANDWIDTH: f64 = 20.0;

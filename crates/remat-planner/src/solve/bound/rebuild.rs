@@ -344,17 +344,7 @@ pub(super) fn q_set(graph: &Graph, sides: &Sides) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Node, Phase};
-
-    fn node(name: &str, bytes: u64, time: f64, inputs: Vec<usize>) -> Node {
-        Node {
-            name: name.into(),
-            phase: Phase::Forward,
-            compute_time: time,
-            output_bytes: bytes,
-            inputs,
-        }
-    }
+    use crate::ir::test_node as node;
 
     /// Outside `Q`: with nothing received the charge is the cover's (`max(0, C - w)`, `w`
     /// the smaller side); a gift lowers the recomputation side only, down to the swap side.
