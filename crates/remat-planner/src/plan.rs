@@ -212,9 +212,63 @@ pub(crate) fn live_bytes_after(graph: &Graph, steps: &[Step]) -> Vec<u64> {
         .collect()
 }
 
+/// `steps` without the ones `removed` says, with each of `inserted` (the index of the step
+/// of `steps` it goes before, `steps.len()` to append, and the step) in place; steps
+/// inserted before one index keep their order in `inserted`. For passes that move or add
+/// steps in one rebuild.
+pub(crate) fn splice(
+    steps: &[Step],
+    removed: impl Fn(usize) -> bool,
+    mut inserted: Vec<(usize, Step)>,
+) -> Vec<Step> {
+    // Stable: insertions before one index keep their order.
+    inserted.sort_by_key(|&(before, _)| before);
+    let mut out = Vec::with_capacity(steps.len() + inserted.len());
+    let mut next = inserted.into_iter().peekable();
+    for (i, step) in steps.iter().enumerate() {
+        while let Some((_, s)) = next.next_if(|&(before, _)| before == i) {
+            out.push(s);
+        }
+        if !removed(i) {
+            out.push(*step);
+        }
+    }
+    out.extend(next.map(|(_, s)| s));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Removed steps go, insertions land before their index (or at the end) in the order
+    /// given.
+    #[test]
+    fn splice_removes_and_inserts_in_order() {
+        use Step::*;
+        let steps = [Compute { node: 0 }, Free { tensor: 0 }, Compute { node: 1 }];
+        let out = splice(
+            &steps,
+            |i| i == 1,
+            vec![
+                (2, SwapOut { tensor: 1 }),
+                (1, SwapOut { tensor: 0 }),
+                (1, Free { tensor: 0 }),
+                (3, Free { tensor: 1 }),
+            ],
+        );
+        assert_eq!(
+            out,
+            [
+                Compute { node: 0 },
+                SwapOut { tensor: 0 },
+                Free { tensor: 0 },
+                SwapOut { tensor: 1 },
+                Compute { node: 1 },
+                Free { tensor: 1 },
+            ]
+        );
+    }
 
     #[test]
     fn json_round_trip_and_version_check() {

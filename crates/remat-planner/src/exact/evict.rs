@@ -413,19 +413,13 @@ impl Evictor<'_> {
         if self.swap_outs.is_empty() {
             return steps;
         }
-        // Stable by position: two swap-outs at one position keep their eviction order.
-        self.swap_outs.sort_by_key(|&(at, _)| at);
-        let mut out = Vec::with_capacity(steps.len() + self.swap_outs.len());
-        let mut next = self.swap_outs.iter().peekable();
-        for (k, step) in steps.into_iter().enumerate() {
-            while let Some(&&(_, tensor)) = next.peek().filter(|(at, _)| *at == k) {
-                out.push(Step::SwapOut { tensor });
-                next.next();
-            }
-            out.push(step);
-        }
-        out.extend(next.map(|&(_, tensor)| Step::SwapOut { tensor }));
-        out
+        // Two swap-outs at one position keep their eviction order.
+        let swap_outs = self
+            .swap_outs
+            .iter()
+            .map(|&(at, tensor)| (at, Step::SwapOut { tensor }))
+            .collect();
+        crate::plan::splice(&steps, |_| false, swap_outs)
     }
 
     /// The unpinned resident tensor with the least score (garbage first), or with best fit

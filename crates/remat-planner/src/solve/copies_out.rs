@@ -22,7 +22,7 @@
 //! neither allocates nor frees), so the budget holds; the simulator judges the times.
 
 use crate::ir::Graph;
-use crate::plan::Step;
+use crate::plan::{Step, splice};
 
 use super::prefetch::compute_clock;
 
@@ -66,31 +66,17 @@ pub fn issue_by_deadlines(graph: &Graph, steps: Vec<Step>, per_byte: f64) -> Vec
         after[c] = place;
         previous = Some(place);
     }
-    // Rebuild: every `SwapOut` of a copy leaves its place and is inserted after its step;
-    // copies after the same step keep the stream's order.
-    let mut inserted: Vec<(usize, usize, Step)> = order
-        .iter()
-        .enumerate()
-        .map(|(rank, &c)| (after[c], rank, steps[copies[c].at]))
-        .collect();
-    inserted.sort_by_key(|&(place, rank, _)| (place, rank));
+    // Rebuild: every `SwapOut` of a copy leaves its place and goes right after its step,
+    // in stream order (`order`) among copies placed after the same step.
     let mut moved = vec![false; steps.len()];
     for copy in &copies {
         moved[copy.at] = true;
     }
-    let mut out = Vec::with_capacity(steps.len());
-    let mut next = inserted.iter().peekable();
-    for (i, step) in steps.iter().enumerate() {
-        if !moved[i] {
-            out.push(*step);
-        }
-        while let Some(&&(_, _, s)) = next.peek().filter(|(place, _, _)| *place == i) {
-            out.push(s);
-            next.next();
-        }
-    }
-    out.extend(next.map(|&(_, _, s)| s));
-    out
+    let inserted = order
+        .iter()
+        .map(|&c| (after[c] + 1, steps[copies[c].at]))
+        .collect();
+    splice(&steps, |i| moved[i], inserted)
 }
 
 /// The copies out of `steps` with what [`issue_by_deadlines`] needs; a `SwapOut` whose
@@ -144,10 +130,9 @@ fn earliest_deadline_first(copies: &[CopyOut]) -> Vec<usize> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
 
-    // Deadlines as ordered integers for the heap: (deadline bits, issue index).
-    #[derive(PartialEq, Eq, PartialOrd, Ord)]
-    struct Key(u64, usize);
-    let key = |c: usize| Key(copies[c].deadline.to_bits(), copies[c].at);
+    // Deadlines (times, not negative: their bits order as they do) and then the issue
+    // index, as a min-heap key.
+    let key = |c: usize| Reverse((copies[c].deadline.to_bits(), copies[c].at, c));
 
     let mut by_release: Vec<usize> = (0..copies.len()).collect();
     by_release.sort_by(|&a, &b| {
@@ -156,17 +141,17 @@ fn earliest_deadline_first(copies: &[CopyOut]) -> Vec<usize> {
             .total_cmp(&copies[b].release)
             .then(copies[a].at.cmp(&copies[b].at))
     });
-    let mut ready: BinaryHeap<Reverse<(Key, usize)>> = BinaryHeap::new();
+    let mut ready = BinaryHeap::new();
     let mut order = Vec::with_capacity(copies.len());
     let mut now = 0.0f64;
     let mut next = 0;
     while order.len() < copies.len() {
         while next < by_release.len() && copies[by_release[next]].release <= now {
             let c = by_release[next];
-            ready.push(Reverse((key(c), c)));
+            ready.push(key(c));
             next += 1;
         }
-        let Some(Reverse((_, c))) = ready.pop() else {
+        let Some(Reverse((_, _, c))) = ready.pop() else {
             now = copies[by_release[next]].release;
             continue;
         };
@@ -244,7 +229,7 @@ mod tests {
         assert_eq!(&reissued[7..], &steps[7..]);
     }
 
-    /// With one copy out, or copies already in deadline order, nothing moves.
+    /// With one copy out, or copies already issued in deadline order, nothing moves.
     #[test]
     fn copies_in_deadline_order_stay() {
         let graph = Graph::new(
@@ -260,6 +245,30 @@ mod tests {
             SwapOut { tensor: 0 },
             Compute { node: 1 },
             Free { tensor: 0 },
+        ];
+        assert_eq!(issue_by_deadlines(&graph, steps.clone(), 1.0), steps);
+        // Two copies, the one freed first issued first.
+        let graph = Graph::new(
+            "two",
+            vec![
+                node("x", 4, 1.0, vec![]),
+                node("z", 4, 1.0, vec![]),
+                node("y", 1, 5.0, vec![0]),
+                node("end", 1, 1.0, vec![1, 2]),
+            ],
+            0,
+            1.0,
+        )
+        .expect("a valid graph");
+        let steps = vec![
+            Compute { node: 0 },
+            SwapOut { tensor: 0 },
+            Compute { node: 1 },
+            SwapOut { tensor: 1 },
+            Compute { node: 2 },
+            Free { tensor: 0 },
+            Compute { node: 3 },
+            Free { tensor: 1 },
         ];
         assert_eq!(issue_by_deadlines(&graph, steps.clone(), 1.0), steps);
     }

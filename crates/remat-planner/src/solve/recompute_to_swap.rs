@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use crate::eager;
 use crate::ir::{Graph, NodeId};
-use crate::plan::Step;
+use crate::plan::{Step, splice};
 use crate::problem::{Planned, Problem, plan_from_steps};
 use crate::sim::SimReport;
 
@@ -202,20 +202,7 @@ fn with_copies(
         inserted.push((before, Step::SwapIn { tensor: t }));
     }
     drop_unread(graph, steps, &mut removed, dropped_computes);
-    inserted.sort_by_key(|&(i, _)| i);
-    let mut out = Vec::with_capacity(steps.len() + inserted.len());
-    let mut next = inserted.iter().peekable();
-    for (i, step) in steps.iter().enumerate() {
-        while let Some(&&(_, s)) = next.peek().filter(|(at, _)| *at == i) {
-            out.push(s);
-            next.next();
-        }
-        if !removed[i] {
-            out.push(*step);
-        }
-    }
-    out.extend(next.map(|&(_, s)| s));
-    Some(out)
+    Some(splice(steps, |i| removed[i], inserted))
 }
 
 /// Drops, up the chain from the removed computations at `worklist`, every recomputation
