@@ -81,8 +81,7 @@ pub fn plan_in_order(
     let graph = in_order(problem.graph, order)?;
     let graph = graph.as_ref();
     let budget = problem.budget_bytes;
-    let (steps, _) = search(graph, budget, work);
-    let Some(steps) = steps else {
+    let Some(steps) = search(graph, budget, work) else {
         // A stuck pass has no schedule, so no peak to report (what it lacked where it
         // stuck says how close it came, not what any schedule reaches): store-all's.
         return Err(PlanError::OverBudget {
@@ -97,8 +96,8 @@ pub fn plan_in_order(
 }
 
 /// The annealing itself on a graph numbered in its run order: the best fitting schedule
-/// found (if any) and the best score.
-fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) {
+/// found, if any.
+fn search(graph: &Graph, budget: u64, work: Work) -> Option<Vec<Step>> {
     let n = graph.len();
     let none = vec![false; n];
     let out_of_time = || work.deadline.is_some_and(|d| Instant::now() >= d);
@@ -121,16 +120,7 @@ fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) 
             current = Some((w, score, pass));
         }
     }
-    let Some((mut weights, mut score, pass)) = current else {
-        return (
-            None,
-            Score {
-                unfinished: n,
-                lacking: u64::MAX,
-                time: f64::INFINITY,
-            },
-        );
-    };
+    let (mut weights, mut score, pass) = current?;
     let mut bias = ones;
     let mut best_score = score;
     let mut best_steps = fitting_steps(&pass);
@@ -182,7 +172,7 @@ fn search(graph: &Graph, budget: u64, work: Work) -> (Option<Vec<Step>>, Score) 
             }
         }
     }
-    (best_steps, best_score)
+    best_steps
 }
 
 /// Passes over which the temperature falls from its start to zero when only a deadline
