@@ -323,3 +323,66 @@ fn copies_out_and_the_rebuilds_after_the_point_add_up() {
         "bound {bound}: the copies out and the rebuilds after them do not add up"
     );
 }
+
+/// A small transformer training step (the generator's, `layers` layers, tiny widths) in
+/// node order or free: gradient buffers pinned and read by the step's end, so under the
+/// recompute floor the late points of the backward force copies back.
+fn tiny_transformer(layers: usize, d_model: usize, seq: usize, fixed: bool) -> Graph {
+    use remat_planner::synth::{TransformerParams, transformer};
+    let params = TransformerParams {
+        layers,
+        d_model,
+        heads: 2,
+        seq,
+        batch: 2,
+        ffn: 2 * d_model,
+        vocab: 64,
+        ..TransformerParams::gpt(layers)
+    };
+    let graph = transformer(&params).expect("a valid transformer");
+    if fixed {
+        graph.with_fixed_order()
+    } else {
+        graph
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    // Under the recompute floor, where the late points' forced copies back count
+    // (`solve/bound/late.rs`), with links from slow to fast: the bound stays under the
+    // plans of the default search and of `evict` (schedules, so at least the optimum).
+    #[test]
+    fn under_the_recompute_floor_the_bound_stays_under_the_plans(
+        layers in 1usize..4,
+        d_model in prop::sample::select(vec![16usize, 32, 64]),
+        seq in prop::sample::select(vec![8usize, 32, 64]),
+        fixed in any::<bool>(),
+        margin in 0.0f64..1.0,
+        bandwidth in prop::sample::select(vec![2e9, 8e9, 32e9, 128e9]),
+    ) {
+        let graph = tiny_transformer(layers, d_model, seq, fixed);
+        let floor = graph.memory_floor();
+        let recompute = remat_planner::floor::recompute_floor(&graph).bytes;
+        prop_assume!(recompute > floor + 16);
+        let budget = floor + ((recompute - floor) as f64 * margin) as u64;
+        let bound = bound_at(&graph, budget, bandwidth);
+        let problem = Problem { graph: &graph, budget_bytes: budget, bandwidth };
+        let strategies: [Box<dyn remat_planner::Strategy>; 2] = [
+            Box::new(remat_planner::solve::Anytime { time_limit: Some(Duration::from_millis(300)) }),
+            Box::new(remat_planner::exact::evict::Evict),
+        ];
+        for strategy in strategies {
+            if let Ok(planned) = strategy.plan(&problem) {
+                let report = simulate(&graph, &planned.plan).unwrap();
+                let overhead = report.total_time - report.base_time;
+                prop_assert!(
+                    bound <= overhead + 1e-6,
+                    "bound {bound} above {}'s plan ({overhead}) at budget {budget}, {bandwidth} B/s",
+                    strategy.name()
+                );
+            }
+        }
+    }
+}

@@ -86,6 +86,12 @@
 //! the climbed `y` and the single-point ones (and multiples of them), raises the bound where
 //! swaps are dear (recompute-only requests plan at 1 B/s).
 //!
+//! Rebuilds before a late point, then its copies back (`late`): under the recompute floor
+//! a late point of the backward forces pinned tensors (gradient buffers) out, and their
+//! copies back start after it; the recomputations the backward's first point forces run
+//! before it. Two points, one term: the rebuild LP at the first, restricted to what is
+//! rebuilt before the second, plus the second's forced copies back.
+//!
 //! The link in a window (`window`): a tensor swapped out and absent at a point was copied
 //! after its first computation and before the point, so swaps out of the tensors computed
 //! in a stretch cost at least their copy time less the compute in that stretch; single
@@ -102,6 +108,7 @@ use crate::problem::Problem;
 
 use super::order::Precedence;
 
+mod late;
 mod rebuild;
 mod window;
 
@@ -231,6 +238,13 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         recompute_only: problem.recompute_only(),
     };
     value = value.max(cover.with_rebuilds(&link, &singles, true, until));
+    // Under the recompute floor: the rebuilds before a late point, then the copies back it
+    // forces ([`late`]).
+    if !problem.recompute_only()
+        && let Some(late) = late::best(&cover, &link, &singles, now + left.mul_f64(0.35))
+    {
+        value = value.max(late);
+    }
     // `w_t = min(theta c(t), (1 - theta) s(t))`: the room's term, the only one that holds
     // for several points.
     let weights = LinkTerm::Room
@@ -263,6 +277,53 @@ const REFINE_STEPS: usize = 10;
 
 /// The golden section's inner ratio, `(sqrt 5 - 1) / 2`.
 const GOLDEN: f64 = 0.618_033_988_749_895;
+
+/// The largest `at(scale)` over [`REBUILD_SCALES`] and a golden-section search between the
+/// best one's neighbours (the value is not smooth in the multiple, and the grid's steps can
+/// miss its top: 8 layers, recompute-only, + 10%: 33.90% on the grid, 34.14% with finer
+/// steps), and whether `deadline` stopped it. With `watch` the clock is checked between
+/// evaluations (after the first): one evaluation passes over the (tensor, point) pairs
+/// with a price, few for a single point's vector, millions for a climbed one on 10,000
+/// nodes.
+fn best_multiple(mut at: impl FnMut(f64) -> f64, watch: bool, deadline: Instant) -> (f64, bool) {
+    let mut best = f64::NEG_INFINITY;
+    let late = |j: usize| watch && j > 0 && Instant::now() >= deadline;
+    let mut values = Vec::with_capacity(REBUILD_SCALES.len());
+    for (j, scale) in REBUILD_SCALES.into_iter().enumerate() {
+        if late(j) {
+            return (best, true);
+        }
+        values.push(at(scale));
+        best = best.max(values[j]);
+    }
+    let top = (0..values.len())
+        .max_by(|&a, &b| values[a].total_cmp(&values[b]))
+        .unwrap_or(0);
+    let (mut lo, mut hi) = (
+        REBUILD_SCALES[top.saturating_sub(1)],
+        REBUILD_SCALES[(top + 1).min(REBUILD_SCALES.len() - 1)],
+    );
+    // Each step keeps one inner point and its value, and evaluates one new one.
+    let (mut a, mut b) = (hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo));
+    let (mut va, mut vb) = (at(a), at(b));
+    best = best.max(va).max(vb);
+    for _ in 0..REFINE_STEPS {
+        if late(1) {
+            return (best, true);
+        }
+        if va >= vb {
+            (hi, b, vb) = (b, a, va);
+            a = hi - GOLDEN * (hi - lo);
+            va = at(a);
+        } else {
+            (lo, a, va) = (a, b, vb);
+            b = lo + GOLDEN * (hi - lo);
+            vb = at(b);
+        }
+        best = best.max(va).max(vb);
+    }
+    (best, false)
+}
 
 /// Values of `theta` tried (see the module docs; 1 would make swaps free), in the order
 /// tried: recompute-only requests gain most from the largest; over a fast link (the
@@ -394,51 +455,17 @@ impl Cover {
                 continue;
             }
             let mut scaled = y.clone();
-            let mut at = |scale: f64| {
+            let at = |scale: f64| {
                 for (s, y) in scaled.iter_mut().zip(y) {
                     *s = y * scale;
                 }
                 rebuild::value(self, graph, &sides, &in_q, &scaled) - (1.0 - theta) * room
             };
-            let mut values = Vec::with_capacity(REBUILD_SCALES.len());
-            for (j, scale) in REBUILD_SCALES.into_iter().enumerate() {
-                // One evaluation passes over the (tensor, point) pairs with a price: a
-                // single point's are few, a climbed vector's can be millions on 10,000
-                // nodes, so past the first start the clock is checked between them.
-                if (k > 0 || !first_whole) && (k, j) != (0, 0) && Instant::now() >= deadline {
-                    return best;
-                }
-                values.push(at(scale));
-                best = best.max(values[j]);
-            }
-            // Then a golden-section search between the best multiple's neighbours: the
-            // value is not smooth in the multiple, and the grid's steps can miss its top
-            // (8 layers, recompute-only, + 10%: 33.90% on the grid, 34.14% with finer steps).
-            let top = (0..values.len())
-                .max_by(|&a, &b| values[a].total_cmp(&values[b]))
-                .unwrap_or(0);
-            let (mut lo, mut hi) = (
-                REBUILD_SCALES[top.saturating_sub(1)],
-                REBUILD_SCALES[(top + 1).min(REBUILD_SCALES.len() - 1)],
-            );
-            // Each step keeps one inner point and its value, and evaluates one new one.
-            let (mut a, mut b) = (hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo));
-            let (mut va, mut vb) = (at(a), at(b));
-            best = best.max(va).max(vb);
-            for _ in 0..REFINE_STEPS {
-                if (k > 0 || !first_whole) && Instant::now() >= deadline {
-                    return best;
-                }
-                if va >= vb {
-                    (hi, b, vb) = (b, a, va);
-                    a = hi - GOLDEN * (hi - lo);
-                    va = at(a);
-                } else {
-                    (lo, a, va) = (a, b, vb);
-                    b = lo + GOLDEN * (hi - lo);
-                    vb = at(b);
-                }
-                best = best.max(va).max(vb);
+            let watch = k > 0 || !first_whole;
+            let (value, stopped) = best_multiple(at, watch, deadline);
+            best = best.max(value);
+            if stopped {
+                return best;
             }
         }
         best

@@ -80,7 +80,11 @@ pub(super) fn value(cover: &Cover, graph: &Graph, sides: &Sides, in_q: &[bool], 
     // costs at least their recomputation (elsewhere a gift only adds to the swap side).
     let rebuilds: Vec<bool> = (0..n)
         .map(|t| {
-            in_q[t] || (sides.split && !graph.is_pinned(t) && sides.recompute[t] <= sides.swap[t])
+            in_q[t]
+                || (sides.split
+                    && sides.has_rows(t)
+                    && !graph.is_pinned(t)
+                    && sides.recompute[t] <= sides.swap[t])
         })
         .collect();
     let mut donations = Donations {
@@ -155,6 +159,10 @@ pub(super) struct Sides {
     /// the rows only spread each tensor's room over more chains (Moccasin's n = 250 at the
     /// recompute floor + 5%: 17.0% with them, 18.6% without).
     pub split: bool,
+    /// Tensors without rebuild rows whatever their sides (empty: none): a term whose
+    /// restorations of some tensors are not the recomputations it counts
+    /// ([`super::late`]) charges them nothing and lets them ask nothing.
+    pub no_rows: Vec<bool>,
 }
 
 impl Sides {
@@ -174,6 +182,7 @@ impl Sides {
             recompute: Vec::with_capacity(n),
             swap: Vec::with_capacity(n),
             split,
+            no_rows: Vec::new(),
         };
         for t in 0..n {
             let node = graph.node(t);
@@ -188,6 +197,22 @@ impl Sides {
             sides.swap.push(swap);
         }
         sides
+    }
+
+    /// Whether `t` may have rebuild rows (see [`Sides::no_rows`]).
+    pub(super) fn has_rows(&self, t: usize) -> bool {
+        !self.no_rows.get(t).copied().unwrap_or(false)
+    }
+
+    /// These sides with `t` charged nothing either way and given no rows.
+    pub(super) fn free_of_rows(&mut self, t: usize) {
+        if self.no_rows.len() < self.weights.len() {
+            self.no_rows.resize(self.weights.len(), false);
+        }
+        self.no_rows[t] = true;
+        self.weights[t] = 0.0;
+        self.recompute[t] = 0.0;
+        self.swap[t] = 0.0;
     }
 }
 
@@ -336,7 +361,7 @@ pub(super) fn q_set(graph: &Graph, sides: &Sides) -> Vec<bool> {
             .map(|&i| weights[i] + if in_q[i] { chain[i] } else { 0.0 })
             .sum();
         chain[t] = inputs.min(total);
-        in_q[t] = sides.swap[t] >= sides.recompute[t] + chain[t];
+        in_q[t] = sides.has_rows(t) && sides.swap[t] >= sides.recompute[t] + chain[t];
     }
     in_q
 }
