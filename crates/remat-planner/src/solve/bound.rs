@@ -77,6 +77,12 @@
 //! backward's first step, `base - after(v)` the forward's compute, and this term is the
 //! one that binds (8 layers + 5% at 32 GB/s: 25.08 -> 27.03%).
 //!
+//! `theta` is any number in [0, 1]; the bound tries a grid ([`THETAS`], [`THETAS_WITH_SWAPS`])
+//! and, with swaps, a finer one around the best copies-out-then-rebuilds start
+//! (`Cover::refine_theta`): with the rebuild chains the value is piecewise linear in
+//! `theta`, jumping where a tensor enters or leaves their `Q`, and its tops fall between
+//! the grid's points (8 layers + 10% at 32 GB/s: 26.33% -> 26.73%).
+//!
 //! We start from the best single node (where `g` is maximised by a fractional knapsack) and climb
 //! `g` by projected subgradient steps; any `y` reached is a valid bound, so stopping early
 //! (at the deadline) only makes it weaker.
@@ -238,10 +244,24 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         recompute_only: problem.recompute_only(),
     };
     value = value.max(cover.with_rebuilds(&link, &singles, true, until));
+    // With swaps, the copies-out-then-rebuilds term on a finer grid of `theta`s around the
+    // best; its starts go first to the late points' term.
+    let mut starts = Vec::new();
+    if !problem.recompute_only() {
+        let (refined, best_starts) = cover.refine_theta(&link, &singles, now + left.mul_f64(0.5));
+        value = value.max(refined);
+        starts = best_starts;
+    }
+    starts.extend(
+        singles
+            .iter()
+            .filter(|s| s.term == LinkTerm::OutThenRebuild)
+            .cloned(),
+    );
     // Under the recompute floor: the rebuilds before a late point, then the copies back it
     // forces ([`late`]).
     if !problem.recompute_only()
-        && let Some(late) = late::best(&cover, &link, &singles, now + left.mul_f64(0.35))
+        && let Some(late) = late::best(&cover, &link, &starts, now + left.mul_f64(0.6))
     {
         value = value.max(late);
     }
@@ -252,14 +272,14 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         .weights;
     let offset = (1.0 - theta) * cover.room(&link, &y);
     let target = upper.map(|u| u * base + offset);
-    let (climbed, climbed_y) = cover.climb(&weights, y, target, now + left.mul_f64(0.6));
+    let (climbed, climbed_y) = cover.climb(&weights, y, target, now + left.mul_f64(0.7));
     value = value.max(climbed - (1.0 - theta) * cover.room(&link, &climbed_y));
     let climbed = [Start {
         theta,
         term: LinkTerm::Room,
         y: climbed_y,
     }];
-    let until = now + left.mul_f64(0.8);
+    let until = now + left.mul_f64(0.85);
     value = value.max(cover.with_rebuilds(&link, &climbed, false, until));
     if let Some(windowed) = window::best(&cover, graph, &ancestry, units_per_byte, deadline) {
         value = value.max(windowed);
@@ -270,6 +290,13 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
 /// Multiples of a dual vector tried with rebuild chains: their items cost more than the
 /// cover's, so the best price per byte is higher.
 const REBUILD_SCALES: [f64; 11] = [1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 4.0, 6.0, 8.0];
+
+/// The finer grid of `theta`s around the best single start with swaps
+/// ([`Cover::refine_theta`]): this far apart, and this many on each side.
+const THETA_STEP: f64 = 0.01;
+const THETA_STEPS: usize = 6;
+/// Halvings of the step around the best `theta` found on that grid.
+const THETA_HALVINGS: usize = 3;
 
 /// Golden-section steps (one evaluation each, after the first two) around the best of
 /// [`REBUILD_SCALES`].
@@ -407,6 +434,7 @@ impl LinkTerm {
 }
 
 /// A dual vector to evaluate, with the `theta` and link term it was found under.
+#[derive(Clone)]
 struct Start {
     theta: f64,
     term: LinkTerm,
@@ -469,6 +497,117 @@ impl Cover {
             }
         }
         best
+    }
+
+    /// The copies-out-then-rebuilds term ([`LinkTerm::OutThenRebuild`]) with rebuild
+    /// chains at the point of its best single start, on a grid of `theta`s
+    /// [`THETA_STEP`] apart around that start's `theta`, nearest first, until `deadline`
+    /// (one at least); the best value and the starts tried, best first. Its value is
+    /// piecewise linear in `theta`, with jumps where a tensor enters or leaves `Q` (8
+    /// layers + 10% at 32 GB/s: 6,639 units at 0.85, 5,742 at 0.88, 6,739 at 0.89, 6,433
+    /// at 0.9), so the grid of [`THETAS_WITH_SWAPS`] misses its tops.
+    fn refine_theta(&self, link: &Link, singles: &[Start], deadline: Instant) -> (f64, Vec<Start>) {
+        let graph = link.graph;
+        let term = LinkTerm::OutThenRebuild;
+        let mut items = Vec::new();
+        // Each start's value under the term, rebuild chains included.
+        let value_at = |theta: f64, vq: usize, items: &mut Vec<(f64, f64)>| -> Option<Start> {
+            let weights = term.sides(graph, theta, link.units_per_byte, false).weights;
+            let (_, ratio) = self.knapsack_at(&weights, vq, items)?;
+            let mut y = vec![0.0; self.points.len()];
+            y[vq] = ratio;
+            Some(Start { theta, term, y })
+        };
+        let mut tried: Vec<(f64, Start)> = Vec::new();
+        let mut best_single: Option<(f64, f64, usize)> = None;
+        for start in singles.iter().filter(|s| s.term == term) {
+            let mut priced = start.y.iter().enumerate().filter(|&(_, &y)| y > 0.0);
+            let (Some((vq, _)), None) = (priced.next(), priced.next()) else {
+                continue;
+            };
+            let value = self.with_rebuilds(link, std::slice::from_ref(start), true, deadline);
+            if best_single.is_none_or(|(b, _, _)| value > b) {
+                best_single = Some((value, start.theta, vq));
+            }
+        }
+        let Some((mut best, centre, vq)) = best_single else {
+            return (f64::NEG_INFINITY, Vec::new());
+        };
+        let mut evaluate = |theta: f64, tried: &mut Vec<(f64, Start)>| {
+            if !(0.0..1.0).contains(&theta) || tried.iter().any(|(_, s)| s.theta == theta) {
+                return;
+            }
+            if let Some(start) = value_at(theta, vq, &mut items) {
+                let value = self.with_rebuilds(link, std::slice::from_ref(&start), true, deadline);
+                best = best.max(value);
+                tried.push((value, start));
+            }
+        };
+        // A grid THETA_STEP apart around the best start, nearest first; then halving
+        // steps around the best point found, where a jump's top may lie.
+        'grid: for k in 1..=THETA_STEPS {
+            for sign in [-1.0, 1.0] {
+                if Instant::now() >= deadline {
+                    break 'grid;
+                }
+                evaluate(centre + sign * k as f64 * THETA_STEP, &mut tried);
+            }
+        }
+        let mut step = THETA_STEP / 2.0;
+        for _ in 0..THETA_HALVINGS {
+            let Some(top) = tried
+                .iter()
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, s)| s.theta)
+            else {
+                break;
+            };
+            for theta in [top - step, top + step] {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                evaluate(theta, &mut tried);
+            }
+            step /= 2.0;
+        }
+        tried.sort_by(|a, b| b.0.total_cmp(&a.0));
+        (best, tried.into_iter().map(|(_, start)| start).collect())
+    }
+
+    /// The fractional knapsack that covers point `p`'s deficit with its tensors at
+    /// `weights`: its cost and the ratio (weight per byte) of the last item taken, the
+    /// point's price in the dual; `None` when its tensors cannot cover it. `items` is
+    /// scratch space.
+    fn knapsack_at(
+        &self,
+        weights: &[f64],
+        p: usize,
+        items: &mut Vec<(f64, f64)>,
+    ) -> Option<(f64, f64)> {
+        items.clear();
+        // A tensor of no bytes covers nothing.
+        items.extend(
+            self.items_of(p)
+                .iter()
+                .map(|&t| (weights[t as usize], self.bytes_of(t as usize)))
+                .filter(|&(_, b)| b > 0.0),
+        );
+        items.sort_by(|a, b| (a.0 / a.1.max(1.0)).total_cmp(&(b.0 / b.1.max(1.0))));
+        let (mut left, mut cost, mut ratio) = (self.demand[p], 0.0, 0.0);
+        for &(w, b) in items.iter() {
+            if left <= 0.0 {
+                break;
+            }
+            ratio = w / b.max(1.0);
+            if b >= left {
+                cost += w * left / b.max(1.0);
+                left = 0.0;
+            } else {
+                cost += w;
+                left -= b;
+            }
+        }
+        (left <= 0.0).then_some((cost, ratio))
     }
 
     fn build(problem: &Problem, ancestry: &Ancestry) -> Cover {
@@ -563,32 +702,9 @@ impl Cover {
         let mut best = (f64::NEG_INFINITY, 0, 0.0);
         let mut items: Vec<(f64, f64)> = Vec::new();
         for p in 0..self.points.len() {
-            items.clear();
-            // A tensor of no bytes covers nothing.
-            items.extend(
-                self.items_of(p)
-                    .iter()
-                    .map(|&t| (weights[t as usize], self.bytes_of(t as usize)))
-                    .filter(|&(_, b)| b > 0.0),
-            );
-            items.sort_by(|a, b| (a.0 / a.1.max(1.0)).total_cmp(&(b.0 / b.1.max(1.0))));
-            let (mut left, mut cost, mut ratio) = (self.demand[p], 0.0, 0.0);
-            for &(w, b) in &items {
-                if left <= 0.0 {
-                    break;
-                }
-                ratio = w / b.max(1.0);
-                if b >= left {
-                    cost += w * left / b.max(1.0);
-                    left = 0.0;
-                } else {
-                    cost += w;
-                    left -= b;
-                }
-            }
-            if left > 0.0 {
+            let Some((cost, ratio)) = self.knapsack_at(weights, p, &mut items) else {
                 return (f64::INFINITY, Vec::new());
-            }
+            };
             let value = cost - (1.0 - theta) * self.point_offset(p, base, term);
             if cost > 0.0 && value > best.0 {
                 best = (value, p, ratio);
