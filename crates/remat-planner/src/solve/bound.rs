@@ -77,7 +77,7 @@
 //! backward's first step, `base - after(v)` the forward's compute, and this term is the
 //! one that binds (8 layers + 5% at 32 GB/s: 25.08 -> 27.03%).
 //!
-//! `theta` is any number in [0, 1]; the bound tries a grid ([`THETAS`], [`THETAS_WITH_SWAPS`])
+//! `theta` is any number in [0, 1]; the bound tries a grid (`THETAS`, `THETAS_WITH_SWAPS`)
 //! and, with swaps, a finer one around the best copies-out-then-rebuilds start
 //! (`Cover::refine_theta`): with the rebuild chains the value is piecewise linear in
 //! `theta`, jumping where a tensor enters or leaves their `Q`, and its tops fall between
