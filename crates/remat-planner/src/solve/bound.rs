@@ -243,12 +243,14 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         units_per_byte,
         recompute_only: problem.recompute_only(),
     };
-    value = value.max(cover.with_rebuilds(&link, &singles, true, until));
+    let single_values = cover.each_with_rebuilds(&link, &singles, true, until);
+    value = single_values.iter().copied().fold(value, f64::max);
     // With swaps, the copies-out-then-rebuilds term on a finer grid of `theta`s around the
     // best; its starts go first to the late points' term.
     let mut starts = Vec::new();
     if !problem.recompute_only() {
-        let (refined, best_starts) = cover.refine_theta(&link, &singles, now + left.mul_f64(0.5));
+        let (refined, best_starts) =
+            cover.refine_theta(&link, &singles, &single_values, now + left.mul_f64(0.5));
         value = value.max(refined);
         starts = best_starts;
     }
@@ -466,8 +468,21 @@ impl Cover {
         first_whole: bool,
         deadline: Instant,
     ) -> f64 {
+        self.each_with_rebuilds(link, starts, first_whole, deadline)
+            .into_iter()
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    /// [`Cover::with_rebuilds`] per start (`NEG_INFINITY` where it was not evaluated).
+    fn each_with_rebuilds(
+        &self,
+        link: &Link,
+        starts: &[Start],
+        first_whole: bool,
+        deadline: Instant,
+    ) -> Vec<f64> {
         let (graph, units_per_byte) = (link.graph, link.units_per_byte);
-        let mut best = f64::NEG_INFINITY;
+        let mut values = vec![f64::NEG_INFINITY; starts.len()];
         for (k, Start { theta, term, y }) in starts.iter().enumerate() {
             if k > 0 && Instant::now() >= deadline {
                 break;
@@ -491,26 +506,33 @@ impl Cover {
             };
             let watch = k > 0 || !first_whole;
             let (value, stopped) = best_multiple(at, watch, deadline);
-            best = best.max(value);
+            values[k] = value;
             if stopped {
-                return best;
+                break;
             }
         }
-        best
+        values
     }
 
     /// The copies-out-then-rebuilds term ([`LinkTerm::OutThenRebuild`]) with rebuild
-    /// chains at the point of its best single start, on a grid of `theta`s
+    /// chains at the point of its best single start (`values`: each start's, from
+    /// [`Cover::each_with_rebuilds`]), on a grid of `theta`s
     /// [`THETA_STEP`] apart around that start's `theta`, nearest first, until `deadline`
     /// (one at least); the best value and the starts tried, best first. Its value is
     /// piecewise linear in `theta`, with jumps where a tensor enters or leaves `Q` (8
     /// layers + 10% at 32 GB/s: 6,639 units at 0.85, 5,742 at 0.88, 6,739 at 0.89, 6,433
     /// at 0.9), so the grid of [`THETAS_WITH_SWAPS`] misses its tops.
-    fn refine_theta(&self, link: &Link, singles: &[Start], deadline: Instant) -> (f64, Vec<Start>) {
+    fn refine_theta(
+        &self,
+        link: &Link,
+        singles: &[Start],
+        values: &[f64],
+        deadline: Instant,
+    ) -> (f64, Vec<Start>) {
         let graph = link.graph;
         let term = LinkTerm::OutThenRebuild;
         let mut items = Vec::new();
-        // Each start's value under the term, rebuild chains included.
+        // The single start at point `vq` for `theta`, priced at its knapsack's ratio.
         let value_at = |theta: f64, vq: usize, items: &mut Vec<(f64, f64)>| -> Option<Start> {
             let weights = term.sides(graph, theta, link.units_per_byte, false).weights;
             let (_, ratio) = self.knapsack_at(&weights, vq, items)?;
@@ -520,13 +542,15 @@ impl Cover {
         };
         let mut tried: Vec<(f64, Start)> = Vec::new();
         let mut best_single: Option<(f64, f64, usize)> = None;
-        for start in singles.iter().filter(|s| s.term == term) {
+        for (start, &value) in singles.iter().zip(values) {
             let mut priced = start.y.iter().enumerate().filter(|&(_, &y)| y > 0.0);
             let (Some((vq, _)), None) = (priced.next(), priced.next()) else {
                 continue;
             };
-            let value = self.with_rebuilds(link, std::slice::from_ref(start), true, deadline);
-            if best_single.is_none_or(|(b, _, _)| value > b) {
+            if start.term == term
+                && value.is_finite()
+                && best_single.is_none_or(|(b, _, _)| value > b)
+            {
                 best_single = Some((value, start.theta, vq));
             }
         }
@@ -538,7 +562,7 @@ impl Cover {
                 return;
             }
             if let Some(start) = value_at(theta, vq, &mut items) {
-                let value = self.with_rebuilds(link, std::slice::from_ref(&start), true, deadline);
+                let value = self.with_rebuilds(link, std::slice::from_ref(&start), false, deadline);
                 best = best.max(value);
                 tried.push((value, start));
             }
