@@ -140,6 +140,27 @@ fn bound_under_every_plan(graph: &Graph, budget: u64, bandwidth: f64) -> f64 {
     bound
 }
 
+/// `bound` is at most the overhead of `strategy`'s plan of `problem` (a schedule, so at
+/// least the optimum), when it finds one.
+fn bound_under_plan(
+    bound: f64,
+    problem: &Problem,
+    strategy: &dyn remat_planner::Strategy,
+) -> Result<(), TestCaseError> {
+    if let Ok(planned) = strategy.plan(problem) {
+        let report = simulate(problem.graph, &planned.plan).unwrap();
+        let overhead = report.total_time - report.base_time;
+        prop_assert!(
+            bound <= overhead + 1e-6,
+            "bound {bound} above {}'s plan ({overhead}) at budget {}, {} B/s",
+            strategy.name(),
+            problem.budget_bytes,
+            problem.bandwidth
+        );
+    }
+    Ok(())
+}
+
 /// From the floor to the store-all peak in steps of `step` bytes: wherever a recompute-only
 /// schedule fits, the bound is at most its least recompute time.
 fn bound_below_optimum_at_every_budget(graph: &Graph, step: u64) -> Result<(), TestCaseError> {
@@ -184,17 +205,8 @@ proptest! {
             let bound = bound_at(&graph, budget, bandwidth);
             let problem = Problem { graph: &graph, budget_bytes: budget, bandwidth };
             for strategy in registry() {
-                if strategy.name() == "checkmate-milp" {
-                    continue;
-                }
-                if let Ok(planned) = strategy.plan(&problem) {
-                    let report = simulate(&graph, &planned.plan).unwrap();
-                    let overhead = report.total_time - report.base_time;
-                    prop_assert!(
-                        bound <= overhead + 1e-6,
-                        "bound {bound} above {}'s plan ({overhead}) at budget {budget}, {bandwidth} B/s",
-                        strategy.name()
-                    );
+                if strategy.name() != "checkmate-milp" {
+                    bound_under_plan(bound, &problem, strategy.as_ref())?;
                 }
             }
             budget += step;
@@ -374,15 +386,7 @@ proptest! {
             Box::new(remat_planner::exact::evict::Evict),
         ];
         for strategy in strategies {
-            if let Ok(planned) = strategy.plan(&problem) {
-                let report = simulate(&graph, &planned.plan).unwrap();
-                let overhead = report.total_time - report.base_time;
-                prop_assert!(
-                    bound <= overhead + 1e-6,
-                    "bound {bound} above {}'s plan ({overhead}) at budget {budget}, {bandwidth} B/s",
-                    strategy.name()
-                );
-            }
+            bound_under_plan(bound, &problem, strategy.as_ref())?;
         }
     }
 }
