@@ -254,12 +254,14 @@ pub fn cover_bound(problem: &Problem, deadline: Instant, upper: Option<f64>) -> 
         value = value.max(refined);
         starts = best_starts;
     }
-    starts.extend(
-        singles
-            .iter()
-            .filter(|s| s.term == LinkTerm::OutThenRebuild)
-            .cloned(),
-    );
+    let others: Vec<Start> = singles
+        .iter()
+        .filter(|s| {
+            s.term == LinkTerm::OutThenRebuild && !starts.iter().any(|t| t.theta == s.theta)
+        })
+        .cloned()
+        .collect();
+    starts.extend(others);
     // Under the recompute floor: the rebuilds before a late point, then the copies back it
     // forces ([`late`]).
     if !problem.recompute_only()
@@ -443,6 +445,17 @@ struct Start {
     y: Vec<f64>,
 }
 
+impl Start {
+    /// The cover point this vector prices, when it prices exactly one.
+    fn single_point(&self) -> Option<usize> {
+        let mut priced = self.y.iter().enumerate().filter(|&(_, &y)| y > 0.0);
+        match (priced.next(), priced.next()) {
+            (Some((p, _)), None) => Some(p),
+            _ => None,
+        }
+    }
+}
+
 /// Sum of `cost` over the set bits of `bits`.
 fn sum_bits(bits: &[u64], cost: impl Fn(usize) -> f64) -> f64 {
     let mut sum = 0.0;
@@ -518,7 +531,8 @@ impl Cover {
     /// chains at the point of its best single start (`values`: each start's, from
     /// [`Cover::each_with_rebuilds`]), on a grid of `theta`s
     /// [`THETA_STEP`] apart around that start's `theta`, nearest first, until `deadline`
-    /// (one at least); the best value and the starts tried, best first. Its value is
+    /// (one at least); the best value and the starts tried, the best single's among them,
+    /// best first. Its value is
     /// piecewise linear in `theta`, with jumps where a tensor enters or leaves `Q` (8
     /// layers + 10% at 32 GB/s: 6,639 units at 0.85, 5,742 at 0.88, 6,739 at 0.89, 6,433
     /// at 0.9), so the grid of [`THETAS_WITH_SWAPS`] misses its tops.
@@ -533,35 +547,31 @@ impl Cover {
         let term = LinkTerm::OutThenRebuild;
         let mut items = Vec::new();
         // The single start at point `vq` for `theta`, priced at its knapsack's ratio.
-        let value_at = |theta: f64, vq: usize, items: &mut Vec<(f64, f64)>| -> Option<Start> {
+        let start_at = |theta: f64, vq: usize, items: &mut Vec<(f64, f64)>| -> Option<Start> {
             let weights = term.sides(graph, theta, link.units_per_byte, false).weights;
             let (_, ratio) = self.knapsack_at(&weights, vq, items)?;
             let mut y = vec![0.0; self.points.len()];
             y[vq] = ratio;
             Some(Start { theta, term, y })
         };
-        let mut tried: Vec<(f64, Start)> = Vec::new();
-        let mut best_single: Option<(f64, f64, usize)> = None;
-        for (start, &value) in singles.iter().zip(values) {
-            let mut priced = start.y.iter().enumerate().filter(|&(_, &y)| y > 0.0);
-            let (Some((vq, _)), None) = (priced.next(), priced.next()) else {
-                continue;
-            };
-            if start.term == term
-                && value.is_finite()
-                && best_single.is_none_or(|(b, _, _)| value > b)
-            {
-                best_single = Some((value, start.theta, vq));
-            }
-        }
-        let Some((mut best, centre, vq)) = best_single else {
+        let Some((mut best, centre, vq)) = singles
+            .iter()
+            .zip(values)
+            .filter(|&(start, value)| start.term == term && value.is_finite())
+            .filter_map(|(start, &value)| Some((value, start, start.single_point()?)))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(value, start, vq)| (value, start.clone(), vq))
+        else {
             return (f64::NEG_INFINITY, Vec::new());
         };
+        let centre_theta = centre.theta;
+        // The best start is the grid's centre, and a candidate for the halvings' top.
+        let mut tried: Vec<(f64, Start)> = vec![(best, centre)];
         let mut evaluate = |theta: f64, tried: &mut Vec<(f64, Start)>| {
             if !(0.0..1.0).contains(&theta) || tried.iter().any(|(_, s)| s.theta == theta) {
                 return;
             }
-            if let Some(start) = value_at(theta, vq, &mut items) {
+            if let Some(start) = start_at(theta, vq, &mut items) {
                 let value = self.with_rebuilds(link, std::slice::from_ref(&start), false, deadline);
                 best = best.max(value);
                 tried.push((value, start));
@@ -574,7 +584,7 @@ impl Cover {
                 if Instant::now() >= deadline {
                     break 'grid;
                 }
-                evaluate(centre + sign * k as f64 * THETA_STEP, &mut tried);
+                evaluate(centre_theta + sign * k as f64 * THETA_STEP, &mut tried);
             }
         }
         let mut step = THETA_STEP / 2.0;

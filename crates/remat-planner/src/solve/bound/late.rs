@@ -58,6 +58,8 @@
 
 use std::time::Instant;
 
+use crate::ir::Graph;
+
 use super::rebuild::{self, Sides};
 use super::{Cover, Link, LinkTerm, Start, best_multiple, sum_bits};
 
@@ -78,12 +80,12 @@ pub(super) fn best(cover: &Cover, link: &Link, starts: &[Start], deadline: Insta
     let compute = |w: usize| graph.node(w).compute_time;
     let mut best: Option<f64> = None;
     let mut evaluated = 0usize;
-    for Start { theta, term, y } in starts {
+    for start in starts {
+        let Start { theta, term, y } = start;
         if *term != LinkTerm::OutThenRebuild || y.len() != cover.points.len() {
             continue;
         }
-        let mut priced = y.iter().enumerate().filter(|&(_, &price)| price > 0.0);
-        let (Some((vq, _)), None) = (priced.next(), priced.next()) else {
+        let Some(vq) = start.single_point() else {
             continue;
         };
         let v = cover.points[vq];
@@ -128,7 +130,7 @@ pub(super) fn best(cover: &Cover, link: &Link, starts: &[Start], deadline: Insta
 /// `F(p)` per cover point: its deficit less the bytes of the unpinned tensors of `L(p)`
 /// (the pinned tensors' bytes that must be absent there), in bytes; at most 0 where the
 /// unpinned ones could cover it.
-fn forced_bytes(cover: &Cover, graph: &crate::ir::Graph) -> Vec<f64> {
+fn forced_bytes(cover: &Cover, graph: &Graph) -> Vec<f64> {
     (0..cover.points.len())
         .map(|q| {
             let unpinned: f64 = cover
@@ -175,8 +177,8 @@ mod tests {
     /// The generator's 12-layer transformer step in node order at today's floor + 5%,
     /// under the recompute floor: the gradient buffers held across the late softmax
     /// backwards cannot all stay, and their copies back come after the rebuilds the
-    /// backward's first point forces. The term adds them up: above the rebuilds' term alone at the same point and
-    /// `theta`, and still under the default search's plan.
+    /// backward's first point forces. The term adds them up: above the rebuilds' term
+    /// alone at the same point and `theta`, and still under the default search's plan.
     #[test]
     fn the_late_copies_back_add_to_the_rebuilds_before_them() {
         let graph = transformer(&TransformerParams::gpt(12))
