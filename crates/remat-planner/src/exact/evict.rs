@@ -187,8 +187,11 @@ pub fn evict_pass_biased(
 /// after its last use before the eviction (memory is unchanged by when a copy starts, so the
 /// copy runs behind the computations in between), its swap-in right before its reader;
 /// then [`hoist_swap_ins`] moves each swap-in earlier where memory allows, so that the copy
-/// back hides behind compute too. Not for the eager order (its offloads start right after
-/// the producer, see [`crate::eager`]): there the pass is [`evict_pass_until`]'s.
+/// back hides behind compute too. In the eager order a victim is only what the form lets
+/// leave (a forward value past its last forward reader), and the plan made of the steps is
+/// put into the form ([`crate::problem::plan_from_steps`]), where each copy out starts
+/// right after its producer instead: earlier, so the tensor's memory is the same, but the
+/// copies queue in their producers' order.
 pub fn evict_pass_with_swaps(
     graph: &Graph,
     budget_bytes: u64,
@@ -198,7 +201,7 @@ pub fn evict_pass_with_swaps(
     deadline: Option<std::time::Instant>,
 ) -> Pass {
     let per_byte = 1.0 / (bandwidth * graph.time_unit_s());
-    let swaps = (!graph.order_is_eager() && per_byte.is_finite()).then_some(per_byte);
+    let swaps = per_byte.is_finite().then_some(per_byte);
     let pass = run_pass(
         graph,
         budget_bytes,
@@ -493,14 +496,17 @@ impl Evictor<'_> {
         node.compute_time + missing_inputs
     }
 
-    /// Garbage may always go; with swaps, anything (a swap needs no rebuild); a tensor still to be read only when rebuilding it never has
-    /// to compute a pinned tensor again, and, in the eager order, only once no node that
-    /// holds it is ahead ([`Graph::eager_may_leave`]): then nothing is rebuilt during the
-    /// forward and the pass's schedule is already in the eager form.
+    /// Garbage may always go. A tensor still to be read goes only once no node that holds
+    /// it in the eager order is ahead ([`Graph::eager_may_leave`], always true in other
+    /// orders: then nothing is rebuilt or copied back during the forward, and a backward
+    /// value stays until its last reader, so the pass's schedule is already in the eager
+    /// form but for where its copies out start), and then with swaps always (a swap needs
+    /// no rebuild), without only when rebuilding it never has to compute a pinned tensor
+    /// again.
     fn may_evict(&self, t: NodeId) -> bool {
         self.next_need(t).is_none()
-            || self.swap_time_per_byte.is_some()
-            || (self.graph.may_drop(t) && self.graph.eager_may_leave(t, self.now))
+            || (self.graph.eager_may_leave(t, self.now)
+                && (self.swap_time_per_byte.is_some() || self.graph.may_drop(t)))
     }
 
     /// While the current node is being built: the first reader of `t` after it, and with

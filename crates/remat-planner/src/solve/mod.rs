@@ -787,7 +787,7 @@ fn evict_until(problem: &Problem, deadline: Instant, grace: bool) -> Result<Plan
     // The fastest without swaps and with: the first is refined before they are compared.
     let mut best: [Option<Fitted>; 2] = [None, None];
     let mut passes = 0;
-    let swaps_allowed = !problem.recompute_only() && !graph.order_is_eager();
+    let swaps_allowed = !problem.recompute_only();
     let mut queue = PassQueue::new(protected_sets.len(), swaps_allowed);
     while let Some(PassSpec {
         weights,
