@@ -37,6 +37,12 @@ fn back(tensor: NodeId) -> Step {
     Step::SwapIn { tensor }
 }
 
+/// The backward from gc on, once gc's inputs are on the device: gc, gb, ga, each value
+/// freed after its last reader.
+fn from_gc() -> [Step; 8] {
+    [c(4), f(3), f(1), c(5), f(0), f(4), c(6), f(5)]
+}
+
 /// Drops b and c after the forward, offloads a at its producer, rebuilds b for gc.
 fn eager_schedule() -> Vec<Step> {
     vec![
@@ -189,7 +195,7 @@ fn conform_holds_values_moves_copies_to_the_producer_and_rebuilds_in_the_backwar
     let g = graph().with_eager_order().unwrap();
     // A node-order schedule that is not eager: a dropped between b and c and recomputed
     // for c (in the forward), a late copy of b, b copied back for gc.
-    let steps = vec![
+    let mut steps = vec![
         c(0),
         c(1),
         f(0),
@@ -200,15 +206,8 @@ fn conform_holds_values_moves_copies_to_the_producer_and_rebuilds_in_the_backwar
         c(3),
         f(2),
         back(1),
-        c(4),
-        f(3),
-        f(1),
-        c(5),
-        f(0),
-        f(4),
-        c(6),
-        f(5),
     ];
+    steps.extend(from_gc());
     simulate_steps(&g, &steps, 1.0).expect("valid in node order");
     assert!(check(&g, &steps).is_err());
     let eager = conform(&g, &steps).expect("has an eager form");
@@ -238,23 +237,8 @@ fn conform_rebuilds_what_it_lacks_right_before_the_backward_reader() {
     let g = graph().with_eager_order().unwrap();
     // b dropped after c and recomputed at once, during the forward, to be held into the
     // backward; the eager form rebuilds it before gc instead.
-    let steps = vec![
-        c(0),
-        c(1),
-        c(2),
-        f(1),
-        c(1),
-        c(3),
-        f(2),
-        c(4),
-        f(3),
-        f(1),
-        c(5),
-        f(0),
-        f(4),
-        c(6),
-        f(5),
-    ];
+    let mut steps = vec![c(0), c(1), c(2), f(1), c(1), c(3), f(2)];
+    steps.extend(from_gc());
     simulate_steps(&g, &steps, 1.0).expect("valid in node order");
     let eager = conform(&g, &steps).expect("has an eager form");
     check(&g, &eager).expect("eager");
@@ -373,7 +357,7 @@ fn simulate_checks_a_plan_that_says_it_is_eager() {
 fn a_schedule_already_in_the_form_is_planned_as_it_is() {
     use crate::problem::{Problem, plan_from_steps};
     let g = graph().with_eager_order().unwrap();
-    let steps = vec![
+    let mut steps = vec![
         c(0),
         c(1),
         out(1), // b offloaded at its producer
@@ -384,15 +368,8 @@ fn a_schedule_already_in_the_form_is_planned_as_it_is() {
         f(2),
         c(0), // a rebuilt for gc, then b copied back
         back(1),
-        c(4),
-        f(3),
-        f(1),
-        c(5),
-        f(0),
-        f(4),
-        c(6),
-        f(5),
     ];
+    steps.extend(from_gc());
     check(&g, &steps).expect("eager");
     let conformed = conform(&g, &steps).expect("has an eager form");
     assert_ne!(conformed, steps, "conform reorders it");
