@@ -496,13 +496,12 @@ impl Evictor<'_> {
         node.compute_time + missing_inputs
     }
 
-    /// Garbage may always go. A tensor still to be read goes only once no node that holds
-    /// it in the eager order is ahead ([`Graph::eager_may_leave`], always true in other
-    /// orders: then nothing is rebuilt or copied back during the forward, and a backward
-    /// value stays until its last reader, so the pass's schedule is already in the eager
-    /// form but for where its copies out start), and then with swaps always (a swap needs
-    /// no rebuild), without only when rebuilding it never has to compute a pinned tensor
-    /// again.
+    /// Garbage may always go. A tensor still to be read may go once no node that holds it
+    /// in the eager order is ahead ([`Graph::eager_may_leave`]; always in other orders), and
+    /// then with swaps (a swap needs no rebuild) or when rebuilding it never has to compute
+    /// a pinned tensor again. The holds keep the pass's schedule in the eager form but for
+    /// where its copies out start: nothing is rebuilt or copied back during the forward,
+    /// and a backward value stays until its last reader.
     fn may_evict(&self, t: NodeId) -> bool {
         self.next_need(t).is_none()
             || (self.graph.eager_may_leave(t, self.now)

@@ -198,12 +198,7 @@ fn in_the_eager_order_a_swap_pass_lets_only_released_values_leave() {
     };
     let none = vec![false; graph.len()];
     let (mut fitted, mut swapping, mut planned) = (0, 0, 0);
-    for &(cost_exp, distance_exp) in &WEIGHTINGS {
-        let weights = Weights {
-            cost_exp,
-            distance_exp,
-            best_fit: true,
-        };
+    for weights in weightings() {
         let Pass::Fits { steps, .. } =
             evict_pass_with_swaps(&graph, budget, weights, &none, 32e9, None)
         else {
