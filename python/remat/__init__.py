@@ -9,6 +9,24 @@ run the plan in PyTorch (``remat.torch``); reshard checkpoints from N to M ranks
     p = remat.plan(g, "8GiB")                  # or 0.5 (of the store-all peak), or bytes
     print(p)                                   # the report `remat plan` prints
     remat.reshard("ckpt", "ckpt-w3", 3, format="dcp")
+
+A graph can be given as JSON text too; the smallest step, one operation reading the input:
+
+>>> import json, remat
+>>> step = {"format": "remat-graph", "version": 1, "name": "tiny", "static_bytes": 0,
+...         "nodes": [
+...     {"name": "x", "phase": "forward", "compute_time": 1.0, "output_bytes": 1024, "inputs": []},
+...     {"name": "y", "phase": "forward", "compute_time": 1.0, "output_bytes": 1024, "inputs": [0]}]}
+>>> p = remat.plan(json.dumps(step), "2KiB", strategy="store-all")
+>>> remat.human_bytes(p.peak_bytes)
+'2.00 KiB'
+
+Errors are ``remat.RematError`` subclasses that name what is wrong:
+
+>>> remat.plan(json.dumps(step), "1KiB")
+Traceback (most recent call last):
+    ...
+remat.errors.BudgetError: ...
 """
 
 from __future__ import annotations
@@ -46,5 +64,12 @@ __all__ = [
 
 
 def human_bytes(n: int) -> str:
-    """Bytes as remat prints them: ``1.50 MiB``."""
+    """Bytes as remat prints them everywhere (the command line, plans, errors): binary
+    units with two decimals.
+
+    >>> human_bytes(1536 * 1024)
+    '1.50 MiB'
+    >>> human_bytes(3 * 2**30)
+    '3.00 GiB'
+    """
     return _native.human_bytes(n)

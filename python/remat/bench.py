@@ -57,6 +57,10 @@ the per-round remat / contender ratios, with their median absolute deviation as 
 
 from __future__ import annotations
 
+__all__ = ["main", "bench_case", "Case", "llama", "llama_large", "gpt2", "bert", "resnet50",
+           "vit", "LiveBytes", "Contender", "Row", "time_interleaved", "format_table",
+           "format_remat_table", "pairing_verdicts", "full_budget_verdict"]
+
 import argparse
 import contextlib
 import copy
@@ -84,6 +88,19 @@ FULL_BUDGET_GOAL = 1.02
 
 @dataclasses.dataclass
 class Case:
+    """One model's training step as every contender runs it: the model, its inputs, how its
+    loss is computed, and how to switch ``torch.utils.checkpoint`` per block on and off (the
+    ``ckpt-block`` contender). The builders in ``MODELS`` make them; any model can be one:
+
+    >>> import torch, torch.nn.functional as F
+    >>> net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    >>> x, y = torch.randn(4, 8), torch.randn(4, 8)
+    >>> case = Case("mlp", net, (x, y), lambda m, x, y: F.mse_loss(m(x), y),
+    ...             enable_block_checkpoint=lambda: None, disable_block_checkpoint=lambda: None)
+    >>> case.loss().shape
+    torch.Size([])
+    """
+
     name: str
     model: torch.nn.Module
     inputs: Any  # dict of keyword inputs (output has .loss) or tuple of positional ones
@@ -131,6 +148,13 @@ def _hf_checkpointing(model):
 
 
 def llama(small: bool) -> Case:
+    """transformers' ``LlamaForCausalLM`` from a random config (nothing downloaded), without
+    its key/value cache, with token ids as inputs and labels; ``small``: 4 layers of width
+    64 over 128 tokens, else 8 of width 512 over 256.
+
+    >>> llama(small=True).name
+    'llama-4x64'
+    """
     import transformers
 
     layers, d, ffn, heads, vocab, batch, seq = (
@@ -164,6 +188,12 @@ def llama_large(small: bool) -> Case:
 
 
 def gpt2(small: bool) -> Case:
+    """transformers' ``GPT2LMHeadModel`` from a random config, without its key/value cache;
+    ``small``: 4 layers of width 64 over 128 tokens, else width 512 over 256.
+
+    >>> gpt2(small=True).name
+    'gpt2-4x64'
+    """
     import transformers
 
     layers, d, heads, vocab, batch, seq = (
@@ -228,6 +258,12 @@ def _classification_loss(m, x, y):
 
 
 def resnet50(small: bool) -> Case:
+    """torchvision's ``resnet50`` (100 classes, random weights) on random images; ``small``:
+    2 images of 32 px, else 4 of 112 px. ``ckpt-block`` checkpoints each of its four stages.
+
+    >>> resnet50(small=True).name
+    'resnet50-32px'
+    """
     import torchvision
 
     batch, side = (2, 32) if small else (4, 112)
@@ -270,7 +306,17 @@ class LiveBytes:
     """Bytes of the storages made during a step that are still alive, sampled after every
     op that records its outputs here; ``peak`` is the largest sample. ``existing``: storages
     that were there before the step (parameters, buffers, inputs), which op outputs may
-    alias (``t(weight)``, ``detach``) but which the step did not make."""
+    alias (``t(weight)``, ``detach``) but which the step did not make.
+
+    >>> import torch
+    >>> live = LiveBytes()
+    >>> a = torch.zeros(256)            # 1 KiB of float32
+    >>> live.record(a)
+    >>> b = torch.zeros(512); live.record(b)
+    >>> del a; live.record(b)           # a's storage is gone at the next sample
+    >>> live.peak, live.live
+    (3072, 2048)
+    """
 
     def __init__(self, existing: set[int] = frozenset()):
         self.existing = set(existing)
@@ -379,6 +425,15 @@ class Contender:
 
 @dataclasses.dataclass
 class Row:
+    """One line of the main table: a contender's measured activation peak (bytes), median
+    step time (seconds), its ratio to ``none`` (median of per-round ratios, with the median
+    absolute deviation as ``ratio_spread``) and, for remat's equal-memory rows, the same
+    against the contender it is paired with.
+
+    >>> Row("llama-4x64", "none", 2**20, 0.05, ratio=1.0).method
+    'none'
+    """
+
     model: str
     method: str
     peak: int
@@ -446,7 +501,14 @@ def time_interleaved(contenders: list[Contender], rounds: int, device,
     frequency) falls on all of them alike; appends each step's seconds to ``times``. After
     each step (untimed) the gradients of the contender's model (``model`` for those that
     train the case's own) are dropped, so that a GPU holds one set of them, not one per
-    copy."""
+    copy.
+
+    >>> import torch
+    >>> fast, slow = Contender("fast", lambda: None), Contender("slow", lambda: sum(range(10**4)))
+    >>> time_interleaved([fast, slow], rounds=3, device=torch.device("cpu"))
+    >>> len(fast.times), len(slow.times)
+    (3, 3)
+    """
     n = len(contenders)
     for r in range(rounds + 1):
         for k in range(n):
@@ -756,6 +818,19 @@ def _remat_contenders(case: Case, template, contenders: list[Contender], budgets
 def bench_case(case: Case, budgets: list[float], runs: int, methods: set[str],
                bandwidth: float | None = None,
                time_limit: float | None = None) -> tuple[list[Row], dict]:
+    """Every contender on one case: ``none`` always, and those of ``methods`` (``ckpt``,
+    ``compile``, ``offload``, ``remat``) at the activation fractions ``budgets``; their
+    activation peaks, then ``runs`` interleaved rounds of step times. Returns one
+    :class:`Row` per contender (``format_table`` prints them) and remat's planning details.
+    ``bandwidth`` and ``time_limit`` go to ``auto_checkpoint``.
+
+    >>> import torch
+    >>> torch.manual_seed(0) is not None
+    True
+    >>> rows, info = bench_case(llama(small=True), [0.5], runs=1, methods={"ckpt"})
+    >>> [r.method for r in rows]
+    ['none', 'ckpt-block']
+    """
     # The collections between steps (reference cycles of checkpointing) would otherwise walk
     # every object torch and transformers made at import, 0.5 s a time on a busy host: what
     # is there now is left out of them until the case is done.
@@ -842,6 +917,13 @@ def _rows(model: str, contenders: list[Contender]) -> list[Row]:
 
 
 def format_table(rows: list[Row]) -> str:
+    """The main table: per model and contender, the measured activation peak in MiB and over
+    ``none``'s, the median step time in ms and the median per-round ratio to ``none``'s.
+
+    >>> rows = [Row("m", "none", 4 * MiB, 0.010, ratio=1.0), Row("m", "ckpt-block", MiB, 0.013, ratio=1.3)]
+    >>> print(format_table(rows).splitlines()[2])
+    m                  ckpt-block                     1.00    0.25      13.0    1.30
+    """
     base = {r.model: r for r in rows if r.method == "none"}
     lines = [
         f"{'model':<18} {'method':<22} {'act peak MiB':>12} {'x none':>7} "
@@ -1045,6 +1127,14 @@ def _parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m remat.bench``: benches each model of ``--models`` and prints its tables and
+    verdicts; ``argv`` as on the command line (``--help`` lists the flags). Returns the exit
+    status.
+
+    >>> main(["--small", "--models", "gpt2", "--methods", "ckpt,remat", "--budgets", "0.5",
+    ...       "--runs", "2", "--threads", "1"])  # doctest: +SKIP
+    0
+    """
     args = _parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

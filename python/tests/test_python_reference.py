@@ -1,0 +1,50 @@
+"""The guide's Python API reference (docs/src/reference/python.md) is generated from the
+docstrings by scripts/python_reference.py; this fails when the checked-in page is stale
+(regenerate: ``python scripts/python_reference.py``), and checks that every public name
+of ``remat`` and ``remat.torch`` has a docstring there."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # the page documents remat.torch too
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location(
+        "python_reference", REPO / "scripts" / "python_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["python_reference"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reference_page_is_current():
+    gen = _generator()
+    fresh = gen.generate()
+    current = gen.PAGE.read_text(encoding="utf-8")
+    assert current == fresh, (
+        "docs/src/reference/python.md is stale: run `python scripts/python_reference.py`")
+
+
+def test_every_public_name_has_a_docstring():
+    import remat
+    import remat.torch
+
+    missing = [f"{m.__name__}.{name}" for m in (remat, remat.torch) for name in m.__all__
+               if not (getattr(m, name).__doc__ or "").strip()]
+    assert not missing, f"public names without a docstring: {missing}"
+
+
+def test_markdown_turns_parameters_into_a_list_and_marks_fences():
+    gen = _generator()
+    doc = "Does a thing.\n\nsize: how big, in\n    bytes.\n\n```python\nx = 1\n```\n"
+    text = gen.markdown(doc, ("size",))
+    assert "- `size`: how big, in bytes." in text
+    assert "```python,no-run: an example from a docstring" in text
