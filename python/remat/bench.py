@@ -172,7 +172,12 @@ def llama(small: bool) -> Case:
 def llama_large(small: bool) -> Case:
     """A Llama where activations dominate, the size the GPU rows are measured at: 16 layers,
     hidden 2048, sequence 4096, one sequence per step (``--small``: 4 layers, hidden 256,
-    sequence 512). Meant for ``--device cuda --autocast bf16``; on a CPU it is slow."""
+    sequence 512). Meant for ``--device cuda --autocast bf16``; on a CPU it is slow.
+
+    >>> case = llama_large(small=True)
+    >>> case.name, tuple(case.inputs["input_ids"].shape)
+    ('llama-4x256-s512', (1, 512))
+    """
     import transformers
 
     layers, d, ffn, heads, vocab, batch, seq = (
@@ -209,7 +214,12 @@ def gpt2(small: bool) -> Case:
 
 def bert(small: bool) -> Case:
     """Masked LM with the usual call: an ``attention_mask`` whose last sequence is padded
-    over its last quarter, and labels ignored (-100) there."""
+    over its last quarter, and labels ignored (-100) there.
+
+    >>> case = bert(small=True)
+    >>> case.name, int(case.inputs["attention_mask"][-1].sum())
+    ('bert-4x64-padded', 96)
+    """
     import transformers
 
     layers, d, ffn, heads, vocab, batch, seq = (
@@ -277,7 +287,11 @@ def resnet50(small: bool) -> Case:
 
 def vit(small: bool) -> Case:
     """torchvision's ``VisionTransformer`` as ``vit_b_16`` builds it (patch 16, 224 px), with
-    fewer and narrower layers; ``--small``: 32 px images in patches of 4."""
+    fewer and narrower layers; ``--small``: 32 px images in patches of 4.
+
+    >>> vit(small=True).name
+    'vit-4x64-p4'
+    """
     import torchvision
 
     side, patch, layers, heads, d, mlp, batch = (
@@ -407,7 +421,12 @@ class RematInfo:
 class Contender:
     """One way to run the training step. ``step`` runs it; ``enter`` / ``leave`` (untimed)
     put the model into and out of the state it needs (checkpointing wrappers). ``model``:
-    the model the step trains when it is not the case's own (remat's copies)."""
+    the model the step trains when it is not the case's own (remat's copies).
+
+    >>> c = Contender("none", step=lambda: None)
+    >>> c.step(); c.times
+    []
+    """
 
     method: str
     step: Callable[[], Any]
@@ -947,7 +966,12 @@ def format_remat_table(rows: list[Row]) -> str:
     the measured one, the predicted overhead (recomputation and stalls; ``run +%``: what
     the planner charged for running the plan, the dispatch mode's per-op cost or each
     checkpointed call's set-up), planning time and the profiled first step's time. Bytes
-    are above the step's static bytes, as the main table's are."""
+    are above the step's static bytes, as the main table's are. Rows without remat's
+    details are left out:
+
+    >>> print(format_remat_table([Row("m", "none", MiB, 0.01)]))  # doctest: +NORMALIZE_WHITESPACE
+    remat budget MiB predicted measured recomp offl pred +% run +% plan ms profile ms x none  strategy
+    """
     base = {r.model: r for r in rows if r.method == "none"}
     lines = [
         f"{'remat':<22} {'budget MiB':>10} {'predicted':>9} {'measured':>9} "
@@ -979,7 +1003,15 @@ def format_remat_table(rows: list[Row]) -> str:
 def pairing_verdicts(rows: list[Row]) -> tuple[list[str], dict[str, bool]]:
     """The equal-memory pairings, one line each, and per model whether remat met the goal:
     at every pairing, remat's measured peak <= the contender's and its step time no slower
-    (the median per-round ratio at most 1 + its median absolute deviation, the noise)."""
+    (the median per-round ratio at most 1 + its median absolute deviation, the noise).
+
+    >>> rows = [Row("m", "ckpt-block", 2 * MiB, 0.013),
+    ...         Row("m", "remat=ckpt-block", 2 * MiB, 0.012, pair="ckpt-block", pair_ratio=0.95,
+    ...             pair_spread=0.02)]
+    >>> lines, met = pairing_verdicts(rows)
+    >>> met
+    {'m': True}
+    """
     by_key = {(r.model, r.method): r for r in rows}
     lines, met = [], {}
     for r in rows:
@@ -1004,7 +1036,11 @@ def pairing_verdicts(rows: list[Row]) -> tuple[list[str], dict[str, bool]]:
 
 def full_budget_verdict(rows: list[Row]) -> list[str]:
     """Per model, ``remat@1.0`` against ``none``: the median per-round ratio with its median
-    absolute deviation, within the goal when it is at most 1.02 + that noise."""
+    absolute deviation, within the goal when it is at most 1.02 + that noise.
+
+    >>> full_budget_verdict([Row("m", "remat@1.0", MiB, 0.01, ratio=1.01, ratio_spread=0.01)])
+    ['m: full budget, remat@1.0 / none = 1.010 +- 0.010 (hooked): within 2% of none']
+    """
     lines = []
     for r in rows:
         if r.method != "remat@1.0":

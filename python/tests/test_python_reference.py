@@ -48,3 +48,20 @@ def test_markdown_turns_parameters_into_a_list_and_marks_fences():
     text = gen.markdown(doc, ("size",))
     assert "- `size`: how big, in bytes." in text
     assert "```python,no-run: an example from a docstring" in text
+
+
+def _has_example(obj) -> bool:
+    doc = obj.__doc__ or ""
+    return ">>>" in doc or "```" in doc
+
+
+def test_every_name_of_the_front_page_and_the_bench_has_an_example():
+    """remat.human_bytes and every public name of remat.bench show their use (the examples
+    run in test_docstring_examples.py)."""
+    import remat
+    import remat.bench
+
+    names = [("remat", "human_bytes", remat.human_bytes)]
+    names += [("remat.bench", n, getattr(remat.bench, n)) for n in remat.bench.__all__]
+    missing = [f"{m}.{n}" for m, n, obj in names if not _has_example(obj)]
+    assert not missing, f"public names without an example in their docstring: {missing}"
