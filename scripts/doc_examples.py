@@ -193,12 +193,30 @@ def check_markers(all_blocks: list[Block]) -> list[str]:
     return [f"{b.where}: {b.marker_error}" for b in all_blocks if b.kind == "bad"]
 
 
-LINK = re.compile(r"\]\((?P<target>[^)\s#]+)(?:#[^)\s]*)?\)")
+LINK = re.compile(r"\]\((?P<target>[^)\s#]*)(?:#(?P<anchor>[^)\s]*))?\)")
+HEADING = re.compile(r"^#{1,6}\s+(?P<text>.+?)\s*#*\s*$")
+
+
+def heading_ids(text: str) -> set[str]:
+    """The ids mdbook gives a page's headings: the text without its markup, lower case,
+    spaces as dashes, other punctuation dropped."""
+    ids, in_fence = set(), False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+        m = None if in_fence else HEADING.match(line)
+        if m:
+            plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group("text")).replace("`", "")
+            slug = "".join(c for c in plain.lower().replace(" ", "-")
+                           if c.isalnum() or c in "-_")
+            ids.add(slug)
+    return ids
 
 
 def check_links(repo: Path = REPO) -> list[str]:
     """Relative links and images of every page that point at no file (a moved chapter, a
-    renamed picture); links to the web are not fetched."""
+    renamed picture) or at a heading the page does not have; links to the web are not
+    fetched."""
     broken = []
     for page in pages(repo):
         in_fence = False
@@ -208,11 +226,15 @@ def check_links(repo: Path = REPO) -> list[str]:
             if in_fence:
                 continue
             for m in LINK.finditer(line):
-                target = m.group("target")
-                if re.match(r"^[a-z]+:", target):
+                target, anchor = m.group("target"), m.group("anchor")
+                if re.match(r"^[a-z]+:", target) or (not target and not anchor):
                     continue
-                if not (repo / page.parent / target).exists():
+                path = repo / page.parent / target if target else repo / page
+                if not path.exists():
                     broken.append(f"{page}:{number}: link to {target}: no such file")
+                elif anchor and path.suffix == ".md" and anchor not in heading_ids(
+                        path.read_text(encoding="utf-8")):
+                    broken.append(f"{page}:{number}: link to {target}#{anchor}: no such heading")
     return broken
 
 

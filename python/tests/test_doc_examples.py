@@ -96,12 +96,28 @@ def test_a_failing_unmarked_block_fails_and_names_its_line(tmp_path):
     assert "before" in failure and "never" not in failure.split("--- output")[1]
 
 
-def test_a_broken_relative_link_is_reported(tmp_path):
+def test_a_broken_relative_link_or_anchor_is_reported(tmp_path):
     repo = _repo(tmp_path, {
-        "README.md": "[guide](docs/src/intro.md) [web](https://example.com) ![pic](missing.svg)\n",
-        "docs/src/intro.md": "[back](../../README.md)\n```sh\n[not a link](nowhere.md)\n```\n",
+        "README.md": ("[guide](docs/src/intro.md) [web](https://example.com) ![pic](missing.svg)\n"
+                      "[ok](docs/src/intro.md#plan-forms---order) [bad](docs/src/intro.md#nope)\n"),
+        "docs/src/intro.md": ("# Intro\n## Plan forms: `--order`\n[back](../../README.md) [self](#intro)\n"
+                              "```sh\n[not a link](nowhere.md)\n# not a heading\n```\n"),
     })
-    assert D.check_links(repo) == ["README.md:1: link to missing.svg: no such file"]
+    assert D.check_links(repo) == [
+        "README.md:1: link to missing.svg: no such file",
+        "README.md:2: link to docs/src/intro.md#nope: no such heading",
+    ]
+
+
+def test_the_readme_stays_a_front_door():
+    """Issue 59: a README a newcomer reads in five minutes (at most ~250 lines), opening with
+    the two set-up commands, the test command being the one .ci/run runs."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    first = D.parse(Path("README.md"), readme)[0]
+    assert "cargo run --release -p remat-cli -- train" in first.code
+    assert "cargo test --workspace --release" in first.code
+    assert "\ncargo test --workspace --release\n" in (REPO / ".ci" / "run").read_text()
 
 
 def test_the_readme_and_the_guide_have_no_bad_blocks_or_links():
