@@ -11,7 +11,9 @@ python/tests/test_python_reference.py fails when the checked-in page differs fro
 generation. Needs the package importable (the compiled ``remat._native`` in the source tree
 or installed) and torch for ``remat.torch``.
 
-The page is deterministic: names in ``__all__`` order, members of a class in source order,
+Each name also links to the guide's pages whose runnable ```python blocks use it by its full
+name (``remat.plan``, ``remat.torch.auto_checkpoint``), so a name whose docstring shows no
+example still has one that CI runs. The page is deterministic: names in ``__all__`` order, members of a class in source order,
 signatures as ``inspect`` prints them (annotations are strings under ``from __future__
 import annotations``, so they print as written). Docstrings are Markdown-ish text: reST
 literals (````x````) become Markdown code; ``>>>`` examples become ``pycon`` blocks and fenced
@@ -207,27 +209,57 @@ def _one_paragraph(doc: str) -> str:
     return inline(" ".join(inspect.cleandoc(doc).split()))
 
 
-def describe(module_name: str, name: str, obj) -> list[str]:
+def describe(module_name: str, name: str, obj, uses: dict[str, list[tuple[str, str]]]) -> list[str]:
     qualname = f"{module_name}.{name}"
     if inspect.isclass(obj):
-        return describe_class(qualname, obj)
-    lines = [f"### `{qualname}`", "", "```text", f"{qualname}{signature(obj)}", "```", ""]
-    doc = inspect.getdoc(obj)
-    lines += [markdown(doc, _params(obj)) if doc else "*No docstring.*\n"]
+        lines = describe_class(qualname, obj)
+    else:
+        lines = [f"### `{qualname}`", "", "```text", f"{qualname}{signature(obj)}", "```", ""]
+        doc = inspect.getdoc(obj)
+        lines += [markdown(doc, _params(obj)) if doc else "*No docstring.*\n"]
+    pages = uses.get(qualname, [])
+    if pages:
+        links = ", ".join(f"[{title}](../{path})" for path, title in pages)
+        lines += [f"Runnable examples: {links}.", ""]
     return lines
+
+
+def guide_uses(names: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """For each public name, the guide's pages (outside the reference) with a runnable
+    ```python block that uses it by its full name (``remat.plan(``, ``remat.torch.capture``),
+    as (path under docs/src, the page's title), by path."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import doc_examples  # the guide's one reader of code blocks
+
+    found: dict[str, list[tuple[str, str]]] = {}
+    for page in doc_examples.pages(REPO):
+        parts = page.parts
+        if parts[:2] != ("docs", "src") or "reference" in parts:
+            continue
+        text = (REPO / page).read_text(encoding="utf-8")
+        code = "".join(b.code for b in doc_examples.parse(page, text) if b.kind == "python")
+        title = next((l.lstrip("# ").strip() for l in text.splitlines() if l.startswith("# ")),
+                     page.stem)
+        rel = "/".join(parts[2:])
+        for qualname in names:
+            if re.search(re.escape(qualname) + r"(?![\w])", code):
+                found.setdefault(qualname, []).append((rel, title.replace("`", "")))
+    return found
 
 
 def generate() -> str:
     _source_path()
+    modules = [importlib.import_module(m) for m in MODULES]
+    uses = guide_uses([f"{m.__name__}.{n}" for m in modules for n in m.__all__])
     parts = [HEADER]
-    for module_name in MODULES:
-        module = importlib.import_module(module_name)
+    for module in modules:
+        module_name = module.__name__
         parts.append(f"\n## `{module_name}`\n")
         doc = inspect.getdoc(module)
         if doc:
             parts.append(markdown(doc))
         for name in module.__all__:
-            parts.append("\n".join(describe(module_name, name, getattr(module, name))))
+            parts.append("\n".join(describe(module_name, name, getattr(module, name), uses)))
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
