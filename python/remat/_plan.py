@@ -8,13 +8,11 @@ budget text gives the same bytes and the same plan from both.
 from __future__ import annotations
 
 import json
-import math
 import os
-from decimal import Decimal
 from typing import Any, Optional, Union
 
-from . import _native
-from .errors import ArgumentError, BudgetError, GraphError
+from . import _arguments, _native
+from .errors import ArgumentError, GraphError
 
 __all__ = ["Graph", "Plan", "load_graph", "plan", "strategies"]
 
@@ -313,54 +311,16 @@ def as_graph(graph: Any) -> Graph:
 
 
 def _budget_bytes(budget: Any, graph: Graph) -> int:
-    """Bytes of ``budget``, through the same parser as ``remat plan --budget``."""
-    if isinstance(budget, bool):
-        raise BudgetError(f"budget {budget!r}: give bytes (int), a fraction (float) or text")
-    if isinstance(budget, int):
-        text = str(budget)
-    elif isinstance(budget, float):
-        if not math.isfinite(budget) or not 0.0 < budget <= 1.0:
-            raise BudgetError(
-                f"budget {budget!r}: a float is a fraction of the store-all peak and must "
-                "be in (0, 1]; give bytes as an int or a string with a unit (8GiB)"
-            )
-        # The float's shortest decimal, written out without an exponent, so the parser
-        # reads it as a fraction exactly as `--budget 0.7` is read.
-        text = format(Decimal(repr(budget)), "f")
-        if "." not in text:
-            text += ".0"
-    elif isinstance(budget, str):
-        text = budget
-    else:
-        raise BudgetError(
-            f"budget: give bytes (int), a fraction (float) or text, not {type(budget).__name__}"
-        )
-    return _native.parse_budget(text, graph._native, "budget")
+    """Bytes of ``budget``, through the same reader as ``remat plan --budget``."""
+    return _native.parse_budget(_arguments.budget_text(budget, "budget"), graph._native,
+                                "budget")
 
 
 def _bandwidth(bandwidth: Any) -> float:
-    if isinstance(bandwidth, bool):
-        raise ArgumentError(f"bandwidth {bandwidth!r}: give bytes per second")
-    if isinstance(bandwidth, (int, float)):
-        value = float(bandwidth)
-        if not math.isfinite(value) or value < 1.0:
-            raise ArgumentError(
-                f"bandwidth {bandwidth!r}: bytes per second must be a finite number, at least 1"
-            )
-        return value
-    if isinstance(bandwidth, str):
-        return _native.parse_bandwidth(bandwidth, "bandwidth")
-    raise ArgumentError(
-        f"bandwidth: give bytes per second (float) or text (32GB/s), not {type(bandwidth).__name__}"
-    )
+    return _arguments.bandwidth(bandwidth, "bandwidth")
 
 
 def _time_limit(time_limit: Any) -> Optional[float]:
     if time_limit is None:
         return None
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)):
-        raise ArgumentError(f"time_limit: seconds (a number), not {type(time_limit).__name__}")
-    value = float(time_limit)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ArgumentError(f"time_limit {time_limit!r}: must be a positive number of seconds")
-    return value
+    return _arguments.seconds(time_limit, "time_limit")

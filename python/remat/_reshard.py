@@ -6,16 +6,13 @@ from __future__ import annotations
 import os
 from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _native
+from . import _arguments, _native
 from .errors import ArgumentError
 
 __all__ = ["reshard", "verify"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 Rules = Union[Mapping[str, str], Iterable[Tuple[str, str]]]
-
-# The world sizes Rust takes (i64); the resharder itself plans for 1 to 2^20 ranks.
-_I64 = 1 << 63
 
 
 def reshard(
@@ -59,12 +56,7 @@ def reshard(
     before anything is read, ReshardError (naming the file or tensor) otherwise; on error
     nothing is written.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise ArgumentError(
-            f"world_size: the number of target ranks (an int), not {type(world_size).__name__}"
-        )
-    if not -_I64 <= world_size < _I64:
-        raise ArgumentError(f"world_size {world_size}: out of range")
+    world_size = _arguments.count(world_size, "world_size")
     for name, value in (("format", format), ("source_format", source_format), ("preset", preset)):
         if value is not None and not isinstance(value, str):
             raise ArgumentError(f"{name}: a name (str), not {type(value).__name__}")
@@ -115,21 +107,11 @@ def _rules(place: Optional[Rules]) -> list:
 
 
 def _buffer_bytes(max_buffer: Union[int, str]) -> int:
-    if isinstance(max_buffer, bool):
-        raise ArgumentError(f"max_buffer {max_buffer!r}: give bytes (int) or text (256MiB)")
     # An int goes through the same reader as text, so its errors read the same.
-    if isinstance(max_buffer, int):
-        return _native.parse_size(str(max_buffer), "max_buffer")
-    if isinstance(max_buffer, str):
-        return _native.parse_size(max_buffer, "max_buffer")
-    raise ArgumentError(
-        f"max_buffer: give bytes (int) or text (256MiB), not {type(max_buffer).__name__}"
-    )
+    return _arguments.size(max_buffer, "max_buffer", nonzero=True)
 
 
 def _rank(rank: Optional[int]) -> Optional[int]:
     if rank is None:
         return None
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ArgumentError(f"rank {rank!r}: a target rank (an int >= 0)")
-    return rank
+    return _arguments.count(rank, "rank", 0)

@@ -32,8 +32,24 @@ class RematError(Exception):
 
 
 class ArgumentError(RematError, ValueError):
-    """An argument with a value remat cannot use (a bandwidth of 0, a world size of 0, an
-    unknown format); the message names the argument."""
+    """An argument with a value remat cannot read or use, told before any work: text that
+    is not a size, a zero or negative budget, a fraction above 1, a budget in bytes under
+    1 KiB where a training step is budgeted, a bandwidth of 0, a world size of 0,
+    ``max_buffer=0``, an unknown format, a value of the wrong type. The message is the one
+    the ``remat`` command prints for the same value, the argument's name in place of the
+    flag (``budget 0: ...`` for ``--budget 0: ...``). Attributes, where a value was read:
+    ``argument`` (the name) and ``value`` (as given).
+
+    >>> import remat
+    >>> try:
+    ...     remat.reshard("ckpt", "out", 0)
+    ... except remat.ArgumentError as e:
+    ...     print(e)
+    world_size 0: must be at least 1
+    """
+
+    argument: str | None = None
+    value: object = None
 
 
 class GraphError(RematError, ValueError):
@@ -45,10 +61,23 @@ class GraphError(RematError, ValueError):
     field: str | None = None
 
 
-class BudgetError(ArgumentError):
-    """A budget that cannot be read, or that no plan fits. Attributes: ``budget_bytes``,
-    ``floor_bytes`` (the graph's memory floor), ``best_peak`` (the smallest peak a strategy
-    reached, when one did) and ``strategy`` (the one that reached it, or the one asked for)."""
+class BudgetError(RematError, ValueError):
+    """A budget that was read but that no plan fits (below the graph's memory floor, or
+    every strategy's least peak above it); a budget that cannot be read at all is an
+    :class:`ArgumentError`. Attributes: ``budget_bytes``, ``floor_bytes`` (the graph's
+    memory floor), ``best_peak`` (the smallest peak a strategy reached, when one did) and
+    ``strategy`` (the one that reached it, or the one asked for).
+
+    >>> import remat
+    >>> g = remat.Graph.from_json('{"format": "remat-graph", "version": 1, "name": "g", '
+    ...     '"nodes": [{"name": "a", "phase": "forward", "compute_time": 1, '
+    ...     '"output_bytes": 4096, "inputs": []}]}')
+    >>> try:
+    ...     remat.plan(g, 2048)
+    ... except remat.BudgetError as e:
+    ...     print(e.budget_bytes, e.floor_bytes)
+    2048 4096
+    """
 
     budget_bytes: int | None = None
     floor_bytes: int | None = None

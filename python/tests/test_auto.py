@@ -644,18 +644,21 @@ def test_store_errors_name_the_store_and_the_file(tmp_path):
 
 
 def test_budget_errors_name_the_budget():
-    with pytest.raises(remat.BudgetError, match="memory_budget"):
+    with pytest.raises(remat.ArgumentError, match="memory_budget"):
         rt.auto_checkpoint(Net(), 1.5)
-    with pytest.raises(remat.RematError):
+    with pytest.raises(remat.ArgumentError):
         rt.auto_checkpoint(Net(), [1])
     # Text is read when it is given, and the error names the argument, not another one.
-    with pytest.raises(remat.RematError, match=r"^memory_budget 12 parsecs: unknown unit"):
+    with pytest.raises(remat.ArgumentError, match=r"^memory_budget 12 parsecs: unknown unit"):
         rt.auto_checkpoint(Net(), "12 parsecs")
-    with pytest.raises(remat.BudgetError, match="memory_budget 0B: bytes must be positive"):
+    with pytest.raises(remat.ArgumentError, match="memory_budget 0B: comes to 0 bytes"):
         rt.auto_checkpoint(Net(), "0B")
+    # Bytes under 1 KiB cannot be meant: refused when given, not at the second step.
+    with pytest.raises(remat.ArgumentError, match="memory_budget 1000: 1000 bytes cannot hold"):
+        rt.auto_checkpoint(Net(), 1000)
     assert rt.controller(rt.auto_checkpoint(Net(), "2 GiB")).memory_budget == "2 GiB"
     torch.manual_seed(0)
-    model = rt.auto_checkpoint(Net(), 1000)  # bytes: below anything reachable
+    model = rt.auto_checkpoint(Net(), 4096)  # bytes: below anything reachable
     (ids, labels), _ = net_batch()
     model(ids, labels).backward()
     with pytest.raises(remat.BudgetError, match="least peak"):

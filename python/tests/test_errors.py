@@ -23,6 +23,8 @@ def test_the_exception_classes_nest_as_documented():
         assert issubclass(cls, remat.RematError)
     assert issubclass(remat.BudgetError, ValueError)
     assert issubclass(remat.ArgumentError, ValueError)
+    # A budget no plan fits is not a value that cannot be read.
+    assert not issubclass(remat.BudgetError, remat.ArgumentError)
 
 
 def test_a_graph_that_is_not_json_names_the_file(tmp_path):
@@ -91,15 +93,16 @@ def test_a_budget_no_strategy_fits_states_the_smallest_peak(graph_path):
         ("-3", "is negative"),
         (0.0, "must be in (0, 1]"),
         (1.5, "must be in (0, 1]"),
-        (float("nan"), "must be in (0, 1]"),
+        (float("nan"), "budget nan: not a size"),
         (-4, "is negative"),
         (1 << 70, "more than 2^64 - 1 bytes"),
+        (1, "1 byte cannot hold a training step"),
         (True, "give bytes"),
         ([1], "not list"),
     ],
 )
 def test_unreadable_budgets_name_the_argument(graph_path, budget, says):
-    with pytest.raises(remat.BudgetError) as info:
+    with pytest.raises(remat.ArgumentError) as info:
         remat.plan(graph_path, budget)
     assert str(info.value).startswith("budget"), str(info.value)
     assert says in str(info.value)
@@ -122,8 +125,8 @@ def test_unknown_strategies_list_the_known_ones(graph_path):
         ({"bandwidth": "0.4"}, "bandwidth 0.4: comes to 0 bytes per second"),
         ({"bandwidth": "fast"}, "bandwidth fast: "),
         ({"bandwidth": float("inf")}, "bandwidth inf"),
-        ({"time_limit": 0}, "time_limit 0"),
-        ({"time_limit": "1s"}, "time_limit: seconds"),
+        ({"time_limit": 0}, "time_limit 0: must be more than 0 seconds"),
+        ({"time_limit": "1s"}, "time_limit: give seconds"),
     ],
 )
 def test_bad_bandwidths_and_time_limits_name_the_argument(graph_path, kwargs, says):
@@ -162,11 +165,11 @@ def hf_checkpoint(directory):
 @pytest.mark.parametrize(
     "world_size, says",
     [
-        (0, "world_size 0: the target world size must be at least 1"),
-        (-2, "world_size -2: the target world size must be at least 1"),
+        (0, "world_size 0: must be at least 1"),
+        (-2, "world_size -2: the value is negative; give a whole number"),
         (1 << 21, "world_size 2097152: target world size 2097152 is more than"),
         (1 << 80, "world_size 1208925819614629174706176: out of range"),
-        (2.0, "world_size: the number of target ranks (an int), not float"),
+        (2.0, "world_size: give a whole number (int), not float"),
     ],
 )
 def test_a_wrong_world_size_names_the_argument_and_writes_nothing(tmp_path, world_size, says):
@@ -199,6 +202,7 @@ def test_a_rank_the_world_size_cannot_take_names_the_tensor(tmp_path):
         ({"max_buffer": "lots"}, "max_buffer lots: not a size"),
         ({"max_buffer": -1}, "max_buffer -1: the value is negative"),
         ({"max_buffer": 1 << 64}, "max_buffer 18446744073709551616: out of range"),
+        ({"max_buffer": 0}, "max_buffer 0: comes to 0 bytes, which holds nothing"),
         ({"dry_run": True, "finalize": True}, "dry_run and finalize"),
     ],
 )

@@ -52,7 +52,7 @@ def test_layouts_round_trip_byte_for_byte(source, tmp_path):
     report = remat.reshard(source, w3, 3)
     assert report["source_format"] == "hf" and report["source_world_size"] == 1
     assert report["tensors"] == 5 and report["world_size"] == 3 and report["files_written"] == 3
-    assert report["summary"] == f"{source}: hf layout, 1 ranks, 5 tensors, 1 -> 3 ranks (remat layout)"
+    assert report["summary"] == f"{source}: hf layout, 1 rank, 5 tensors, 1 -> 3 ranks (remat layout)"
     dcp2 = tmp_path / "dcp-w2"
     assert remat.reshard(w3, dcp2, 2, format="dcp")["source_format"] == "remat"
     whole = tmp_path / "hf"

@@ -10,6 +10,7 @@ mod cmd;
 mod fsutil;
 mod specs;
 mod units;
+mod usage;
 
 use clap::{Parser, Subcommand};
 
@@ -17,7 +18,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "remat",
     version,
-    about = "Train bigger models on the memory you have: keep, swap or recompute every activation; reshard checkpoints."
+    about = "Train bigger models on the memory you have: keep, swap or recompute every activation; reshard checkpoints.",
+    after_help = "Exit status: 0 done; 1 the command failed while it worked (a file it cannot read or write, a budget no plan fits, a run out of memory); 2 a bad flag or value, told before anything runs, as `{flag} {value}: {what is wrong}`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -41,7 +43,17 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => match usage::reworded(&err) {
+            Some(text) => {
+                eprintln!("error: {text}\n\n{}", usage::HINT);
+                return std::process::ExitCode::from(usage::EXIT_USAGE);
+            }
+            // clap's own words and status: 2 for usage, 0 for --help and --version.
+            None => err.exit(),
+        },
+    };
     let result = match cli.command {
         Command::Train(args) => cmd::train::run(args),
         Command::Profile(args) => cmd::profile::run(args),
@@ -52,6 +64,10 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) if usage::is_usage(&err) => {
+            eprintln!("error: {err:#}\n\n{}", usage::HINT);
+            std::process::ExitCode::from(usage::EXIT_USAGE)
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::ExitCode::FAILURE

@@ -1,7 +1,10 @@
-//! The flags that take sizes, budgets and bandwidths, for every command, read by
-//! [`remat_units`] (one meaning of `GB`, `GiB`, fractions and errors for every front end).
-//! clap names the flag and the value in its message (`invalid value '7x' for
-//! '--max-buffer <MAX_BUFFER>': ...`), so the value parsers give what is wrong.
+//! The flags that take sizes, budgets, bandwidths, counts and seconds, for every command,
+//! read by [`remat_units`] (one meaning of `GB`, `GiB`, fractions, and one set of words for
+//! what is wrong, for every front end). The value parsers return only what is wrong; `main`
+//! prints it after the flag and the value (`--max-buffer 0: ...`), as the readers that run
+//! after parsing (`--budget`, which needs the graph) print their [`UnitError`]. Every flag
+//! here takes hyphen values (`allow_hyphen_values`), so `-1GB` reaches the reader, which
+//! says it is negative, rather than clap, which would take it for a flag.
 
 use remat_planner::{Graph, budget};
 use remat_units::{Budget, UnitError};
@@ -9,16 +12,40 @@ use remat_units::{Budget, UnitError};
 /// Why `remat train --memory-budget` takes no fraction.
 const TRAIN_HAS_NO_REFERENCE: &str = "`remat train` has none: its pool budget holds from the first step, before anything is measured";
 
+/// The longest `--time-limit` (and `--time-unit`) taken, in seconds.
+pub const MAX_SECONDS: u64 = 1_000_000;
+
 fn problem(error: UnitError) -> String {
     error.problem.to_string()
 }
 
-/// A size, 0 allowed (`--max-buffer 256MiB`).
-pub fn size_arg(text: &str) -> Result<u64, String> {
-    remat_units::parse_size(text, "").map_err(problem)
+/// A buffer's size, at least one byte (`--max-buffer 256MiB`; 0 would hold nothing).
+pub fn buffer_arg(text: &str) -> Result<u64, String> {
+    remat_units::parse_nonzero_size(text, "").map_err(problem)
 }
 
-/// A budget in bytes where no reference peak exists (`remat train --memory-budget 2GiB`).
+/// A count of at least 1, where 0 would do nothing (`--steps`, `--world-size`, `--batch`).
+pub fn count_arg<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
+    let n = remat_units::parse_count(text, "", 1).map_err(problem)?;
+    T::try_from(n).map_err(|_| format!("out of range: at most {}", max_of::<T>()))
+}
+
+/// The largest `T` a count may be, found by halving (`T` is a machine integer).
+fn max_of<T: TryFrom<u64>>() -> u64 {
+    let mut max = u64::MAX;
+    while T::try_from(max).is_err() {
+        max >>= 1;
+    }
+    max
+}
+
+/// Seconds above 0, at most [`MAX_SECONDS`] (`--time-limit 0.5`).
+pub fn seconds_arg(text: &str) -> Result<f64, String> {
+    remat_units::parse_seconds(text, "", MAX_SECONDS).map_err(problem)
+}
+
+/// A budget in bytes where no reference peak exists (`remat train --memory-budget 2GiB`);
+/// under 1 KiB it cannot hold a step and is refused.
 pub fn train_budget_arg(text: &str) -> Result<u64, String> {
     remat_units::parse_budget(text, "--memory-budget")
         .and_then(|b| b.bytes(TRAIN_HAS_NO_REFERENCE))
@@ -26,9 +53,12 @@ pub fn train_budget_arg(text: &str) -> Result<u64, String> {
 }
 
 /// A budget resolved later against a reference peak (`remat spec inspect --memory-budget
-/// 0.5`); errors that only the peak reveals name `--memory-budget` themselves.
+/// 0.5`); errors that only the peak reveals name `--memory-budget` themselves. A budget in
+/// bytes under 1 KiB cannot hold a step and is refused now.
 pub fn budget_arg(text: &str) -> Result<Budget, String> {
-    remat_units::parse_budget(text, "--memory-budget").map_err(problem)
+    remat_units::parse_budget(text, "--memory-budget")
+        .and_then(|b| b.check_step().map(|()| b))
+        .map_err(problem)
 }
 
 /// `0.7` (fraction of the store-all peak), `8GiB`, `500MB`, `1234`, `1e9` (bytes): see
@@ -77,7 +107,7 @@ mod tests {
             Err(e) => Err(e),
         };
         vec![
-            ("reshard --max-buffer", size_arg(text)),
+            ("reshard --max-buffer", buffer_arg(text)),
             ("train --memory-budget", train_budget_arg(text)),
             (
                 "spec inspect --memory-budget",
@@ -143,9 +173,17 @@ mod tests {
                             prop_assert_eq!(got, want, "{} {}", front_end, text);
                         }
                     }
-                    // Budgets and bandwidths are at least one byte; sizes may be 0.
-                    (Ok(0), false) if is_budget || front_end == "--bandwidth" => {
+                    // Budgets, bandwidths and buffers are at least one byte; other sizes may be 0.
+                    (Ok(0), false)
+                        if is_budget || front_end == "--bandwidth" || front_end.contains("buffer") =>
+                    {
                         prop_assert!(got.is_err(), "{front_end} {text}: {got:?}");
+                    }
+                    // A budget in bytes under 1 KiB cannot hold a step: refused, but where a
+                    // graph is planned whose store-all peak is itself that small.
+                    (Ok(bytes), false) if is_budget && *bytes < remat_units::MIN_STEP_BUDGET => {
+                        let small_graph = front_end.starts_with("plan") && peak < remat_units::MIN_STEP_BUDGET;
+                        prop_assert_eq!(got.is_ok(), small_graph, "{} {}: {:?}", front_end, text, got);
                     }
                     // A bandwidth is an f64: exact up to 2^53 B/s, the nearest f64 above.
                     (Ok(bytes), false) if front_end == "--bandwidth" => {
@@ -194,6 +232,38 @@ mod tests {
         let text = train_budget_arg("0.5").expect_err("a fraction");
         assert!(text.starts_with("a fraction needs a reference peak, and `remat train` has none"));
         assert_eq!(train_budget_arg("2GiB"), Ok(2 << 30));
+        let text = train_budget_arg("1").expect_err("one byte");
+        assert!(
+            text.starts_with("1 byte cannot hold a training step"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn counts_and_seconds_refuse_zero_and_negatives() {
+        assert_eq!(count_arg::<usize>("3"), Ok(3));
+        assert_eq!(
+            count_arg::<usize>("0").expect_err("zero"),
+            "must be at least 1"
+        );
+        assert!(
+            count_arg::<u8>("300")
+                .expect_err("too big")
+                .contains("at most 255")
+        );
+        assert!(
+            count_arg::<u64>("-2")
+                .expect_err("negative")
+                .contains("negative")
+        );
+        assert_eq!(seconds_arg("0.5"), Ok(0.5));
+        assert!(
+            seconds_arg("0")
+                .expect_err("zero")
+                .contains("more than 0 seconds")
+        );
+        assert_eq!(buffer_arg("1KiB"), Ok(1024));
+        assert!(buffer_arg("0").expect_err("zero").contains("holds nothing"));
     }
 
     #[test]

@@ -174,7 +174,7 @@ fn multiplexed_plans_run_exactly() {
 #[test]
 fn bad_per_model_flags_name_the_flag() {
     let cases: &[(&[&str], &str)] = &[
-        (&["--models", "0"], "--models must be at least 1"),
+        (&["--models", "0"], "--models 0: must be at least 1"),
         (&["--models", "3", "--lr", "1e-3,2e-3"], "--lr has 2 values"),
         (&["--models", "2", "--seed", "1,2,3"], "--seed has 3 values"),
         (
@@ -190,7 +190,7 @@ fn bad_per_model_flags_name_the_flag() {
         (&["--fuse-width", "2"], "--fuse-width needs --models K"),
         (
             &["--models", "2", "--fuse-width", "0"],
-            "--fuse-width must be at least 1",
+            "--fuse-width 0: must be at least 1",
         ),
         (
             &["--models", "2", "--fuse-width", "1", "--no-fuse"],

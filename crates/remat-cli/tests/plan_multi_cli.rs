@@ -80,7 +80,7 @@ fn several_graphs_refuse_what_takes_one_and_name_bad_values() {
         !ok && text.contains("--order zigzag") && text.contains("interleaved"),
         "{text}"
     );
-    let (ok, text) = run(&["--budget", "1000"]);
+    let (ok, text) = run(&["--budget", "100KiB"]);
     assert!(
         !ok && text.contains("below the floor of the 2 models"),
         "{text}"

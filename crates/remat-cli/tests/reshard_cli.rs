@@ -98,7 +98,13 @@ fn dry_run_reshard_verify_and_overwrite() {
         "--place",
         "layers.1.*=shard(1)",
     ]);
-    assert!(summary.contains("GB/s"), "{summary}");
+    // Binary units for bytes, plurals right: "wrote 3 files, 1.23 KiB in ...".
+    assert!(
+        summary.contains("wrote 3 files, ")
+            && summary.contains("iB in ")
+            && summary.contains("B/s"),
+        "{summary}"
+    );
     assert!(ok(&["reshard", "verify", &src, &out]).contains("hold the same 3 tensors"));
     let e = fails(&["reshard", &src, &out, "-w", "2"]);
     assert!(e.contains("already exists") && e.contains("--force"), "{e}");

@@ -184,8 +184,8 @@ fn compare_applies_the_memory_budget_and_recompute_all_peaks_lowest() {
 #[test]
 fn zero_steps_batch_or_seq_is_an_error_naming_the_flag() {
     for (flag, value, want) in [
-        ("--steps", "0", "--steps must be at least 1"),
-        ("--batch", "0", "--batch must be at least 1"),
+        ("--steps", "0", "--steps 0: must be at least 1"),
+        ("--batch", "0", "--batch 0: must be at least 1"),
     ] {
         let small = [
             "--layers",
@@ -209,7 +209,7 @@ fn zero_steps_batch_or_seq_is_an_error_naming_the_flag() {
     std::fs::remove_file(&data).ok();
     assert!(!out.status.success());
     assert!(
-        text(&out).1.contains("--seq must be at least 1"),
+        text(&out).1.contains("--seq 0: must be at least 1"),
         "{}",
         text(&out).1
     );

@@ -141,7 +141,12 @@ fn impossible_sizes_are_errors_and_the_hint_never_allocates_unboundedly() {
     ] {
         let out = remat(&[&["train", "--steps", "1", "--threads", "1"], extra].concat());
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{extra:?}: {stderr}");
+        // 2 where the flags alone make no model (its parameters overflow), 1 where the run
+        // finds out (the task cannot be built).
+        assert!(
+            matches!(out.status.code(), Some(1) | Some(2)),
+            "{extra:?}: {stderr}"
+        );
         assert!(
             stderr.starts_with("error:") || stderr.contains("\nerror:"),
             "{stderr}"

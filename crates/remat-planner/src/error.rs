@@ -5,6 +5,7 @@
 //! print the whole chain (`anyhow`'s `{:#}`) would otherwise show its text twice, and
 //! callers that print only the top message would otherwise lose the step or field at fault.
 
+use remat_units::human_bytes;
 use thiserror::Error;
 
 /// Kept here too, beside the other errors, for callers that name it by this path.
@@ -103,7 +104,9 @@ pub enum SimError {
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum PlanError {
     #[error(
-        "strategy `{strategy}`: budget of {budget} bytes is infeasible; its smallest peak is {best_peak} bytes"
+        "strategy `{strategy}`: budget of {} is infeasible; its smallest peak is {}",
+        human_bytes(*budget),
+        human_bytes(*best_peak)
     )]
     OverBudget {
         strategy: String,
@@ -111,7 +114,9 @@ pub enum PlanError {
         best_peak: u64,
     },
     #[error(
-        "budget of {budget} bytes is infeasible for every strategy; the smallest peak any strategy reached is {best_peak} bytes (by `{strategy}`)"
+        "budget of {} is infeasible for every strategy; the smallest peak any strategy reached is {} (by `{strategy}`)",
+        human_bytes(*budget),
+        human_bytes(*best_peak)
     )]
     Infeasible {
         budget: u64,
@@ -120,20 +125,24 @@ pub enum PlanError {
     },
     /// The strategy proved that no schedule fits (an exact solver's answer), without a
     /// peak of its own to report.
-    #[error("strategy `{strategy}`: budget of {budget} bytes is infeasible: {why}")]
+    #[error("strategy `{strategy}`: budget of {} is infeasible: {why}", human_bytes(*budget))]
     ProvedInfeasible {
         strategy: String,
         budget: u64,
         why: String,
     },
     #[error(
-        "budget of {budget} bytes is below the graph's floor of {floor} bytes (its largest operation's output plus its inputs, plus static memory): no schedule fits"
+        "budget of {} is below the graph's floor of {} (its largest operation's output plus its inputs, plus static memory): no schedule fits",
+        human_bytes(*budget),
+        human_bytes(*floor)
     )]
     BelowFloor { budget: u64, floor: u64 },
     /// A recompute-only request under the recompute floor ([`crate::floor`]): no schedule
     /// without swaps fits.
     #[error(
-        "budget of {budget} bytes is below the graph's recompute floor of {floor} bytes ({}): no schedule without swaps fits",
+        "budget of {} is below the graph's recompute floor of {} ({}): no schedule without swaps fits",
+        human_bytes(*budget),
+        human_bytes(*floor),
         crate::floor::floor_kind(*exact)
     )]
     BelowRecomputeFloor {
@@ -144,7 +153,9 @@ pub enum PlanError {
     /// A budget under the eager floor ([`crate::eager::floor`]) of a graph planned in the
     /// eager order: no eager plan fits.
     #[error(
-        "budget of {budget} bytes is below the graph's eager floor of {floor} bytes (every value eager autograd holds at some operation, with its inputs and output, plus static memory): no eager-order plan fits"
+        "budget of {} is below the graph's eager floor of {} (every value eager autograd holds at some operation, with its inputs and output, plus static memory): no eager-order plan fits",
+        human_bytes(*budget),
+        human_bytes(*floor)
     )]
     BelowEagerFloor { budget: u64, floor: u64 },
     #[error("strategy `{strategy}` does not apply: {why}")]

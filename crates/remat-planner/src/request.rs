@@ -336,7 +336,7 @@ pub fn summary(graph: &Graph, planned: &Planned) -> String {
         "strategy      {}\n\
          peak          {} ({share}), budget {}\n\
          time overhead {:.2}% (recompute {:.4} s, exposed swap {:.4} s, base {:.4} s)\n\
-         bytes         kept {}, swapped {}, recomputed {}\n",
+         bytes         kept {}, swapped {}, recomputed {} (each operation's output by its fate, summed over the step: not held at once; the peak is)\n",
         planned.plan.strategy,
         human_bytes(r.peak_bytes),
         human_bytes(planned.plan.budget_bytes),
@@ -624,7 +624,7 @@ mod tests {
         );
         assert_eq!(
             lines[3],
-            "bytes         kept 300 B, swapped 0 B, recomputed 0 B"
+            "bytes         kept 300 B, swapped 0 B, recomputed 0 B (each operation's output by its fate, summed over the step: not held at once; the peak is)"
         );
         assert_eq!(ratio(1, 0), None);
     }

@@ -27,3 +27,14 @@ pub fn raise(
 pub fn plain(py: Python<'_>, class: &str, message: impl ToString) -> PyErr {
     raise(py, class, message.to_string(), |_| Ok(()))
 }
+
+/// `remat.ArgumentError` for a value the one reader (`remat_units`) refused: the message
+/// the command prints after its flag, here after the argument's name, with `argument` and
+/// `value` (the text as given) as attributes.
+pub fn unit_error(py: Python<'_>, error: remat_units::UnitError) -> PyErr {
+    let (argument, value) = (error.field.clone(), error.text.clone());
+    raise(py, "ArgumentError", error.to_string(), |d| {
+        d.set_item("argument", argument)?;
+        d.set_item("value", value)
+    })
+}

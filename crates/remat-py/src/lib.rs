@@ -23,6 +23,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan::plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::parse_budget, m)?)?;
     m.add_function(wrap_pyfunction!(plan::parse_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::check_budget, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::parse_seconds, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::parse_count, m)?)?;
     m.add_function(wrap_pyfunction!(plan::human_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(reshard::reshard, m)?)?;
     m.add_function(wrap_pyfunction!(reshard::verify, m)?)?;

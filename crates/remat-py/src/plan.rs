@@ -12,7 +12,7 @@ use remat_planner::request::{self, ImageFormat, RequestError};
 use remat_planner::solve::bound::Bound;
 use remat_planner::{Graph, PlanError, PlanOrder, Planned, Problem, Step, registry};
 
-use crate::errors::{plain, raise};
+use crate::errors::{plain, raise, unit_error};
 use crate::graph::PyGraph;
 
 /// Registry names of every strategy (parameterized ones, `every:N` and the like, are
@@ -23,18 +23,43 @@ pub fn strategies() -> Vec<String> {
 }
 
 /// Bytes of a budget written as `8GiB`, `1e9`, `1234` or a fraction `0.7` of the graph's
-/// store-all peak; errors name `flag`.
+/// store-all peak, as `remat plan --budget` reads it; `remat.ArgumentError` naming `flag`.
 #[pyfunction]
 #[pyo3(signature = (text, graph, flag = "budget"))]
 pub fn parse_budget(py: Python<'_>, text: &str, graph: &PyGraph, flag: &str) -> PyResult<u64> {
-    budget::parse_budget(text, &graph.graph, flag).map_err(|e| plain(py, "BudgetError", e))
+    budget::parse_budget(text, &graph.graph, flag).map_err(|e| unit_error(py, e))
+}
+
+/// Checks a budget for a training step not profiled yet (`auto_checkpoint`'s
+/// `memory_budget`), as `remat train --memory-budget` and `remat spec inspect
+/// --memory-budget` read theirs: readable, a fraction in (0, 1], bytes at least 1 KiB.
+#[pyfunction]
+#[pyo3(signature = (text, flag = "memory_budget"))]
+pub fn check_budget(py: Python<'_>, text: &str, flag: &str) -> PyResult<()> {
+    remat_units::parse_budget(text, flag)
+        .and_then(|b| b.check_step())
+        .map_err(|e| unit_error(py, e))
 }
 
 /// Bytes per second of `32GB/s`, `16GiB/s`, `1e9`; errors name `flag`.
 #[pyfunction]
 #[pyo3(signature = (text, flag = "bandwidth"))]
 pub fn parse_bandwidth(py: Python<'_>, text: &str, flag: &str) -> PyResult<f64> {
-    remat_units::parse_bandwidth(text, flag).map_err(|e| plain(py, "ArgumentError", e))
+    remat_units::parse_bandwidth(text, flag).map_err(|e| unit_error(py, e))
+}
+
+/// Seconds above 0 and at most `max` (`remat plan --time-limit`); errors name `flag`.
+#[pyfunction]
+#[pyo3(signature = (text, flag, max = 1_000_000))]
+pub fn parse_seconds(py: Python<'_>, text: &str, flag: &str, max: u64) -> PyResult<f64> {
+    remat_units::parse_seconds(text, flag, max).map_err(|e| unit_error(py, e))
+}
+
+/// A whole number of at least `min` (`remat reshard --world-size`); errors name `flag`.
+#[pyfunction]
+#[pyo3(signature = (text, flag, min = 1))]
+pub fn parse_count(py: Python<'_>, text: &str, flag: &str, min: u64) -> PyResult<u64> {
+    remat_units::parse_count(text, flag, min).map_err(|e| unit_error(py, e))
 }
 
 /// Bytes as `remat` prints them (`1.50 MiB`).

@@ -9,14 +9,20 @@ use remat_reshard::run::{self, Action, Event, Outcome, Request};
 use remat_reshard::target::check_world_size;
 use remat_reshard::{Format, NameRule, Preset, RankStats, ReshardError, TargetSpec, VerifyReport};
 
-use crate::errors::{plain, raise};
+use crate::errors::{plain, raise, unit_error};
 
 /// A size such as `256MiB`, `1GiB`, `1.5GB`, `4096` (see `remat_units`: GB = 10^9 bytes,
-/// GiB = 2^30), as `remat reshard --max-buffer` reads it; errors name `field`.
+/// GiB = 2^30); with `nonzero`, at least one byte, as `remat reshard --max-buffer` reads
+/// it. `remat.ArgumentError` naming `field`.
 #[pyfunction]
-#[pyo3(signature = (text, field = "max_buffer"))]
-pub fn parse_size(py: Python<'_>, text: &str, field: &str) -> PyResult<u64> {
-    remat_units::parse_size(text, field).map_err(|e| plain(py, "ArgumentError", e))
+#[pyo3(signature = (text, field = "max_buffer", nonzero = false))]
+pub fn parse_size(py: Python<'_>, text: &str, field: &str, nonzero: bool) -> PyResult<u64> {
+    let read = if nonzero {
+        remat_units::parse_nonzero_size
+    } else {
+        remat_units::parse_size
+    };
+    read(text, field).map_err(|e| unit_error(py, e))
 }
 
 /// Reshards `src` into `dst` on `world_size` ranks (see `remat.reshard`).
@@ -29,7 +35,7 @@ pub fn reshard<'py>(
     py: Python<'py>,
     src: PathBuf,
     dst: PathBuf,
-    world_size: i64,
+    world_size: u64,
     format: &str,
     source_format: Option<&str>,
     preset: Option<&str>,
@@ -232,14 +238,15 @@ fn argument(py: Python<'_>, message: impl ToString) -> PyErr {
     plain(py, "ArgumentError", message)
 }
 
-/// A world size the resharder plans for (1 to 2^20), or an error naming `world_size`.
-fn checked_world_size(py: Python<'_>, m: i64) -> PyResult<usize> {
-    let as_usize = usize::try_from(m).ok().filter(|&m| m >= 1);
-    let result = match as_usize {
-        Some(m) => check_world_size(m).map(|()| m),
-        None => check_world_size(0).map(|()| 0),
-    };
-    result.map_err(|e| argument(py, format!("world_size {m}: {e}")))
+/// A world size the resharder plans for (1 to 2^20), or an error naming `world_size` in
+/// the words `remat reshard --world-size` uses after its flag.
+fn checked_world_size(py: Python<'_>, m: u64) -> PyResult<usize> {
+    let text = m.to_string();
+    remat_units::parse_count(&text, "world_size", 1).map_err(|e| unit_error(py, e))?;
+    let m = usize::try_from(m).unwrap_or(usize::MAX);
+    check_world_size(m)
+        .map(|()| m)
+        .map_err(|e| argument(py, format!("world_size {text}: {e}")))
 }
 
 fn parse_format(py: Python<'_>, argument_name: &str, text: &str) -> PyResult<Format> {
@@ -272,8 +279,12 @@ fn parse_rule(py: Python<'_>, pattern: &str, rule: &str) -> PyResult<NameRule> {
 }
 
 /// `remat.ReshardError` with the resharder's message; `path` (the file) and `tensor` as
-/// attributes where the error names them.
+/// attributes where the error names them. A request's own bad value is an
+/// `remat.ArgumentError`, as the front ends' readers raise it.
 fn run_error(py: Python<'_>, error: &run::RunError) -> PyErr {
+    if let ReshardError::Argument { .. } = error.reshard_error() {
+        return argument(py, error);
+    }
     let inner = error.reshard_error();
     let (path, tensor) = located(inner);
     let path = path
@@ -312,6 +323,6 @@ fn located(e: &ReshardError) -> (Option<&std::path::Path>, Option<&str>) {
         | E::ReplicaMismatch { tensor, .. }
         | E::Hole { tensor, .. }
         | E::Plan { tensor, .. } => (None, Some(tensor.as_str()).filter(|t| !t.is_empty())),
-        E::Target(_) => (None, None),
+        E::Target(_) | E::Argument { .. } => (None, None),
     }
 }

@@ -101,7 +101,17 @@ pub enum ReshardError {
     Plan { tensor: String, what: String },
     #[error("{0}")]
     Target(String),
-    #[error("{path}: output already exists; pass --force (ExecOptions::overwrite) to replace it")]
+    /// A request's value that cannot be used (`max_buffer 0`), named as the library's
+    /// field; the front ends refuse it first, in the same words, naming their flag.
+    #[error("{argument} {value}: {what}")]
+    Argument {
+        argument: &'static str,
+        value: String,
+        what: String,
+    },
+    #[error(
+        "{path}: output already exists; give --force (remat reshard) or force=True (remat.reshard) to replace it"
+    )]
     OutputExists { path: PathBuf },
     #[error("{path}: part check failed: {what}")]
     Part { path: PathBuf, what: String },

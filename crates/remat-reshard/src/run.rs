@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use remat_units::plural;
 use thiserror::Error;
 
 use crate::checkpoint::{Checkpoint, Format, SkippedFile};
@@ -134,6 +135,7 @@ pub fn reshard_with(
     mut events: impl FnMut(Event<'_>),
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> Result<Outcome, RunError> {
+    check_request(request)?;
     let src_loc = Location::parse(&request.src.to_string_lossy(), store)?;
     let dst_loc = Location::parse(&request.dst.to_string_lossy(), store)?;
     if let (Location::Remote(s), Location::Remote(d)) = (&src_loc, &dst_loc) {
@@ -183,6 +185,21 @@ pub fn reshard_with(
             Ok(Outcome::Written(write(&source, &plan, &dst_loc, &options)?))
         }
     }
+}
+
+/// Refuses what the request's own values make impossible, before anything is read: a
+/// buffer bound of 0 bytes (it holds nothing to copy) and a world size of 0 or beyond
+/// [`crate::target::MAX_WORLD_SIZE`]. Front ends read their values with `remat_units`,
+/// which refuses these first in the same words; this holds for library callers.
+pub fn check_request(request: &Request) -> Result<(), ReshardError> {
+    if request.max_buffer == 0 {
+        return Err(ReshardError::Argument {
+            argument: "max_buffer",
+            value: "0".into(),
+            what: remat_units::Problem::ZeroSize.to_string(),
+        });
+    }
+    crate::target::check_world_size(request.spec.world_size)
 }
 
 fn open_remote(r: &Remote, request: &Request) -> Result<RemoteCheckpoint, RunError> {
@@ -236,14 +253,15 @@ fn write(
 /// One line saying what is resharded into what: `SRC: dcp layout, 4 ranks, 9 tensors,
 /// 4 -> 3 ranks (remat layout)`.
 pub fn describe(src: &Path, ckpt: &Checkpoint, plan: &Plan, format: Format) -> String {
+    let ranks = |n: usize| plural(n as u64, "rank", "ranks");
     format!(
-        "{}: {} layout, {} ranks, {} tensors, {} -> {} ranks ({} layout)",
+        "{}: {} layout, {}, {}, {} -> {} ({} layout)",
         src.display(),
         ckpt.format.name(),
+        ranks(ckpt.world_size),
+        plural(ckpt.tensors.len() as u64, "tensor", "tensors"),
         ckpt.world_size,
-        ckpt.tensors.len(),
-        ckpt.world_size,
-        plan.world_size,
+        ranks(plan.world_size),
         format.name()
     )
 }
@@ -410,7 +428,7 @@ mod tests {
         };
         assert_eq!(dry.ranks.len(), 3);
         assert!(!dst.exists(), "a dry run wrote {}", dst.display());
-        assert!(planned[0].ends_with("hf layout, 1 ranks, 2 tensors, 1 -> 3 ranks (remat layout)"));
+        assert!(planned[0].ends_with("hf layout, 1 rank, 2 tensors, 1 -> 3 ranks (remat layout)"));
         let written = std::sync::atomic::AtomicU64::new(0);
         let tick = |n: u64| {
             written.fetch_add(n, std::sync::atomic::Ordering::Relaxed);

@@ -6,6 +6,19 @@ use thiserror::Error;
 
 use crate::print::human_bytes;
 
+/// The least budget in bytes a front end takes where it budgets a training step: no step
+/// of any model fits in less, so a smaller count is a slip (`memory_budget=1` meant `1.0`
+/// or `1GiB`). See [`crate::Budget::check_step`].
+pub const MIN_STEP_BUDGET: u64 = 1 << 10;
+
+/// [`MIN_STEP_BUDGET`] as messages say it.
+pub const MIN_STEP_BUDGET_TEXT: &str = "1 KiB";
+
+/// `{n} {one}` or `{n} {many}`: `1 byte`, `2 bytes`, `0 files`.
+pub fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// The units a size may carry, as error messages list them.
 pub const UNITS: &str = "B, kB, MB, GB, TB, KiB, MiB, GiB, TiB";
 
@@ -15,6 +28,8 @@ pub enum Kind {
     Size,
     Budget,
     Bandwidth,
+    Count,
+    Seconds,
 }
 
 impl fmt::Display for Kind {
@@ -23,6 +38,8 @@ impl fmt::Display for Kind {
             Kind::Size => "bytes, e.g. 256MiB or 1e9",
             Kind::Budget => "bytes (8GiB) or a fraction of the reference peak (0.7)",
             Kind::Bandwidth => "bytes per second, e.g. 32GB/s",
+            Kind::Count => "a whole number, e.g. 4",
+            Kind::Seconds => "a number of seconds, e.g. 0.5",
         })
     }
 }
@@ -40,14 +57,31 @@ pub enum Problem {
     NotASize,
     #[error("the value is negative; give a number of bytes")]
     Negative,
+    #[error("the value is negative; give {0}")]
+    NegativeOf(Kind),
+    #[error("not a whole number; give {0}")]
+    NotAWholeNumber(Kind),
+    #[error("must be at least {0}")]
+    TooFew(u64),
+    #[error("out of range: more than 2^64 - 1")]
+    OutOfRange,
+    #[error("must be more than 0 seconds and at most {0}")]
+    SecondsRange(u64),
     #[error("too many digits")]
     TooManyDigits,
     #[error("unknown unit `{0}` (use {UNITS}, in any case)")]
     UnknownUnit(String),
     #[error("out of range: more than 2^64 - 1 bytes")]
     TooLarge,
-    #[error("comes to 0 bytes; a budget must be at least 1 byte")]
+    #[error("comes to 0 bytes, which holds nothing; give a size (8GiB) or a fraction (0.5)")]
     ZeroBudget,
+    #[error(
+        "{} cannot hold a training step (a budget in bytes is at least {MIN_STEP_BUDGET_TEXT}); did you mean a fraction (1.0) or a size (1GiB)?",
+        plural(*.0, "byte", "bytes")
+    )]
+    TinyBudget(u64),
+    #[error("comes to 0 bytes, which holds nothing; give at least 1 byte, e.g. 256MiB")]
+    ZeroSize,
     #[error("a fraction must be in (0, 1]; give bytes with a unit (8GiB) or an integer")]
     FractionRange,
     #[error("a fraction has at most 19 digits after the point")]

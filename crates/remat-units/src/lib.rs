@@ -42,7 +42,10 @@
 //! Python's `remat.plan`, the predicted peak of the fastest allowed mix for `remat spec
 //! inspect --memory-budget`. A fraction is applied exactly (at most 19 digits after the
 //! point, rounded down, so `1.0` is exactly the reference); one that comes to 0 bytes is an
-//! error. Where a front end has no reference peak (`remat train --memory-budget`, whose pool
+//! error. A budget in bytes under 1 KiB ([`MIN_STEP_BUDGET`]) is refused as a slip
+//! (`memory_budget=1` meant `1.0` or `1GiB`: no training step fits in it), unless the
+//! reference it is resolved against is itself under 1 KiB (a small synthetic graph given to
+//! the planner, which may be planned at any budget); see [`Budget::check_step`]. Where a front end has no reference peak (`remat train --memory-budget`, whose pool
 //! budget holds from the first step, before anything is measured), a fraction is an error
 //! that says so. See [`parse_budget`] and [`Budget`].
 //!
@@ -50,10 +53,18 @@
 //! Bytes per second: a size with an optional `/s` (`32GB/s`, `16GiB/s`, `1e9`), at least
 //! 1 B/s. See [`parse_bandwidth`].
 //!
+//! # Counts and seconds
+//! Whole numbers (`--world-size 3`, `--steps 800`) and seconds (`--time-limit 0.5`) are
+//! read here too, so that `-1`, `0` and `x` get the same words from every front end:
+//! [`parse_count`] (at least a minimum, 1 where 0 would do nothing), [`parse_seconds`]
+//! (above 0), and [`parse_nonzero_size`] for a size where 0 bytes would do nothing
+//! (`--max-buffer`).
+//!
 //! # Printing
 //! [`human_bytes`] prints binary units with two decimals (`1.50 MiB`, `1000 B` below 1 KiB);
 //! [`exact_bytes`] prints text [`parse_size`] reads back to the same bytes (`256MiB`,
-//! `1537`); [`human_bandwidth`] prints decimal units per second (`32.00 GB/s`).
+//! `1537`); [`human_bandwidth`] prints decimal units per second (`32.00 GB/s`);
+//! [`plural`] counts things (`1 file`, `3 files`).
 //!
 //! # Measurements
 //! [`median`] and [`upper_median`] read the middle of repeated timings, so every crate that
@@ -71,8 +82,11 @@ mod parse;
 mod print;
 mod stats;
 
-pub use error::{Kind, Problem, UNITS, UnitError};
-pub use parse::{Amount, Budget, parse_bandwidth, parse_budget, parse_size};
+pub use error::{Kind, MIN_STEP_BUDGET, MIN_STEP_BUDGET_TEXT, Problem, UNITS, UnitError, plural};
+pub use parse::{
+    Amount, Budget, parse_bandwidth, parse_budget, parse_count, parse_nonzero_size, parse_seconds,
+    parse_size,
+};
 pub use print::{exact_bytes, human_bandwidth, human_bytes};
 pub use stats::{median, upper_median};
 
@@ -129,7 +143,7 @@ mod properties {
         fn printing_exactly_then_parsing_gives_the_bytes_back(bytes in counts()) {
             let text = exact_bytes(bytes);
             prop_assert_eq!(parse_size(&text, "size"), Ok(bytes), "{}", text);
-            if bytes > 0 {
+            if bytes >= MIN_STEP_BUDGET {
                 let budget = parse_budget(&text, "budget").and_then(|b| b.bytes("none"));
                 prop_assert_eq!(budget, Ok(bytes), "{}", text);
                 let bandwidth = parse_bandwidth(&format!("{text}/s"), "bandwidth");

@@ -1,6 +1,6 @@
 //! The one parser: sizes, budgets and bandwidths (the meaning is in the crate docs).
 
-use crate::error::{Kind, Problem, UnitError};
+use crate::error::{Kind, MIN_STEP_BUDGET, Problem, UnitError};
 use crate::number::{Decimal, pow10};
 
 /// Bytes per unit, by the unit's lower-case spelling (units are read in any case).
@@ -47,6 +47,62 @@ pub fn parse_size(text: &str, field: &str) -> Result<u64, UnitError> {
         return Err(UnitError::new(field, t, Problem::Empty(Kind::Size)));
     }
     bytes_of(t).map_err(|problem| UnitError::new(field, t, problem))
+}
+
+/// A size of at least one byte, where 0 bytes would do nothing (`remat reshard
+/// --max-buffer`: a buffer of 0 bytes holds no data to copy). Errors name `field`.
+pub fn parse_nonzero_size(text: &str, field: &str) -> Result<u64, UnitError> {
+    match parse_size(text, field)? {
+        0 => Err(UnitError::new(field, text, Problem::ZeroSize)),
+        bytes => Ok(bytes),
+    }
+}
+
+/// A whole number of at least `min` (`--world-size 3`, `--steps 800`; `1_000` allowed):
+/// where 0 would do nothing, `min` is 1. Errors name `field`.
+pub fn parse_count(text: &str, field: &str, min: u64) -> Result<u64, UnitError> {
+    let t = text.trim();
+    let error = |problem| UnitError::new(field, t, problem);
+    if t.is_empty() {
+        return Err(error(Problem::Empty(Kind::Count)));
+    }
+    if t.starts_with('-') {
+        return Err(error(Problem::NegativeOf(Kind::Count)));
+    }
+    let digits = t.replace('_', "");
+    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) || t.contains("__") {
+        return Err(error(Problem::NotAWholeNumber(Kind::Count)));
+    }
+    let n: u64 = digits.parse().map_err(|_| error(Problem::OutOfRange))?;
+    if n < min {
+        return Err(error(Problem::TooFew(min)));
+    }
+    Ok(n)
+}
+
+/// A number of seconds above 0 and at most `max` (`--time-limit 0.5`, `1e3`). Errors
+/// name `field`.
+pub fn parse_seconds(text: &str, field: &str, max: u64) -> Result<f64, UnitError> {
+    let t = text.trim();
+    let error = |problem| UnitError::new(field, t, problem);
+    if t.is_empty() {
+        return Err(error(Problem::Empty(Kind::Seconds)));
+    }
+    if t.starts_with('-') {
+        return Err(error(Problem::NegativeOf(Kind::Seconds)));
+    }
+    // Digits, a point and an exponent only: Rust would read `inf` and `NaN` too.
+    if !t
+        .chars()
+        .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'))
+    {
+        return Err(error(Problem::NotANumber));
+    }
+    let seconds: f64 = t.parse().map_err(|_| error(Problem::NotANumber))?;
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= max as f64) {
+        return Err(error(Problem::SecondsRange(max)));
+    }
+    Ok(seconds)
 }
 
 /// Bytes per second, at least 1: `32GB/s`, `16GiB/s`, `1e9` (the `/s` optional).
@@ -146,11 +202,31 @@ impl Budget {
         self.amount
     }
 
+    /// Refuses what no training step fits, before the step is known: a budget in bytes
+    /// under [`MIN_STEP_BUDGET`] (`memory_budget=1` meant a fraction or a size). A
+    /// fraction passes: it is checked against its reference by [`Budget::of`].
+    pub fn check_step(&self) -> Result<(), UnitError> {
+        match self.amount {
+            Amount::Bytes(bytes) if bytes < MIN_STEP_BUDGET => {
+                Err(self.error(Problem::TinyBudget(bytes)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Bytes of the budget, a fraction taken of `reference_bytes` (rounded down, so `1.0`
     /// is exactly the reference); `reference` names it in errors ("the store-all peak").
+    /// A budget in bytes under [`MIN_STEP_BUDGET`] is refused ([`Budget::check_step`])
+    /// unless the reference itself is that small: a small synthetic graph given to the
+    /// planner is planned at any budget in bytes.
     pub fn of(&self, reference_bytes: u64, reference: &str) -> Result<u64, UnitError> {
         match self.amount {
-            Amount::Bytes(bytes) => Ok(bytes),
+            Amount::Bytes(bytes) => {
+                if reference_bytes >= MIN_STEP_BUDGET {
+                    self.check_step()?;
+                }
+                Ok(bytes)
+            }
             Amount::Fraction {
                 numerator,
                 denominator,
@@ -173,9 +249,10 @@ impl Budget {
 
     /// Bytes of the budget where no reference peak exists; `why` says so for a fraction
     /// ("`remat train` has none before it runs").
+    /// A budget in bytes under [`MIN_STEP_BUDGET`] is refused ([`Budget::check_step`]).
     pub fn bytes(&self, why: &str) -> Result<u64, UnitError> {
         match self.amount {
-            Amount::Bytes(bytes) => Ok(bytes),
+            Amount::Bytes(bytes) => self.check_step().map(|()| bytes),
             Amount::Fraction { .. } => Err(self.error(Problem::NoReference(why.to_string()))),
         }
     }
@@ -297,6 +374,8 @@ mod tests {
         assert!(err(of("0.0")).contains("(0, 1]"));
         assert!(err(of("1e-5")).contains("comes to 0 bytes"));
         assert!(err(of("0")).contains("comes to 0 bytes"));
+        // A small reference (a synthetic graph of 1000 B): any budget in bytes is meant.
+        assert_eq!(of("45"), Ok(45));
         assert_eq!(
             err(of("0.00000000001")),
             "--budget 0.00000000001: 0.00000000001 of the store-all peak (1000 B) is less than one byte"
@@ -304,6 +383,69 @@ mod tests {
         assert!(err(of("")).starts_with("--budget: an empty value"));
         assert!(err(of("-3")).contains("is negative"));
         assert!(err(of("1.5.5")).contains("not a number"));
+    }
+
+    #[test]
+    fn a_budget_in_bytes_under_a_kib_is_a_slip_where_a_step_is_budgeted() {
+        let tiny = "--budget 1: 1 byte cannot hold a training step (a budget in bytes is at least 1 KiB); did you mean a fraction (1.0) or a size (1GiB)?";
+        assert_eq!(
+            err(budget("1").and_then(|b| b.of(1 << 30, "the peak"))),
+            tiny
+        );
+        assert_eq!(err(budget("1").and_then(|b| b.bytes("none"))), tiny);
+        assert_eq!(err(budget("1").and_then(|b| b.check_step())), tiny);
+        assert!(err(budget("1023B").and_then(|b| b.check_step())).contains("1023 bytes cannot"));
+        assert_eq!(budget("1KiB").unwrap().bytes("none"), Ok(1024));
+        assert_eq!(budget("0.5").unwrap().check_step(), Ok(()));
+        assert_eq!(
+            err(budget("0")),
+            "--budget 0: comes to 0 bytes, which holds nothing; give a size (8GiB) or a fraction (0.5)"
+        );
+    }
+
+    #[test]
+    fn counts_are_whole_numbers_of_at_least_their_minimum() {
+        let count = |t: &str| parse_count(t, "--world-size", 1);
+        assert_eq!(count("3"), Ok(3));
+        assert_eq!(count(" 1_000 "), Ok(1000));
+        assert_eq!(err(count("0")), "--world-size 0: must be at least 1");
+        assert_eq!(
+            err(count("-1")),
+            "--world-size -1: the value is negative; give a whole number, e.g. 4"
+        );
+        assert_eq!(
+            err(count("2.5")),
+            "--world-size 2.5: not a whole number; give a whole number, e.g. 4"
+        );
+        assert!(err(count("")).starts_with("--world-size: an empty value"));
+        assert!(err(count("99999999999999999999")).contains("out of range"));
+        assert_eq!(parse_count("0", "--seed", 0), Ok(0));
+    }
+
+    #[test]
+    fn seconds_are_above_zero_and_finite() {
+        let secs = |t: &str| parse_seconds(t, "--time-limit", 1_000_000);
+        assert_eq!(secs("0.5"), Ok(0.5));
+        assert_eq!(secs("1e3"), Ok(1000.0));
+        for bad in ["0", "0.0", "1e7"] {
+            assert_eq!(
+                err(secs(bad)),
+                format!("--time-limit {bad}: must be more than 0 seconds and at most 1000000")
+            );
+        }
+        assert!(err(secs("-1")).contains("negative; give a number of seconds"));
+        assert!(err(secs("inf")).contains("not a number"));
+        assert!(err(secs("NaN")).contains("not a number"));
+    }
+
+    #[test]
+    fn a_nonzero_size_refuses_zero_bytes() {
+        assert_eq!(parse_nonzero_size("1", "--max-buffer"), Ok(1));
+        assert_eq!(
+            err(parse_nonzero_size("0", "--max-buffer")),
+            "--max-buffer 0: comes to 0 bytes, which holds nothing; give at least 1 byte, e.g. 256MiB"
+        );
+        assert!(err(parse_nonzero_size("-1", "--max-buffer")).contains("negative"));
     }
 
     #[test]

@@ -384,21 +384,12 @@ def _parse_bandwidth(bandwidth) -> Optional[float]:
 
 
 def _check_budget(budget) -> None:
-    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
-        raise CaptureError(f"memory_budget: give bytes (int), a fraction (float) or text "
-                           f"(\"8GiB\"), not {type(budget).__name__}")
-    if isinstance(budget, float) and not 0.0 < budget <= 1.0:
-        from ..errors import BudgetError
+    """Refuses, when given, a budget no step can mean (unreadable text, 0, a negative, a
+    fraction outside (0, 1], bytes under 1 KiB), in the words and class (``ArgumentError``)
+    every remat front end uses for the same value."""
+    from .._arguments import check_step_budget
 
-        raise BudgetError(f"memory_budget {budget!r}: a float is a fraction of the step's "
-                          "activation bytes and must be in (0, 1]")
-    if isinstance(budget, int) and budget <= 0:
-        from ..errors import BudgetError
-
-        raise BudgetError(f"memory_budget {budget}: bytes must be positive")
-    if isinstance(budget, str):
-        # Text is read now, not at the first planned step: a typo fails where it is written.
-        _budget_bytes(budget, 1, 0)
+    check_step_budget(budget, "memory_budget")
 
 
 def _signature(model, args, kwargs) -> tuple:

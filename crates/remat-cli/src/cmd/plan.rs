@@ -12,7 +12,6 @@ mod multi;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
 use remat_planner::floor::recompute_floor;
 use remat_planner::import::{ImportOptions, load};
 use remat_planner::output::{check_outputs, write_all_atomic};
@@ -26,6 +25,7 @@ use remat_report::{Layout, print_table};
 use remat_units::human_bytes;
 
 use crate::units::{parse_bandwidth, parse_budget};
+use crate::usage;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -47,7 +47,12 @@ pub struct Args {
     pub order: Option<String>,
     /// Device budget: bytes (`8GiB`, `500MB`, `1234`) or a fraction of the store-all peak
     /// (`0.7`). Several, comma-separated, with --compare.
-    #[arg(long, value_delimiter = ',', required_unless_present = "list")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "list",
+        allow_hyphen_values = true
+    )]
     pub budget: Vec<String>,
     /// List the strategies and exit.
     #[arg(long)]
@@ -59,14 +64,14 @@ pub struct Args {
     /// Seconds the search may take (default: 1 s up to 1,000 nodes, 1 ms per node above).
     /// Also the limit of `--strategy anytime` and of every named strategy that can stop
     /// early (`evict`, `threshold`, `checkmate-milp`, ...: without it they run to the end),
-    /// and each strategy's limit with --compare.
-    #[arg(long)]
+    /// and each strategy's limit with --compare. Above 0, at most 1e6.
+    #[arg(long, value_parser = crate::units::seconds_arg, allow_hyphen_values = true)]
     pub time_limit: Option<f64>,
     /// Host-device bandwidth, each direction (`32GB/s`, `16GiB/s`, bytes per second).
-    #[arg(long, default_value = "32GB/s")]
+    #[arg(long, default_value = "32GB/s", allow_hyphen_values = true)]
     pub bandwidth: String,
     /// Seconds per unit of the graph's compute costs, for unitless networkx graphs.
-    #[arg(long, default_value_t = 1e-6)]
+    #[arg(long, default_value = "1e-6", value_parser = crate::units::seconds_arg, allow_hyphen_values = true)]
     pub time_unit: f64,
     /// Plan without swaps (recomputation only; --bandwidth is not used): a budget under
     /// the graph's recompute floor is refused, naming it, and a budget where only plans
@@ -76,7 +81,13 @@ pub struct Args {
     /// Write the plan as JSON.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Compare every strategy at the budget(s) in one table.
+    /// Compare every strategy at the budget(s) in one table. Its columns: the budget (and
+    /// its share of the store-all peak), the strategy, the simulated peak (bytes held at
+    /// once, and its share of store-all), the time overhead against store-all with its
+    /// recompute and exposed-swap parts, the bytes kept, swapped and recomputed (each
+    /// operation's output by its fate, summed over the step: not held at once), and the
+    /// strategy's solve time. A strategy without a plan shows `n/a [k]`; footnote k says
+    /// why.
     #[arg(long)]
     pub compare: bool,
     /// Draw the memory timeline (`.svg` or `.png`).
@@ -104,13 +115,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let options = ImportOptions {
         time_unit_s: args.time_unit,
     };
-    let time_limit = match args.time_limit {
-        Some(s) if s.is_finite() && s > 0.0 && s <= 1e6 => Some(Duration::from_secs_f64(s)),
-        Some(s) => bail!("--time-limit {s}: give a number of seconds above 0 (at most 1e6)"),
-        None => None,
-    };
+    let time_limit = args.time_limit.map(Duration::from_secs_f64);
+    // What can be read without the graph is read before it is loaded: a bad value is
+    // told before a missing file (a fraction's bytes, and a budget in bytes too small for
+    // the graph, are known once it is loaded).
+    for text in &args.budget {
+        remat_units::parse_budget(text, "--budget")?;
+    }
+    parse_bandwidth(&args.bandwidth)?;
     let graph_path = match &args.graphs[..] {
-        [] => bail!("give a GRAPH file"),
+        [] => return Err(usage!("give a GRAPH file")),
         [one] => one,
         several => return run_multi(&args, several, options, time_limit),
     };
@@ -125,6 +139,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|b| parse_budget(b, &graph))
         .collect::<anyhow::Result<Vec<u64>>>()?;
+    check_flags(&args, budgets.len())?;
+    let plot_format = args.plot.as_deref().map(plot_format).transpose()?;
+    // Output paths are checked before planning, which can take minutes: a typo in a
+    // directory, a device or a directory as target, or one path given twice is told now.
+    let targets: Vec<(&str, &Path)> = [("--out", &args.out), ("--plot", &args.plot)]
+        .into_iter()
+        .filter_map(|(flag, path)| path.as_deref().map(|p| (flag, p)))
+        .collect();
+    check_outputs(&targets)?;
     let time_limit = time_limit.unwrap_or_else(|| default_time_limit(graph.len()));
     let recompute_floor = recompute_floor(&graph);
     // The eager floor is the form's own: printed only for eager requests.
@@ -147,37 +170,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     );
     if args.compare {
-        let ignored: Vec<&str> = [
-            ("--recompute-only", args.recompute_only),
-            ("--strategy", args.strategy.is_some()),
-            ("--out", args.out.is_some()),
-            ("--plot", args.plot.is_some()),
-        ]
-        .iter()
-        .filter_map(|&(flag, given)| given.then_some(flag))
-        .collect();
-        if !ignored.is_empty() {
-            bail!(
-                "--compare runs every strategy and writes nothing: it cannot take {}",
-                ignored.join(", ")
-            );
-        }
         return compare(&graph, &budgets, bandwidth, time_limit);
     }
     let [budget] = budgets[..] else {
-        bail!(
-            "give one --budget without --compare (got {})",
-            budgets.len()
-        );
+        unreachable!("check_flags allows one budget without --compare");
     };
-    let plot_format = args.plot.as_deref().map(plot_format).transpose()?;
-    // Output paths are checked before planning, which can take minutes: a typo in a
-    // directory, a device or a directory as target, or one path given twice is told now.
-    let targets: Vec<(&str, &Path)> = [("--out", &args.out), ("--plot", &args.plot)]
-        .into_iter()
-        .filter_map(|(flag, path)| path.as_deref().map(|p| (flag, p)))
-        .collect();
-    check_outputs(&targets)?;
     let problem = Problem {
         graph: &graph,
         budget_bytes: budget,
@@ -218,6 +215,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses flags that do not go together, before anything is printed.
+fn check_flags(args: &Args, budgets: usize) -> anyhow::Result<()> {
+    if args.compare {
+        let ignored: Vec<&str> = [
+            ("--recompute-only", args.recompute_only),
+            ("--strategy", args.strategy.is_some()),
+            ("--out", args.out.is_some()),
+            ("--plot", args.plot.is_some()),
+        ]
+        .iter()
+        .filter_map(|&(flag, given)| given.then_some(flag))
+        .collect();
+        if !ignored.is_empty() {
+            return Err(usage!(
+                "--compare runs every strategy and writes nothing: it cannot take {}",
+                ignored.join(", ")
+            ));
+        }
+    } else if budgets != 1 {
+        return Err(usage!(
+            "give one --budget without --compare (got {budgets})"
+        ));
+    }
+    Ok(())
+}
+
 /// Several graphs: refuses what only one graph takes, then plans them together.
 fn run_multi(
     args: &Args,
@@ -234,11 +257,11 @@ fn run_multi(
     .filter_map(|&(flag, given)| given.then_some(flag))
     .collect();
     if !refused.is_empty() {
-        bail!(
+        return Err(usage!(
             "{} graphs are planned together: {} takes one graph",
             graphs.len(),
             refused.join(" and ")
-        );
+        ));
     }
     multi::run(multi::MultiArgs {
         graphs,
@@ -256,7 +279,7 @@ fn run_multi(
 fn parse_plan_order(text: &str) -> anyhow::Result<PlanOrder> {
     PlanOrder::from_name(text).ok_or_else(|| {
         let known: Vec<&str> = PlanOrder::ALL.iter().map(|o| o.name()).collect();
-        anyhow::anyhow!(
+        usage!(
             "--order {text}: unknown order for one graph; known: {} (several graphs take the merge orders)",
             known.join(", ")
         )
@@ -266,7 +289,10 @@ fn parse_plan_order(text: &str) -> anyhow::Result<PlanOrder> {
 fn plot_format(path: &Path) -> anyhow::Result<ImageFormat> {
     match ImageFormat::from_path(path) {
         Some(format) => Ok(format),
-        None => bail!("{}: --plot needs a .svg or .png file name", path.display()),
+        None => Err(usage!(
+            "--plot {}: needs a .svg or .png file name",
+            path.display()
+        )),
     }
 }
 
@@ -386,6 +412,9 @@ fn compare(graph: &Graph, budgets: &[u64], bandwidth: f64, limit: Duration) -> a
         }
     }
     print_table(Layout::Markdown, &header, &rows);
+    println!(
+        "kept, swapped, recomputed: each operation's output by its fate, summed over the step (not held at once; peak is what is held at once)"
+    );
     for (i, note) in notes.iter().enumerate() {
         println!("[{}] {note}", i + 1);
     }

@@ -12,28 +12,28 @@ pub struct ModelArgs {
     #[arg(long, default_value = "gpt")]
     pub model: String,
     /// GPT: blocks; MLP: hidden layers.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value = "4", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub layers: usize,
     /// GPT: model width; MLP: hidden width.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value = "128", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub d_model: usize,
     /// GPT: attention heads.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value = "4", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub heads: usize,
     /// GPT: tokens per sequence.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value = "64", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub seq: usize,
     /// Sequences (GPT) or rows (MLP) per batch.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value = "8", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub batch: usize,
     /// GPT: vocabulary size.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value = "256", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub vocab: usize,
     /// GPT: residual dropout probability.
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f32,
     /// Kernel threads (results are bit-exact for a given count).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value = "2", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub threads: usize,
 }
 
@@ -59,7 +59,7 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Timed runs per op (after a warm-up); the median is kept.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value = "5", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub runs: usize,
     /// Where to write the graph (remat's JSON schema, read by `remat plan`).
     #[arg(long)]

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use remat_reshard::location::StoreOptions;
 use remat_reshard::run::{self, Action, DryRun, Event, Outcome, Request};
 use remat_reshard::{Format, NameRule, Preset, TargetSpec};
-use remat_units::human_bytes;
+use remat_units::{human_bytes, plural};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -27,8 +27,8 @@ pub struct Args {
     /// AWS_ENDPOINT_URL; credentials come from the usual AWS_* environment variables.
     #[arg(long, global = true)]
     endpoint: Option<String>,
-    /// Target number of ranks.
-    #[arg(long, short = 'w')]
+    /// Target number of ranks, 1 to 2^20.
+    #[arg(long, short = 'w', value_parser = world_size_arg, allow_hyphen_values = true)]
     world_size: Option<usize>,
     /// Output layout: remat (rank files + index), dcp (PyTorch-loadable), hf (whole tensors).
     #[arg(long, default_value = "remat", value_parser = parse_format)]
@@ -44,15 +44,15 @@ pub struct Args {
     /// source; PATTERN a glob over tensor names (`layers.*.mlp.*`).
     #[arg(long = "place", value_name = "PATTERN=RULE", value_parser = parse_rule)]
     place: Vec<NameRule>,
-    /// Bound on buffered memory, e.g. 256MiB, 1GiB, 1.5GB (GB = 10^9 bytes, GiB = 2^30,
-    /// units in any case).
-    #[arg(long, default_value = "256MiB", value_parser = crate::units::size_arg)]
+    /// Bound on buffered memory, at least 1 byte, e.g. 256MiB, 1GiB, 1.5GB (GB = 10^9
+    /// bytes, GiB = 2^30, units in any case).
+    #[arg(long, default_value = "256MiB", value_parser = crate::units::buffer_arg, allow_hyphen_values = true)]
     max_buffer: u64,
     /// Print per-rank bytes, files, read amplification and peak buffer; write nothing.
     #[arg(long)]
     dry_run: bool,
     /// Produce only this target rank's files; run --finalize once every rank is done.
-    #[arg(long, conflicts_with = "finalize")]
+    #[arg(long, conflicts_with = "finalize", value_parser = rank_arg, allow_hyphen_values = true)]
     rank: Option<usize>,
     /// After --rank runs: check every part and write the index.
     #[arg(long)]
@@ -78,6 +78,21 @@ enum Sub {
         #[arg(long, value_parser = parse_format)]
         from_b: Option<Format>,
     },
+}
+
+/// A target world size: a count of ranks the resharder plans for (1 to 2^20), checked by
+/// the library's own rule, as Python's `world_size` is.
+fn world_size_arg(s: &str) -> Result<usize, String> {
+    let m: usize = crate::units::count_arg(s)?;
+    remat_reshard::target::check_world_size(m)
+        .map(|()| m)
+        .map_err(|e| e.to_string())
+}
+
+/// A target rank: a whole number from 0.
+fn rank_arg(s: &str) -> Result<usize, String> {
+    let r = remat_units::parse_count(s, "", 0).map_err(|e| e.problem.to_string())?;
+    usize::try_from(r).map_err(|_| "out of range".to_string())
 }
 
 fn parse_format(s: &str) -> Result<Format, String> {
@@ -110,10 +125,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return run_verify((&a, from_a), (&b, from_b), &store);
     }
     let (Some(src), Some(dst)) = (args.src.as_deref(), args.dst.as_deref()) else {
-        bail!("usage: remat reshard SRC DST --world-size M");
+        return Err(crate::usage!("usage: remat reshard SRC DST --world-size M"));
     };
     let Some(world_size) = args.world_size else {
-        bail!("--world-size M is required");
+        return Err(crate::usage!("--world-size M is required"));
     };
     let action = if args.dry_run {
         Action::DryRun
@@ -162,7 +177,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match outcome {
         Outcome::DryRun(dry) => print_dry_run(&dry),
         Outcome::Finalized { parts } => println!(
-            "checked {parts} parts and wrote the index of {}",
+            "checked {} and wrote the index of {}",
+            plural(parts as u64, "part", "parts"),
             dst.display()
         ),
         Outcome::Written(report) => {
@@ -170,17 +186,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bar.finish_and_clear();
             }
             println!(
-                "wrote {} files, {:.3} GB in {:.2} s: {:.2} GB/s (buffers peaked at {})",
-                report.files_written,
-                report.bytes_written as f64 / 1e9,
+                "wrote {}, {} in {:.2} s: {} (buffers peaked at {})",
+                plural(report.files_written as u64, "file", "files"),
+                human_bytes(report.bytes_written),
                 report.seconds,
-                report.gb_per_s(),
+                remat_units::human_bandwidth(
+                    report.bytes_written as f64 / report.seconds.max(1e-9)
+                ),
                 human_bytes(report.buffer_bytes)
             );
             if report.files_resumed > 0 {
                 println!(
-                    "{} files were already complete and certified in the store (not written again)",
-                    report.files_resumed
+                    "{} already complete and certified in the store (not written again)",
+                    plural(report.files_resumed as u64, "file was", "files were")
                 );
             }
             if let Some(f) = &report.fetched {
@@ -228,10 +246,10 @@ fn print_dry_run(dry: &DryRun) {
         );
     }
     println!(
-        "peak buffer memory: {} (bound {}, {} worker threads)",
+        "peak buffer memory: {} (bound {}, {})",
         human_bytes(dry.peak_buffer),
         human_bytes(dry.max_buffer),
-        dry.threads
+        plural(dry.threads as u64, "worker thread", "worker threads")
     );
 }
 
@@ -266,12 +284,16 @@ fn run_verify(
         Some(d) => bail!("{} and {} differ: {d}", a.display(), b.display()),
         None => {
             println!(
-                "{} and {} hold the same {} tensors ({:.3} GB compared, {} chunk checksums checked)",
+                "{} and {} hold the same {} ({} compared, {} checked)",
                 a.display(),
                 b.display(),
-                report.tensors,
-                report.bytes_compared as f64 / 1e9,
-                report.chunks_checksummed
+                plural(report.tensors as u64, "tensor", "tensors"),
+                human_bytes(report.bytes_compared),
+                plural(
+                    report.chunks_checksummed as u64,
+                    "chunk checksum",
+                    "chunk checksums"
+                )
             );
             Ok(())
         }

@@ -67,7 +67,7 @@ pub struct InspectArgs {
     /// bytes (parameters and optimizer state included, as `remat train --memory-budget`)
     /// at the least predicted step time: bytes (40MiB, 1.5GB) or a fraction in (0, 1] of
     /// the predicted peak with no budget (0.5).
-    #[arg(long, value_parser = crate::units::budget_arg)]
+    #[arg(long, value_parser = crate::units::budget_arg, allow_hyphen_values = true)]
     memory_budget: Option<Budget>,
 }
 

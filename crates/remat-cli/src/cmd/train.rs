@@ -73,16 +73,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(models) = args.models {
         return multi::run(&args, &task, models);
     }
-    anyhow::ensure!(
+    crate::usage::ensure(
         args.fuse_width.is_none(),
         "--fuse-width needs --models K: it caps how many of K models trained together are \
-         fused into one unit (drop --fuse-width, or give --models)"
-    );
-    anyhow::ensure!(
+         fused into one unit (drop --fuse-width, or give --models)",
+    )?;
+    crate::usage::ensure(
         !args.no_fuse,
         "--no-fuse needs --models K: it runs the ops of K models trained together one \
-         after another instead of fused (drop --no-fuse, or give --models)"
-    );
+         after another instead of fused (drop --no-fuse, or give --models)",
+    )?;
     args.lr.check_single("--lr")?;
     args.seed.check_single("--seed")?;
     args.dropout.check_single("--dropout")?;
@@ -91,8 +91,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.spec_args.block.is_some() || args.spec_args.spec.is_some() {
         return spec::run(&args, &task);
     }
+    // Before any mode prints its header: a model the flags cannot make is told first.
+    args.check_model_flags(task.vocab())?;
     if let PolicyChoice::Auto(strategy) = &args.policy {
-        auto::check_flags(&args)?;
+        auto::check_flags(&args).map_err(crate::usage::of)?;
         return auto::run(&args, &task, strategy.clone());
     }
     if let Some(stages) = args.pipeline.stages {
@@ -104,7 +106,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         return pipeline::run(&args, stages, &source);
     }
-    check_gpt_flags(&args)?;
+    check_gpt_flags(&args).map_err(crate::usage::of)?;
     if args.compare {
         compare::run(&args, &task)
     } else {

@@ -60,7 +60,9 @@ pub enum MultiError {
     #[error("the combined graph of {models} models: {error}")]
     Combined { models: usize, error: GraphError },
     #[error(
-        "budget of {budget} bytes is below the floor of the {models} models together, {floor} bytes (static memory of all of them plus the largest operation's inputs and output): no schedule fits"
+        "budget of {} is below the floor of the {models} models together, {} (static memory of all of them plus the largest operation's inputs and output): no schedule fits",
+        remat_units::human_bytes(*budget),
+        remat_units::human_bytes(*floor)
     )]
     BelowFloor {
         budget: u64,

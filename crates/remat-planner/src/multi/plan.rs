@@ -224,7 +224,7 @@ mod tests {
         );
         let text = err.to_string();
         assert!(
-            text.contains("40 bytes") && text.contains("2 models"),
+            text.contains("39 B is below the floor of the 2 models together, 40 B"),
             "{text}"
         );
         // At the floor itself the search finds a plan.

@@ -162,7 +162,6 @@ fn cells(ckpt: Checkpointing, outcome: &Outcome, base: &Row) -> Vec<String> {
 }
 
 pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
-    anyhow::ensure!(args.compare_steps > 0, "--compare-steps must be at least 1");
     let budget = args.budget()?;
     let store_all = Checkpointing::Graph(Policy::StoreAll);
     let mut policies = Checkpointing::all();

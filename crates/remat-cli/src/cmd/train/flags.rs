@@ -20,31 +20,31 @@ pub struct Args {
     #[command(flatten)]
     pub spec_args: Box<SpecArgs>,
     /// Digits per sequence of the reversal task (sequence length 2 x digits).
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value = "12", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub digits: usize,
     /// Sequence length for --data.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value = "64", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub seq: usize,
     /// Transformer blocks (default 2; with --stages P > 2 and no --layers, P).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub layers: Option<usize>,
     /// Model width (with --models: one width for all, or a comma list, one per model).
     #[arg(long, default_value = "64", value_parser = per_model::parse_widths)]
     pub d_model: PerModel<usize>,
     /// Attention heads.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value = "4", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub heads: usize,
     /// Key/value heads (grouped-query attention; divides --heads). Default: --heads.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub kv_heads: Option<usize>,
     /// SwiGLU hidden width. Default: 8/3 x d_model rounded up to a multiple of 16.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub ffn: Option<usize>,
     /// Residual dropout probability (with --models: one for all, or a comma list).
     #[arg(long, default_value = "0", value_parser = per_model::parse_dropouts)]
     pub dropout: PerModel<f32>,
     /// Sequences per step.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value = "32", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub batch: usize,
     /// Checkpointing: store-all, recompute-all, every:N, depth:N, sqrt (node segments),
     /// per-block, blocks:N, sqrt-blocks; or auto or auto:STRATEGY (profile, plan for
@@ -59,7 +59,7 @@ pub struct Args {
     #[arg(long, value_parser = crate::units::train_budget_arg, allow_hyphen_values = true)]
     pub memory_budget: Option<u64>,
     /// Training steps.
-    #[arg(long, default_value_t = 800)]
+    #[arg(long, default_value = "800", value_parser = crate::units::count_arg::<u64>, allow_hyphen_values = true)]
     pub steps: u64,
     /// AdamW learning rate, in (0, 1] (with --models: one for all, or a comma list).
     #[arg(long, default_value = "0.003", value_parser = parse_lrs, allow_negative_numbers = true)]
@@ -71,7 +71,7 @@ pub struct Args {
     /// Train K models together in one step, sharing the pool and --memory-budget, each
     /// with its own parameters, optimizer, data order and hyper-parameters (see
     /// `train/multi.rs`).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub models: Option<usize>,
     /// With --models: run the K models' ops one after another instead of fusing the ops
     /// of same-shape models into one call each (horizontal fusion, the default).
@@ -80,19 +80,19 @@ pub struct Args {
     /// With --models: at most N models per fused unit (MuTWO's fused groups: under
     /// `--policy auto:multiplexed` the groups' steps are interleaved, so one group's swaps
     /// hide behind another group's compute).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub fuse_width: Option<usize>,
     /// Worker threads (gradients are bit-exact for a given thread count).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub threads: Option<usize>,
     /// Print the loss every N steps, N >= 1 (default: about 15 lines per run).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = crate::units::count_arg::<u64>, allow_hyphen_values = true)]
     pub log_every: Option<u64>,
     /// Run a few steps under every policy and print one comparison table.
     #[arg(long)]
     pub compare: bool,
     /// Steps per policy for --compare.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value = "3", value_parser = crate::units::count_arg::<u64>, allow_hyphen_values = true)]
     pub compare_steps: u64,
     /// Pipelined training: --stages, --micro-batches, --schedule, --stage-policy.
     #[command(flatten)]
@@ -164,6 +164,35 @@ impl Args {
         self.layers.unwrap_or(2)
     }
 
+    /// Refuses model flags that do not make a GPT (`--heads 3` with `--d-model 64`), in
+    /// the flags' names, before anything is printed.
+    pub fn check_model_flags(&self, vocab: usize) -> anyhow::Result<()> {
+        let c = self.model_config(vocab);
+        let heads = c.n_heads;
+        if !c.d_model.is_multiple_of(heads) {
+            return Err(crate::usage!(
+                "--heads {heads}: must divide --d-model {}",
+                c.d_model
+            ));
+        }
+        if !heads.is_multiple_of(c.n_kv_heads) {
+            return Err(crate::usage!(
+                "--kv-heads {}: must divide --heads {heads}",
+                c.n_kv_heads
+            ));
+        }
+        let head_dim = c.d_model / heads;
+        if !head_dim.is_multiple_of(2) {
+            return Err(crate::usage!(
+                "--heads {heads}: --d-model {} / --heads {heads} = {head_dim}, a head's width, must be even (rotary embedding)",
+                c.d_model
+            ));
+        }
+        c.validate().map_err(|e| {
+            crate::usage!("the model flags (--d-model, --heads, --layers, --ffn, --dropout): {e}")
+        })
+    }
+
     /// The model configuration for a task of `vocab` tokens.
     pub fn model_config(&self, vocab: usize) -> GptConfig {
         let d = self.d_model.one();
@@ -182,7 +211,6 @@ impl Args {
     }
 
     pub fn task(&self) -> anyhow::Result<Task> {
-        anyhow::ensure!(self.batch >= 1, "--batch must be at least 1 (got 0)");
         let task = match &self.files.data {
             Some(path) => Task::chars(path, self.seq)?,
             None => Task::reverse(self.digits)?,
@@ -264,7 +292,7 @@ pub struct SpecArgs {
     #[arg(long, default_value = "full")]
     pub mode: Mode,
     /// LoRA rank, alpha and dropout.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value = "8", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub lora_rank: usize,
     #[arg(long, default_value_t = 16.0)]
     pub lora_alpha: f32,
@@ -277,10 +305,10 @@ pub struct SpecArgs {
 pub struct PipelineArgs {
     /// Train pipelined over this many stages (each its own thread and memory pool; the
     /// --memory-budget applies to each stage).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub stages: Option<usize>,
     /// Micro-batches per step (they split --batch evenly). Only with --stages.
-    #[arg(long, default_value_t = 8, requires = "stages")]
+    #[arg(long, default_value = "8", requires = "stages", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub micro_batches: usize,
     /// Pipeline schedule: gpipe or 1f1b. Only with --stages.
     #[arg(long, default_value = "1f1b", value_parser = parse_schedule, requires = "stages")]

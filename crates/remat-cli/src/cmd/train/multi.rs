@@ -53,7 +53,7 @@ pub fn resolve_members(args: &Args, vocab: usize, models: usize) -> anyhow::Resu
         };
         config
             .validate()
-            .with_context(|| format!("model {k} (--d-model {d}, --heads {})", args.heads))?;
+            .map_err(|e| crate::usage!("model {k} (--d-model {d}, --heads {}): {e}", args.heads))?;
         configs.push(config);
     }
     Ok(Members {
@@ -160,10 +160,6 @@ pub fn run(args: &Args, task: &Task, models: usize) -> anyhow::Result<()> {
     let members = resolve_members(args, task.vocab(), models)?;
     check_flags(args)?;
     check_budget(&members, args.memory_budget)?;
-    anyhow::ensure!(
-        args.steps > 0,
-        "--steps must be at least 1 (got 0): there is nothing to train or time"
-    );
     println!(
         "remat train: {} | {models} GPT models L={} widths {} | batch {} x seq {} each | policy {} | {} threads{}",
         task.describe(),

@@ -15,10 +15,6 @@ use super::flags::Args;
 use super::hint;
 
 pub fn run(args: &Args, task: &Task) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.steps > 0,
-        "--steps must be at least 1 (got 0): there is nothing to train or time"
-    );
     if let Some(path) = &args.files.dump_grads {
         // Before training: a directory or device there would only fail after the step.
         hf::check_target(path).context("--dump-grads")?;
