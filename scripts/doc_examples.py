@@ -16,7 +16,10 @@ string (the text after the opening fence):
   ``console`` mixes commands with output nobody checks: write ``sh`` and ``text``).
 - anything else (``text``, ``toml``, ``json``, ``pycon``...): data, never run.
 
-A block that cannot run says why: ``sh,no-run: needs Open MPI and 4 ranks``. The reason is
+A block that needs a service CI provides names the environment variable that points at it:
+``sh,needs-env: REMAT_S3_TEST_ENDPOINT`` runs when the variable is set and is skipped, saying
+so, when it is not (``--strict-env``, as CI runs it, fails it instead). A block that cannot
+run at all says why: ``sh,no-run: needs Open MPI and 4 ranks``. The reason is
 required; a ``no-run`` without one fails the check, and so does an unmarked block that
 fails. Relative links and images that point at no file fail it too.
 
@@ -56,6 +59,7 @@ class Block:
     no_run: str | None  # the reason, when marked no-run
     marker_error: str | None  # what is wrong with the info string, if anything
     code: str
+    needs_env: str | None = None  # an environment variable the block needs (needs-env: VAR)
 
     @property
     def where(self) -> str:
@@ -77,16 +81,32 @@ class Block:
         return "data"
 
 
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def needs_env(info: str) -> str | None:
+    """The variable of a ``needs-env: VAR`` attribute, if the info string has a valid one."""
+    rest = info.strip().partition(",")[2].strip()
+    if rest.startswith("needs-env:") and ENV_NAME.match(rest[len("needs-env:"):].strip()):
+        return rest[len("needs-env:"):].strip()
+    return None
+
+
 def parse_info(info: str) -> tuple[str, str | None, str | None]:
     """(language, no-run reason or None, error or None) from a fence's info string, e.g.
-    ``sh,no-run: needs Open MPI``."""
+    ``sh,no-run: needs Open MPI``; ``sh,needs-env: VAR`` is read by :func:`needs_env`."""
     lang, _, rest = info.strip().partition(",")
     lang = lang.strip().lower()
     rest = rest.strip()
     if not rest:
         return lang, None, None
+    if rest.startswith("needs-env"):
+        if lang not in SHELL or needs_env(info) is None:
+            return lang, None, "`needs-env: VAR` takes one variable name, on sh blocks"
+        return lang, None, None
     if not rest.startswith("no-run"):
-        return lang, None, f"unknown attribute {rest!r} (the one attribute is `no-run: REASON`)"
+        return lang, None, (f"unknown attribute {rest!r} (the attributes are `no-run: REASON` "
+                            "and, on sh blocks, `needs-env: VAR`)")
     reason = rest[len("no-run"):].lstrip()
     if not reason.startswith(":") or not reason[1:].strip():
         return lang, None, "`no-run` needs a reason: `no-run: WHY IT CANNOT RUN HERE`"
@@ -119,7 +139,8 @@ def parse(path: Path, text: str) -> list[Block]:
             i += 1
         else:
             error = error or "the block is never closed"
-        out.append(Block(path, start + 1, lang, reason, error, "\n".join(body) + "\n"))
+        out.append(Block(path, start + 1, lang, reason, error, "\n".join(body) + "\n",
+                         needs_env(m.group("info")) if error is None else None))
         i += 1
     return out
 
@@ -158,8 +179,11 @@ def fresh_clone(repo: Path, into: Path) -> Path:
     return clone
 
 
-def run_page(page_blocks: list[Block], repo: Path, bin_dir: Path) -> list[str]:
-    """Runs a page's shell blocks in order in one fresh clone; the failures, described."""
+def run_page(page_blocks: list[Block], repo: Path, bin_dir: Path,
+             strict_env: bool = False) -> list[str]:
+    """Runs a page's shell blocks in order in one fresh clone; the failures, described. A
+    block that needs an environment variable that is not set is skipped, saying so, or fails
+    with ``strict_env`` (CI sets what its blocks need)."""
     failures: list[str] = []
     runnable = [b for b in page_blocks if b.kind == "shell"]
     if not runnable:
@@ -168,6 +192,12 @@ def run_page(page_blocks: list[Block], repo: Path, bin_dir: Path) -> list[str]:
         clone = fresh_clone(repo, Path(tmp))
         env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
         for block in runnable:
+            if block.needs_env and not os.environ.get(block.needs_env):
+                if strict_env:
+                    failures.append(f"{block.where}: needs {block.needs_env}, which is not set")
+                else:
+                    print(f"  {block.where}: skipped: {block.needs_env} is not set", flush=True)
+                break  # later blocks of the page may build on it
             started = time.monotonic()
             try:
                 done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=clone,
@@ -245,12 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[],
                         help="run only this page (a path as --list prints it); repeatable")
     parser.add_argument("--list", action="store_true", help="list the blocks and exit")
+    parser.add_argument("--strict-env", action="store_true",
+                        help="fail, instead of skipping, a block whose needs-env variable is unset")
     args = parser.parse_args(argv)
 
     all_blocks = blocks(REPO)
     if args.list:
         for b in all_blocks:
             note = f": {b.no_run}" if b.no_run else (f": {b.marker_error}" if b.marker_error else "")
+            note += f" (needs {b.needs_env})" if b.needs_env else ""
             print(f"{b.where}\t{b.lang or '-'}\t{b.kind}{note}")
         return 0
     failures = check_markers(all_blocks) + check_links(REPO)
@@ -268,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             page_blocks = [b for b in all_blocks if b.path == page]
             if any(b.kind == "shell" for b in page_blocks):
                 print(f"{page}:", flush=True)
-            failures += run_page(page_blocks, REPO, args.bin.resolve())
+            failures += run_page(page_blocks, REPO, args.bin.resolve(), args.strict_env)
         print(f"shell examples: {time.monotonic() - started:.0f} s", flush=True)
     counts: dict[str, int] = {}
     for b in all_blocks:

@@ -35,7 +35,8 @@ def test_info_strings(info, expected):
     assert D.parse_info(info) == expected
 
 
-@pytest.mark.parametrize("info", ["sh,no-run", "sh,no-run:", "sh,no-run:   ", "sh,ignore"])
+@pytest.mark.parametrize("info", ["sh,no-run", "sh,no-run:", "sh,no-run:   ", "sh,ignore",
+                                  "sh,needs-env:", "sh,needs-env: lower", "python,needs-env: X"])
 def test_a_marker_without_a_reason_or_unknown_is_an_error(info):
     lang, reason, error = D.parse_info(info)
     assert reason is None and error
@@ -86,6 +87,21 @@ def test_a_page_runs_in_order_in_a_fresh_copy_of_the_tracked_files(tmp_path):
     (bin_dir / "remat-fake").chmod(0o755)
     assert _run(repo, "README.md", bin_dir) == []
     assert not (repo / "copy.txt").exists()  # the copy, not the repository, was written to
+
+
+def test_a_block_that_needs_an_unset_variable_is_skipped_or_fails_when_strict(tmp_path, monkeypatch):
+    page = ("```sh\necho first > first.txt\n```\n"
+            "```sh,needs-env: REMAT_DOC_TEST_SERVICE\ntest -n \"$REMAT_DOC_TEST_SERVICE\"\n```\n")
+    repo = _repo(tmp_path, {"README.md": page})
+    [_, block] = D.parse(Path("README.md"), page)
+    assert block.kind == "shell" and block.needs_env == "REMAT_DOC_TEST_SERVICE"
+    monkeypatch.delenv("REMAT_DOC_TEST_SERVICE", raising=False)
+    assert _run(repo, "README.md", tmp_path) == []
+    blocks = D.parse(Path("README.md"), page)
+    [failure] = D.run_page(blocks, repo, tmp_path, strict_env=True)
+    assert "README.md:4: needs REMAT_DOC_TEST_SERVICE" in failure
+    monkeypatch.setenv("REMAT_DOC_TEST_SERVICE", "http://127.0.0.1:1")
+    assert D.run_page(blocks, repo, tmp_path, strict_env=True) == []
 
 
 def test_a_failing_unmarked_block_fails_and_names_its_line(tmp_path):
