@@ -8,8 +8,8 @@ changing a public docstring or signature:
     python scripts/python_reference.py --check    # exits 1 when the page is stale
 
 python/tests/test_python_reference.py fails when the checked-in page differs from a fresh
-generation. Needs the package importable (the compiled ``remat._native`` in the source tree
-or installed) and torch for ``remat.torch``.
+generation. Needs the package importable (the compiled ``remat._native`` in the source tree,
+else the installed package) and torch for ``remat.torch``.
 
 Each name also links to the guide's pages whose runnable ```python blocks use it by its full
 name (``remat.plan``, ``remat.torch.auto_checkpoint``), so a name whose docstring shows no
@@ -45,10 +45,14 @@ docstring. The guide's chapters show them in use: [auto_checkpoint](../pytorch/a
 
 
 def _source_path() -> None:
-    """Import the package from this repository's source tree (python/)."""
-    python_dir = str(REPO / "python")
-    if python_dir not in sys.path:
-        sys.path.insert(0, python_dir)
+    """Import the package from this repository's source tree (python/) when its compiled
+    module is there (``maturin develop``); else the installed package, built from this tree
+    (``pip install ./python``, as CI does)."""
+    source = REPO / "python"
+    if not any(p.name.startswith("_native") for p in (source / "remat").iterdir()):
+        return
+    if str(source) not in sys.path:
+        sys.path.insert(0, str(source))
 
 
 ROLE = re.compile(r":(?:class|func|meth|attr|exc|mod):`~?([^`]+)`")
