@@ -229,12 +229,21 @@ class Plan:
 
 def strategies() -> list:
     """Registry names of every strategy, as ``remat plan --list`` lists them (the
-    parameterized ``every:N``, ``by-depth:D``, ``threshold:F`` are accepted too)."""
+    parameterized ``every:N``, ``by-depth:D``, ``threshold:F`` are accepted too).
+
+    >>> "mutwo" in remat.strategies() and "store-all" in remat.strategies()
+    True
+    """
     return list(_native.strategies())
 
 
 def load_graph(path: PathLike, *, time_unit_s: float = 1e-6) -> Graph:
-    """Reads a graph file: remat JSON or networkx node-link JSON."""
+    """Reads a graph file: remat JSON or networkx node-link JSON.
+
+    >>> g = remat.load_graph("step.json")
+    >>> remat.human_bytes(g.store_all_peak), remat.human_bytes(g.memory_floor)
+    ('8.00 MiB', '3.00 MiB')
+    """
     return Graph.load(path, time_unit_s=time_unit_s)
 
 
@@ -264,8 +273,22 @@ def plan(
         graph's order, recomputation only right before a backward reader, offload right
         after a value is made); default: the graph's own marks.
 
-    Raises BudgetError (below the memory floor, or nothing fits), PlanError, GraphError,
-    ArgumentError.
+    Raises ArgumentError for a value that cannot be read or used (the message is the one
+    ``remat plan`` prints for the same value, after ``budget`` / ``bandwidth`` /
+    ``time_limit`` instead of the flag: a zero or negative budget, a fraction above 1, a
+    budget in bytes under 1 KiB where the graph's store-all peak is not itself that small,
+    a bandwidth of 0); BudgetError for a budget no plan fits (below the memory floor, or
+    every strategy's least peak above it); PlanError, GraphError.
+
+    >>> p = remat.plan("step.json", 0.5)               # half the store-all peak
+    >>> p.peak_bytes <= p.budget_bytes
+    True
+    >>> remat.plan("step.json", "6MiB", strategy="chen-greedy").strategy
+    'chen-greedy'
+    >>> remat.plan("step.json", 1)
+    Traceback (most recent call last):
+    ...
+    remat.errors.ArgumentError: budget 1: 1 byte cannot hold a training step (a budget in bytes is at least 1 KiB); did you mean a fraction (1.0) or a size (1GiB)?
     """
     g = as_graph(graph)
     budget_bytes = _budget_bytes(budget, g)
@@ -280,7 +303,13 @@ def plan(
 
 
 def as_graph(graph: Any) -> Graph:
-    """A :class:`Graph` from what :func:`plan` accepts."""
+    """A :class:`Graph` from what :func:`plan` accepts.
+
+    >>> remat._plan.as_graph({"format": "remat-graph", "version": 1, "name": "one",
+    ...     "nodes": [{"name": "a", "phase": "forward", "compute_time": 1,
+    ...                "output_bytes": 8, "inputs": []}]}).name
+    'one'
+    """
     if isinstance(graph, Graph):
         return graph
     if isinstance(graph, _native.Graph):

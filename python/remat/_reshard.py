@@ -52,9 +52,22 @@ def reshard(
     statistics), and files_written / bytes_written / seconds / gb_per_s / buffer_bytes
     when written, peak_buffer / max_buffer / threads for a dry run, parts when finalized.
 
-    Raises ArgumentError (naming the argument: a world size of 0, an unknown format ...)
-    before anything is read, ReshardError (naming the file or tensor) otherwise; on error
-    nothing is written.
+    Raises ArgumentError (naming the argument, in the words ``remat reshard`` uses after
+    its flag: a world size of 0, ``max_buffer=0``, an unknown format ...) before anything
+    is read, ReshardError (naming the file or tensor) otherwise; on error nothing is
+    written.
+
+    >>> r = remat.reshard("ckpt", "ckpt-w3", 3)
+    >>> r["world_size"], r["files_written"], r["source_format"]
+    (3, 3, 'hf')
+    >>> print(r["summary"])
+    ckpt: hf layout, 1 rank, 2 tensors, 1 -> 3 ranks (remat layout)
+    >>> remat.reshard("ckpt", "ckpt-w2", 2, dry_run=True)["ranks"][0]["rank"]
+    0
+    >>> remat.reshard("ckpt", "ckpt-w0", 0)
+    Traceback (most recent call last):
+    ...
+    remat.errors.ArgumentError: world_size 0: must be at least 1
     """
     world_size = _arguments.count(world_size, "world_size")
     for name, value in (("format", format), ("source_format", source_format), ("preset", preset)):
@@ -86,7 +99,13 @@ def verify(
     """Whether two layouts hold the same global tensors (streaming, chunk checksums
     checked), as ``remat reshard verify A B``. Returns a dict: same, tensors,
     bytes_compared, chunks_checksummed, skipped, and difference (None, or tensor, element,
-    detail and the message the command prints)."""
+    detail and the message the command prints).
+
+    >>> _ = remat.reshard("ckpt", "ckpt-w2", 2)
+    >>> report = remat.verify("ckpt", "ckpt-w2")
+    >>> report["same"], report["tensors"], report["difference"]
+    (True, 2, None)
+    """
     return _native.verify(os.fspath(a), os.fspath(b), format_a, format_b)
 
 

@@ -100,9 +100,7 @@ fn dry_run_reshard_verify_and_overwrite() {
     ]);
     // Binary units for bytes, plurals right: "wrote 3 files, 1.23 KiB in ...".
     assert!(
-        summary.contains("wrote 3 files, ")
-            && summary.contains("iB in ")
-            && summary.contains("B/s"),
+        summary.contains("wrote 3 files, ") && summary.contains("B in ") && summary.contains("B/s"),
         "{summary}"
     );
     assert!(ok(&["reshard", "verify", &src, &out]).contains("hold the same 3 tensors"));
@@ -332,4 +330,68 @@ fn s3_round_trip_through_the_command() {
     assert!(!out.status.success());
     assert!(err.contains("s3://no-such-bucket-remat/x"), "{err}");
     assert!(!err.contains(secret), "{err}");
+}
+
+/// One rank is "1 rank", one file "1 file"; bytes print in binary units and the bandwidth
+/// per second, as every command prints them (never "1 ranks" or "0.000 GB").
+#[test]
+fn counts_are_singular_for_one_and_bytes_print_in_binary_units() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = source(tmp.path());
+    let out = p(tmp.path(), "one");
+    let run = remat(&["reshard", &src, &out, "-w", "1"]);
+    assert!(run.status.success(), "{run:?}");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("hf layout, 1 rank, 3 tensors, 1 -> 1 rank (remat layout)"),
+        "{stderr}"
+    );
+    assert!(stdout.starts_with("wrote 1 file, "), "{stdout}");
+    assert!(
+        stdout.contains(" B in ") && stdout.contains("B/s (buffers peaked at "),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains(" GB ") && !stdout.contains("files"),
+        "{stdout}"
+    );
+    let verified = ok(&["reshard", "verify", &src, &out]);
+    assert!(
+        verified.contains("hold the same 3 tensors (") && verified.contains(" B compared, "),
+        "{verified}"
+    );
+    assert!(!verified.contains(" GB "), "{verified}");
+    // A message names no Rust API: the flag, and Python's argument.
+    let again = fails(&["reshard", &src, &out, "-w", "1"]);
+    assert!(
+        again.contains("give --force (remat reshard) or force=True") && !again.contains("::"),
+        "{again}"
+    );
+}
+
+/// A buffer bound of 0 bytes holds nothing: refused before the source is read, exit 2.
+#[test]
+fn a_zero_buffer_and_a_zero_world_size_are_refused_before_anything_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = p(tmp.path(), "missing");
+    let out = p(tmp.path(), "out");
+    for (args, says) in [
+        (
+            vec!["-w", "2", "--max-buffer", "0"],
+            "error: --max-buffer 0: comes to 0 bytes, which holds nothing",
+        ),
+        (vec!["-w", "0"], "error: --world-size 0: must be at least 1"),
+        (
+            vec!["-w", "-3"],
+            "error: --world-size -3: the value is negative",
+        ),
+    ] {
+        let run = remat(&[&["reshard", missing.as_str(), out.as_str()][..], &args].concat());
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with(says), "{args:?}: {stderr}");
+        assert!(run.stdout.is_empty(), "{args:?}");
+    }
+    assert!(!Path::new(&out).exists());
 }

@@ -32,8 +32,13 @@ pub fn plain(py: Python<'_>, class: &str, message: impl ToString) -> PyErr {
 /// the command prints after its flag, here after the argument's name, with `argument` and
 /// `value` (the text as given) as attributes.
 pub fn unit_error(py: Python<'_>, error: remat_units::UnitError) -> PyErr {
-    let (argument, value) = (error.field.clone(), error.text.clone());
-    raise(py, "ArgumentError", error.to_string(), |d| {
+    argument_error(py, &error.field, &error.text, error.to_string())
+}
+
+/// `remat.ArgumentError` with `message`, naming the argument and the value at fault as
+/// the attributes `argument` and `value`.
+pub fn argument_error(py: Python<'_>, argument: &str, value: &str, message: String) -> PyErr {
+    raise(py, "ArgumentError", message, |d| {
         d.set_item("argument", argument)?;
         d.set_item("value", value)
     })

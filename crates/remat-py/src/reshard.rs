@@ -9,7 +9,7 @@ use remat_reshard::run::{self, Action, Event, Outcome, Request};
 use remat_reshard::target::check_world_size;
 use remat_reshard::{Format, NameRule, Preset, RankStats, ReshardError, TargetSpec, VerifyReport};
 
-use crate::errors::{plain, raise, unit_error};
+use crate::errors::{argument_error, plain, raise, unit_error};
 
 /// A size such as `256MiB`, `1GiB`, `1.5GB`, `4096` (see `remat_units`: GB = 10^9 bytes,
 /// GiB = 2^30); with `nonzero`, at least one byte, as `remat reshard --max-buffer` reads
@@ -246,7 +246,7 @@ fn checked_world_size(py: Python<'_>, m: u64) -> PyResult<usize> {
     let m = usize::try_from(m).unwrap_or(usize::MAX);
     check_world_size(m)
         .map(|()| m)
-        .map_err(|e| argument(py, format!("world_size {text}: {e}")))
+        .map_err(|e| argument_error(py, "world_size", &text, format!("world_size {text}: {e}")))
 }
 
 fn parse_format(py: Python<'_>, argument_name: &str, text: &str) -> PyResult<Format> {
