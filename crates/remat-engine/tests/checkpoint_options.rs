@@ -500,8 +500,8 @@ fn budget_exceeded_is_an_error_naming_the_node() {
     let err = g.forward().unwrap_err();
     assert_eq!(
         err.to_string(),
-        "out of memory while running node product: requested 32 bytes of activations with 64 \
-         bytes live, budget 70 bytes (26 bytes short)"
+        "out of memory while running node product: requested 32 B of activations with 64 B \
+         live, budget 70 B (26 B short)"
     );
     drop(g);
     assert_eq!(

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use remat_units::human_bytes;
+
 use remat_engine::session::model::{ModelOptions, profile_model};
 
 /// Which model, and its size.
@@ -97,17 +99,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         g.len() - fwd,
         args.out.display()
     );
-    println!("static memory     {:>12} bytes", g.static_bytes());
+    println!("static memory     {:>12}", human_bytes(g.static_bytes()));
     println!(
-        "store-all peak    {:>12} bytes (activations {} bytes)",
-        g.store_all_peak(),
-        g.store_all_peak() - g.static_bytes()
+        "store-all peak    {:>12} (activations {})",
+        human_bytes(g.store_all_peak()),
+        human_bytes(g.store_all_peak() - g.static_bytes())
     );
-    println!("memory floor      {:>12} bytes", g.memory_floor());
+    println!("memory floor      {:>12}", human_bytes(g.memory_floor()));
     let recompute = remat_planner::floor::recompute_floor(g);
     println!(
-        "recompute floor   {:>12} bytes ({})",
-        recompute.bytes,
+        "recompute floor   {:>12} ({})",
+        human_bytes(recompute.bytes),
         if recompute.exact {
             "exact"
         } else {

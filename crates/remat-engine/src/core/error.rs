@@ -7,9 +7,12 @@ use crate::core::dtype::DType;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
     #[error(
-        "out of memory while running node {node}: requested {requested} bytes of {category} \
-         with {live} bytes live, budget {budget} bytes ({} bytes short)",
-        (*live + *requested).saturating_sub(*budget)
+        "out of memory while running node {node}: requested {} of {category} with {} live, \
+         budget {} ({} short)",
+        remat_units::human_bytes(*requested),
+        remat_units::human_bytes(*live),
+        remat_units::human_bytes(*budget),
+        remat_units::human_bytes((*live + *requested).saturating_sub(*budget))
     )]
     OutOfMemory {
         node: String,

@@ -234,7 +234,8 @@ fn choose_once(problem: &Problem, c: &Candidates) -> Result<Round, PlanError> {
             }) => {
                 round.peaks.push((best_peak, strategy));
                 Err(format!(
-                    "over budget (its smallest peak: {best_peak} bytes)"
+                    "over budget (its smallest peak: {})",
+                    remat_units::human_bytes(best_peak)
                 ))
             }
             Err(e) => Err(e.to_string()),

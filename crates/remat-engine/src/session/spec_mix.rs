@@ -7,6 +7,8 @@
 use std::fmt::Display;
 use std::sync::Arc;
 
+use remat_units::{exact_bytes, human_bytes};
+
 use super::error::{During, Result, SessionError};
 use crate::core::swap::HostStore;
 use crate::spec::mix::{self, MixError, MixModel, Profile, Tuned};
@@ -69,18 +71,22 @@ pub fn choose<E: Display>(
     let floor = mix::floor(profile);
     let step_budget = budget.checked_sub(base).ok_or_else(|| {
         SessionError::invalid(format!(
-            "--memory-budget {budget} B is below the floor of this model: the parameters and optimizer state alone take {base} B, and the least peak any allowed mix reaches is {} B; raise --memory-budget to at least {}",
-            base + floor,
-            base + floor
+            "--memory-budget {} is below the floor of this model: the parameters and optimizer state alone take {}, and the least peak any allowed mix reaches is {}; raise --memory-budget to at least {}",
+            human_bytes(budget),
+            human_bytes(base),
+            human_bytes(base + floor),
+            exact_bytes(base + floor)
         ))
     })?;
     let mut run = runner(step);
     mix::tune(model, profile, step_budget, rounds, &mut run).map_err(|e| match e {
         MixError::BelowFloor { .. } => SessionError::invalid(format!(
-            "--memory-budget {budget} B is below the floor of this model: no allowed mix of keep, recompute and offload peaks under {} B ({} B for parameters and optimizer state plus the step's least peak, {floor} B), every slot's declared policy respected; raise --memory-budget to at least {}",
-            base + floor,
-            base,
-            base + floor
+            "--memory-budget {} is below the floor of this model: no allowed mix of keep, recompute and offload peaks under {} ({} for parameters and optimizer state plus the step's least peak, {}), every slot's declared policy respected; raise --memory-budget to at least {}",
+            human_bytes(budget),
+            human_bytes(base + floor),
+            human_bytes(base),
+            human_bytes(floor),
+            exact_bytes(base + floor)
         )),
         other => other.into(),
     })

@@ -13,7 +13,10 @@ pub enum MixError {
     #[error(transparent)]
     Run(Box<RunError>),
     #[error(
-        "--memory-budget {budget} B is below the floor of this model: no allowed mix of keep, recompute and offload peaks under {floor} B (every slot's declared policy respected); raise --memory-budget to at least {floor}"
+        "--memory-budget {} is below the floor of this model: no allowed mix of keep, recompute and offload peaks under {} (every slot's declared policy respected); raise --memory-budget to at least {}",
+        remat_units::human_bytes(*budget),
+        remat_units::human_bytes(*floor),
+        remat_units::exact_bytes(*floor)
     )]
     BelowFloor { budget: u64, floor: u64 },
     #[error("profile: {0}")]
