@@ -373,7 +373,8 @@ fn floor_of(err: &str) -> u64 {
         .split("raise --memory-budget to at least ")
         .nth(1)
         .unwrap_or_else(|| panic!("no floor in {err}"));
-    tail.trim().parse().unwrap_or_else(|_| panic!("{err}"))
+    // Exact, as --memory-budget reads it (`1537`, `150KiB`).
+    remat_units::parse_size(tail.trim(), "the floor").unwrap_or_else(|_| panic!("{err}"))
 }
 
 /// `--policy auto` chooses a mix per layer and slot that fits the budget (the pool enforces
