@@ -83,10 +83,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "--no-fuse needs --models K: it runs the ops of K models trained together one \
          after another instead of fused (drop --no-fuse, or give --models)",
     )?;
-    args.lr.check_single("--lr")?;
-    args.seed.check_single("--seed")?;
-    args.dropout.check_single("--dropout")?;
-    args.d_model.check_single("--d-model")?;
+    for single in [
+        args.lr.check_single("--lr"),
+        args.seed.check_single("--seed"),
+        args.dropout.check_single("--dropout"),
+        args.d_model.check_single("--d-model"),
+    ] {
+        single.map_err(crate::usage::of)?;
+    }
     // Before --policy auto: the spec path refuses the flags it does not use.
     if args.spec_args.block.is_some() || args.spec_args.spec.is_some() {
         return spec::run(&args, &task);

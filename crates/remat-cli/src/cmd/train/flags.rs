@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub layers: Option<usize>,
     /// Model width (with --models: one width for all, or a comma list, one per model).
-    #[arg(long, default_value = "64", value_parser = per_model::parse_widths)]
+    #[arg(long, default_value = "64", value_parser = per_model::parse_widths, allow_hyphen_values = true)]
     pub d_model: PerModel<usize>,
     /// Attention heads.
     #[arg(long, default_value = "4", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
@@ -41,7 +41,7 @@ pub struct Args {
     #[arg(long, value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub ffn: Option<usize>,
     /// Residual dropout probability (with --models: one for all, or a comma list).
-    #[arg(long, default_value = "0", value_parser = per_model::parse_dropouts)]
+    #[arg(long, default_value = "0", value_parser = per_model::parse_dropouts, allow_hyphen_values = true)]
     pub dropout: PerModel<f32>,
     /// Sequences per step.
     #[arg(long, default_value = "32", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
@@ -62,11 +62,11 @@ pub struct Args {
     #[arg(long, default_value = "800", value_parser = crate::units::count_arg::<u64>, allow_hyphen_values = true)]
     pub steps: u64,
     /// AdamW learning rate, in (0, 1] (with --models: one for all, or a comma list).
-    #[arg(long, default_value = "0.003", value_parser = parse_lrs, allow_negative_numbers = true)]
+    #[arg(long, default_value = "0.003", value_parser = parse_lrs, allow_hyphen_values = true)]
     pub lr: PerModel<f64>,
     /// Seed of the initialization, the data and dropout (with --models: one for all, or a
     /// comma list).
-    #[arg(long, default_value = "0", value_parser = per_model::parse_seeds)]
+    #[arg(long, default_value = "0", value_parser = per_model::parse_seeds, allow_hyphen_values = true)]
     pub seed: PerModel<u64>,
     /// Train K models together in one step, sharing the pool and --memory-budget, each
     /// with its own parameters, optimizer, data order and hyper-parameters (see
@@ -294,9 +294,9 @@ pub struct SpecArgs {
     /// LoRA rank, alpha and dropout.
     #[arg(long, default_value = "8", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub lora_rank: usize,
-    #[arg(long, default_value_t = 16.0)]
+    #[arg(long, default_value_t = 16.0, allow_hyphen_values = true)]
     pub lora_alpha: f32,
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = 0.05, allow_hyphen_values = true)]
     pub lora_dropout: f64,
 }
 
@@ -322,7 +322,7 @@ pub struct PipelineArgs {
     /// Data-parallel pipeline replicas: each takes an equal share of --batch and the
     /// gradients are summed over replicas in replica order. Under mpirun, the ranks divided
     /// by --stages (give it to check); in one process, the replicas run one after another.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64), requires = "stages")]
+    #[arg(long, value_parser = parse_replicas, requires = "stages", allow_hyphen_values = true)]
     pub replicas: Option<u64>,
 }
 
@@ -331,6 +331,15 @@ impl PipelineArgs {
     pub fn replica_count(&self) -> usize {
         self.replicas.map_or(1, |r| r as usize)
     }
+}
+
+/// Data-parallel replicas: 1 to 64.
+fn parse_replicas(s: &str) -> Result<u64, String> {
+    let n: u64 = crate::units::count_arg(s)?;
+    if n > 64 {
+        return Err("must be at most 64".to_string());
+    }
+    Ok(n)
 }
 
 fn parse_schedule(s: &str) -> Result<Schedule, String> {

@@ -37,10 +37,22 @@ pub fn resolve_members(args: &Args, vocab: usize, models: usize) -> anyhow::Resu
         models >= 1,
         "--models must be at least 1 (got 0): it is the number of models trained together"
     );
-    let lrs = args.lr.for_models(models, "--lr")?;
-    let seeds = args.seed.for_models(models, "--seed")?;
-    let dropouts = args.dropout.for_models(models, "--dropout")?;
-    let widths = args.d_model.for_models(models, "--d-model")?;
+    let lrs = args
+        .lr
+        .for_models(models, "--lr")
+        .map_err(crate::usage::of)?;
+    let seeds = args
+        .seed
+        .for_models(models, "--seed")
+        .map_err(crate::usage::of)?;
+    let dropouts = args
+        .dropout
+        .for_models(models, "--dropout")
+        .map_err(crate::usage::of)?;
+    let widths = args
+        .d_model
+        .for_models(models, "--d-model")
+        .map_err(crate::usage::of)?;
     let mut configs = Vec::with_capacity(models);
     for k in 0..models {
         let d = widths[k];

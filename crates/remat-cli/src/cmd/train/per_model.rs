@@ -52,28 +52,38 @@ impl<T: Clone + fmt::Display> PerModel<T> {
     }
 }
 
-/// Parses `a` or `a,b,c` with `one` for each value; the error names the bad value.
+/// Parses `a` or `a,b,c` with `one` for each value; in a list, the error names the bad
+/// value and its place (one value is named by the flag's own error: `--seed -1: ...`).
 pub fn parse_list<T>(
     s: &str,
     one: impl Fn(&str) -> Result<T, String>,
 ) -> Result<PerModel<T>, String> {
+    let list = s.contains(',');
     let mut values = Vec::new();
     for (i, part) in s.split(',').enumerate() {
         let part = part.trim();
         if part.is_empty() {
-            return Err(format!("{s:?}: value {} of the list is empty", i + 1));
+            return Err(format!("value {} of the list is empty", i + 1));
         }
-        values.push(one(part).map_err(|e| format!("{part:?}: {e}"))?);
+        let value = one(part).map_err(|e| match list {
+            true => format!("value {} ({part}): {e}", i + 1),
+            false => e,
+        })?;
+        values.push(value);
     }
     Ok(PerModel { values })
 }
 
+/// Seeds: whole numbers from 0.
 pub fn parse_seeds(s: &str) -> Result<PerModel<u64>, String> {
-    parse_list(s, |v| v.parse::<u64>().map_err(|e| e.to_string()))
+    parse_list(s, |v| {
+        remat_units::parse_count(v, "", 0).map_err(|e| e.problem.to_string())
+    })
 }
 
+/// Widths: whole numbers from 1.
 pub fn parse_widths(s: &str) -> Result<PerModel<usize>, String> {
-    parse_list(s, |v| v.parse::<usize>().map_err(|e| e.to_string()))
+    parse_list(s, crate::units::count_arg::<usize>)
 }
 
 pub fn parse_dropouts(s: &str) -> Result<PerModel<f32>, String> {
@@ -109,7 +119,16 @@ mod tests {
                 .unwrap_err()
                 .contains("value 2 of the list is empty")
         );
-        assert!(parse_seeds("1,x").unwrap_err().contains("\"x\""));
+        assert_eq!(
+            parse_seeds("1,x").unwrap_err(),
+            "value 2 (x): not a whole number; give a whole number, e.g. 4"
+        );
+        assert!(
+            parse_seeds("-1")
+                .unwrap_err()
+                .starts_with("the value is negative")
+        );
+        assert_eq!(parse_widths("0").unwrap_err(), "must be at least 1");
         assert!(
             parse_dropouts("0.1,1.5")
                 .unwrap_err()
