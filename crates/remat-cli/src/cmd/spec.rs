@@ -85,7 +85,11 @@ fn derive(args: DeriveArgs) -> anyhow::Result<()> {
         "qwen3" => Some(BlockKind::Dense),
         "qwen3-moe" => Some(BlockKind::Moe),
         "mamba" => None,
-        other => anyhow::bail!("unknown --block `{other}` (expected qwen3, qwen3-moe or mamba)"),
+        other => {
+            return Err(crate::usage!(
+                "unknown --block `{other}` (expected exactly qwen3, qwen3-moe or mamba)"
+            ));
+        }
     };
     let (block, mut config) = load_spec_and_config(&args.block, args.config.as_deref(), &args.set)?;
     if config.get("vocab_size").is_none() {

@@ -11,7 +11,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
 use remat_planner::Graph;
 use remat_planner::Planned;
 use remat_planner::import::{ImportOptions, load};
@@ -42,14 +41,20 @@ pub fn parse_order(text: &str) -> anyhow::Result<Order> {
     Order::ALL
         .into_iter()
         .find(|o| o.name() == text)
-        .with_context(|| {
+        .ok_or_else(|| {
             let known: Vec<&str> = Order::ALL.iter().map(|o| o.name()).collect();
-            format!("--order {text}: unknown order; known: {}", known.join(", "))
+            crate::usage!("--order {text}: unknown order; known: {}", known.join(", "))
         })
 }
 
 pub fn run(args: MultiArgs) -> anyhow::Result<()> {
     let order = parse_order(args.order)?;
+    let [budget_text] = args.budget else {
+        return Err(crate::usage!(
+            "give one --budget with several graphs (got {})",
+            args.budget.len()
+        ));
+    };
     let graphs = args
         .graphs
         .iter()
@@ -58,12 +63,6 @@ pub fn run(args: MultiArgs) -> anyhow::Result<()> {
     let multi = Multiplexed::union(&graphs)?;
     let bandwidth = parse_bandwidth(args.bandwidth)?;
     let interleaving = multi.interleave(order)?;
-    let [budget_text] = args.budget else {
-        bail!(
-            "give one --budget with several graphs (got {})",
-            args.budget.len()
-        );
-    };
     // A fraction is of the store-all peak of the K models in the requested order.
     let budget = parse_budget(budget_text, interleaving.graph())?;
     if let Some(out) = args.out {
