@@ -181,14 +181,20 @@ class Plan:
 
     @property
     def kept_bytes(self) -> int:
+        """Output bytes of the operations whose outputs are kept, each counted once over
+        the step: not what is held at once (that is :attr:`peak_bytes`)."""
         return self._native.bytes_by_fate[0]
 
     @property
     def swapped_bytes(self) -> int:
+        """Output bytes of the operations whose outputs are swapped out and back, each
+        counted once over the step."""
         return self._native.bytes_by_fate[1]
 
     @property
     def recomputed_bytes(self) -> int:
+        """Output bytes of the operations whose outputs are recomputed, each counted once
+        over the step."""
         return self._native.bytes_by_fate[2]
 
     @property

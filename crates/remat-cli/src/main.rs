@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
     name = "remat",
     version,
     about = "Train bigger models on the memory you have: keep, swap or recompute every activation; reshard checkpoints.",
-    after_help = "Exit status: 0 done; 1 the command failed while it worked (a file it cannot read or write, a budget no plan fits, a run out of memory); 2 a bad flag or value, told before anything runs, as `{flag} {value}: {what is wrong}`."
+    after_help = usage::EXIT_STATUS
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,16 +29,22 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train a model (the embedded GPT on a synthetic task by default).
+    #[command(after_help = usage::EXIT_STATUS)]
     Train(cmd::train::Args),
     /// Record a training step of an engine model into the planner's graph IR.
+    #[command(after_help = usage::EXIT_STATUS)]
     Profile(cmd::profile::Args),
     /// Plan keep/swap/recompute for a graph under a memory budget.
+    #[command(after_help = usage::EXIT_STATUS)]
     Plan(cmd::plan::Args),
     /// Reshard a checkpoint from N to M ranks, or verify two layouts.
+    #[command(after_help = usage::EXIT_STATUS)]
     Reshard(cmd::reshard::Args),
     /// Inspect or derive declarative recompute specs.
+    #[command(after_help = usage::EXIT_STATUS)]
     Spec(cmd::spec::Args),
     /// Benchmarks, reported as ratios measured side by side in one run.
+    #[command(after_help = usage::EXIT_STATUS)]
     Bench(cmd::bench::Args),
 }
 

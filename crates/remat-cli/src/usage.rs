@@ -22,6 +22,9 @@ impl fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// What `--help` says of the exit status, for `remat` and every command.
+pub const EXIT_STATUS: &str = "Exit status: 0 done; 1 the command failed while it worked (a file it cannot read or write, a budget no plan fits, a run out of memory); 2 a bad flag or value, told before anything runs, as `{flag} {value}: {what is wrong}`.";
+
 /// The line after every usage error, as clap ends its own.
 pub const HINT: &str = "For more information, try '--help'.";
 

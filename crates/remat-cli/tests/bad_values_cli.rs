@@ -169,12 +169,15 @@ fn a_run_that_fails_exits_1_and_help_says_which_status_is_which() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let help = remat(&["--help"]);
-    let text = String::from_utf8_lossy(&help.stdout);
-    assert!(
-        text.contains("Exit status: 0 done; 1 the command failed") && text.contains("2 a bad flag"),
-        "{text}"
-    );
+    for command in [&["--help"][..], &["plan", "--help"], &["reshard", "--help"]] {
+        let help = remat(command);
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            text.contains("Exit status: 0 done; 1 the command failed")
+                && text.contains("2 a bad flag"),
+            "{command:?}: {text}"
+        );
+    }
 }
 
 #[test]
