@@ -230,7 +230,7 @@ fn too_small_a_budget_is_an_out_of_memory_error_with_a_hint() {
         stderr.contains("out of memory while running node"),
         "{stderr}"
     );
-    assert!(stderr.contains("budget 122880 bytes"), "{stderr}");
+    assert!(stderr.contains("budget 120.00 KiB ("), "{stderr}");
     assert!(stderr.contains("hint: "), "{stderr}");
     assert!(
         stderr.contains("--policy store-all needs --memory-budget"),

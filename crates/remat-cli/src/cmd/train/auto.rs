@@ -32,9 +32,11 @@ pub fn check_flags(args: &Args) -> anyhow::Result<()> {
 
 /// The training loop of `remat train --policy auto[:STRATEGY]`.
 pub fn run(args: &Args, task: &Task, strategy: Option<String>) -> anyhow::Result<()> {
-    let budget = args.memory_budget.context(
-        "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)",
-    )?;
+    let budget = args.memory_budget.ok_or_else(|| {
+        crate::usage!(
+            "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)"
+        )
+    })?;
     let config = args.model_config(task.vocab());
     let n_layers = config.n_layers;
     println!(

@@ -309,9 +309,11 @@ pub fn train_auto(
     choose_width: bool,
     log: &mut dyn FnMut(u64, &[f64]),
 ) -> anyhow::Result<(MultiRun, String, ModelSet)> {
-    let budget = args.memory_budget.context(
-        "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)",
-    )?;
+    let budget = args.memory_budget.ok_or_else(|| {
+        crate::usage!(
+            "--policy auto plans for a memory budget: give one with --memory-budget (e.g. 256MiB)"
+        )
+    })?;
     // Profiling keeps everything, which may not fit: the budget holds from the first
     // planned step on.
     let pool = MemoryPool::unbounded();

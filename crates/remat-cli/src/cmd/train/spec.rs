@@ -25,9 +25,11 @@ fn reject_unused_flags(args: &Args) -> anyhow::Result<()> {
     let flag = if let PolicyChoice::Auto(strategy) = &args.policy {
         match (strategy, args.memory_budget) {
             (Some(_), _) => Some("--policy auto:STRATEGY"),
-            (None, None) => anyhow::bail!(
-                "--policy auto with --block/--spec needs --memory-budget: the mix of keep, recompute and offload is chosen to fit it"
-            ),
+            (None, None) => {
+                return Err(crate::usage!(
+                    "--policy auto with --block/--spec needs --memory-budget: the mix of keep, recompute and offload is chosen to fit it"
+                ));
+            }
             (None, Some(_)) => None,
         }
     } else if args.policy.fixed()? != parse_policy("store-all").map_err(anyhow::Error::msg)? {
