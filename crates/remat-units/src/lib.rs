@@ -140,6 +140,19 @@ mod properties {
 
     proptest! {
         #[test]
+        fn counts_read_back_and_refuse_what_is_under_their_minimum(n in any::<u64>(), min in 0u64..3) {
+            let got = parse_count(&n.to_string(), "--n", min);
+            if n >= min {
+                prop_assert_eq!(got, Ok(n));
+            } else {
+                prop_assert_eq!(
+                    got.map_err(|e| e.to_string()),
+                    Err(format!("--n {n}: must be at least {min}"))
+                );
+            }
+        }
+
+        #[test]
         fn printing_exactly_then_parsing_gives_the_bytes_back(bytes in counts()) {
             let text = exact_bytes(bytes);
             prop_assert_eq!(parse_size(&text, "size"), Ok(bytes), "{}", text);
@@ -200,6 +213,12 @@ mod properties {
                 prop_assert!(e.to_string().starts_with("--field"), "{}", e);
             }
             if let Err(e) = parse_budget(&text, "--field") {
+                prop_assert!(e.to_string().starts_with("--field"), "{}", e);
+            }
+            if let Err(e) = parse_count(&text, "--field", 1) {
+                prop_assert!(e.to_string().starts_with("--field"), "{}", e);
+            }
+            if let Err(e) = parse_seconds(&text, "--field", 1_000_000) {
                 prop_assert!(e.to_string().starts_with("--field"), "{}", e);
             }
         }
