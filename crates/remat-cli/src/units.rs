@@ -39,6 +39,19 @@ fn max_of<T: TryFrom<u64>>() -> u64 {
     max
 }
 
+/// A dropout probability in [0, 1) (`--dropout 0.1`).
+pub fn dropout_arg(text: &str) -> Result<f32, String> {
+    let p: f32 = text
+        .trim()
+        .parse()
+        .map_err(|_| "not a number; give a probability in [0, 1), e.g. 0.1".to_string())?;
+    if (0.0..1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err("must be in [0, 1)".to_string())
+    }
+}
+
 /// Seconds above 0, at most [`MAX_SECONDS`] (`--time-limit 0.5`).
 pub fn seconds_arg(text: &str) -> Result<f64, String> {
     remat_units::parse_seconds(text, "", MAX_SECONDS).map_err(problem)

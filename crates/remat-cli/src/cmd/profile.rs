@@ -32,7 +32,7 @@ pub struct ModelArgs {
     #[arg(long, default_value = "256", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]
     pub vocab: usize,
     /// GPT: residual dropout probability.
-    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    #[arg(long, default_value = "0", value_parser = crate::units::dropout_arg, allow_hyphen_values = true)]
     pub dropout: f32,
     /// Kernel threads (results are bit-exact for a given count).
     #[arg(long, default_value = "2", value_parser = crate::units::count_arg::<usize>, allow_hyphen_values = true)]

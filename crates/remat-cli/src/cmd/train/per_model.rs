@@ -87,14 +87,7 @@ pub fn parse_widths(s: &str) -> Result<PerModel<usize>, String> {
 }
 
 pub fn parse_dropouts(s: &str) -> Result<PerModel<f32>, String> {
-    parse_list(s, |v| {
-        let p: f32 = v.parse().map_err(|_| "not a number".to_string())?;
-        if (0.0..1.0).contains(&p) {
-            Ok(p)
-        } else {
-            Err(format!("dropout {p} is outside [0, 1)"))
-        }
-    })
+    parse_list(s, crate::units::dropout_arg)
 }
 
 #[cfg(test)]
@@ -132,7 +125,7 @@ mod tests {
         assert!(
             parse_dropouts("0.1,1.5")
                 .unwrap_err()
-                .contains("outside [0, 1)")
+                .contains("value 2 (1.5): must be in [0, 1)")
         );
     }
 }
