@@ -69,6 +69,10 @@ FRONT_ENDS = {
         call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, max_buffer=v)),
     "remat reshard --rank": FrontEnd(
         "--rank", lambda v, g: ["reshard", g + ".none", g + ".out", "-w", "2", "--rank", v]),
+    "remat plan --order": FrontEnd(
+        "--order", lambda v, g: ["plan", g, "--budget", "0.5", "--order", v]),
+    "remat.plan(order=)": FrontEnd(
+        "", name="order", call=lambda v, g: remat.plan(g, 0.5, order=v)),
     "remat.reshard(rank=)": FrontEnd(
         "", name="rank", call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, rank=v)),
 }
@@ -111,6 +115,8 @@ CASES = [
      ["remat reshard --max-buffer", "remat.reshard(max_buffer=)"], "the value is negative"),
     ("a negative rank", "-1", -1, ["remat reshard --rank", "remat.reshard(rank=)"],
      "the value is negative"),
+    ("an unknown plan order", "zigzag", "zigzag", ["remat plan --order", "remat.plan(order=)"],
+     "unknown order; known: free, node, eager"),
 ]
 
 

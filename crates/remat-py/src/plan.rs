@@ -12,7 +12,7 @@ use remat_planner::request::{self, ImageFormat, RequestError};
 use remat_planner::solve::bound::Bound;
 use remat_planner::{Graph, PlanError, PlanOrder, Planned, Problem, Step, registry};
 
-use crate::errors::{plain, raise, unit_error};
+use crate::errors::{argument_error, plain, raise, unit_error};
 use crate::graph::PyGraph;
 
 /// Registry names of every strategy (parameterized ones, `every:N` and the like, are
@@ -109,10 +109,12 @@ pub fn plan(
         Some(name) => {
             let Some(form) = PlanOrder::from_name(name) else {
                 let known: Vec<&str> = PlanOrder::ALL.iter().map(|o| o.name()).collect();
-                return Err(plain(
+                // As `remat plan --order` words it, after the argument's name.
+                return Err(argument_error(
                     py,
-                    "ArgumentError",
-                    format!("order {name:?}: unknown; known: {}", known.join(", ")),
+                    "order",
+                    name,
+                    format!("order {name}: unknown order; known: {}", known.join(", ")),
                 ));
             };
             let marked = request::with_order(graph.graph.as_ref().clone(), form)

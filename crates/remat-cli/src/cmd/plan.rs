@@ -279,10 +279,7 @@ fn run_multi(
 fn parse_plan_order(text: &str) -> anyhow::Result<PlanOrder> {
     PlanOrder::from_name(text).ok_or_else(|| {
         let known: Vec<&str> = PlanOrder::ALL.iter().map(|o| o.name()).collect();
-        usage!(
-            "--order {text}: unknown order for one graph; known: {} (several graphs take the merge orders)",
-            known.join(", ")
-        )
+        usage!("--order {text}: unknown order; known: {}", known.join(", "))
     })
 }
 
