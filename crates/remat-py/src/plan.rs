@@ -186,15 +186,19 @@ fn request_error(py: Python<'_>, graph: &Graph, error: RequestError) -> PyErr {
             budget, strategy, ..
         }) => budget_error(*budget, None, Some(strategy)),
         RequestError::Plan(other) => {
-            let strategy = match other {
+            let (strategy, message) = match other {
+                // A name that is no strategy, worded as `remat plan --strategy` words it
+                // after its flag.
                 PlanError::UnknownStrategy { name, .. } | PlanError::BadParameter { name, .. } => {
-                    Some(name.clone())
+                    (Some(name.clone()), format!("strategy {name}: {error}"))
                 }
                 PlanError::NotApplicable { strategy, .. }
-                | PlanError::InvalidSchedule { strategy, .. } => Some(strategy.clone()),
-                _ => None,
+                | PlanError::InvalidSchedule { strategy, .. } => {
+                    (Some(strategy.clone()), error.to_string())
+                }
+                _ => (None, error.to_string()),
             };
-            raise(py, "PlanError", error.to_string(), |d| {
+            raise(py, "PlanError", message, |d| {
                 d.set_item("strategy", strategy)
             })
         }

@@ -140,6 +140,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|b| parse_budget(b, &graph))
         .collect::<anyhow::Result<Vec<u64>>>()?;
     check_flags(&args, budgets.len())?;
+    if let Some(name) = &args.strategy {
+        registry::lookup(name).map_err(|e| usage!("--strategy {name}: {e}"))?;
+    }
     let plot_format = args.plot.as_deref().map(plot_format).transpose()?;
     // Output paths are checked before planning, which can take minutes: a typo in a
     // directory, a device or a directory as target, or one path given twice is told now.
