@@ -196,9 +196,9 @@ def test_a_rank_the_world_size_cannot_take_names_the_tensor(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, says",
     [
-        ({"format": "zip"}, "format: unknown layout `zip` (remat, dcp, hf)"),
-        ({"source_format": "ckpt"}, "source_format: unknown layout `ckpt`"),
-        ({"preset": "fancy"}, "preset: unknown preset `fancy`"),
+        ({"format": "zip"}, "format zip: unknown layout `zip` (remat, dcp, hf)"),
+        ({"source_format": "ckpt"}, "source_format ckpt: unknown layout `ckpt`"),
+        ({"preset": "fancy"}, "preset fancy: unknown preset `fancy`"),
         ({"place": [("w", "sideways")]}, 'place: ("w", "sideways") is not (PATTERN, RULE)'),
         ({"place": ["w=shard(0)"]}, "place: 'w=shard(0)' is not a (PATTERN, RULE) pair"),
         ({"max_buffer": "lots"}, "max_buffer lots: not a size"),
