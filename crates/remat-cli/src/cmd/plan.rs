@@ -128,10 +128,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         [one] => one,
         several => return run_multi(&args, several, options, time_limit),
     };
+    let order = args.order.as_deref().map(parse_plan_order).transpose()?;
+    if let Some(name) = &args.strategy {
+        registry::lookup(name).map_err(|e| usage!("--strategy {name}: {e}"))?;
+    }
     let graph = load(graph_path, options)?;
-    let graph = match args.order.as_deref() {
+    let graph = match order {
         None => graph,
-        Some(name) => request::with_order(graph, parse_plan_order(name)?)?,
+        Some(order) => request::with_order(graph, order)?,
     };
     let bandwidth = parse_bandwidth(&args.bandwidth)?;
     let budgets = args
@@ -140,9 +144,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|b| parse_budget(b, &graph))
         .collect::<anyhow::Result<Vec<u64>>>()?;
     check_flags(&args, budgets.len())?;
-    if let Some(name) = &args.strategy {
-        registry::lookup(name).map_err(|e| usage!("--strategy {name}: {e}"))?;
-    }
     let plot_format = args.plot.as_deref().map(plot_format).transpose()?;
     // Output paths are checked before planning, which can take minutes: a typo in a
     // directory, a device or a directory as target, or one path given twice is told now.
