@@ -288,8 +288,11 @@ fn parse_rule(py: Python<'_>, pattern: &str, rule: &str) -> PyResult<NameRule> {
 /// attributes where the error names them. A request's own bad value is an
 /// `remat.ArgumentError`, as the front ends' readers raise it.
 fn run_error(py: Python<'_>, error: &run::RunError) -> PyErr {
-    if let ReshardError::Argument { .. } = error.reshard_error() {
-        return argument(py, error);
+    if let ReshardError::Argument {
+        argument, value, ..
+    } = error.reshard_error()
+    {
+        return argument_error(py, argument, value, error.to_string());
     }
     let inner = error.reshard_error();
     let (path, tensor) = located(inner);

@@ -181,7 +181,7 @@ fn execute_rank(
 ) -> Result<ExecReport> {
     if rank >= plan.world_size {
         return Err(ReshardError::Target(format!(
-            "--rank {rank} is outside the target world size {}",
+            "rank {rank} is outside the target world size {}",
             plan.world_size
         )));
     }

@@ -188,9 +188,9 @@ pub fn reshard_with(
 }
 
 /// Refuses what the request's own values make impossible, before anything is read: a
-/// buffer bound of 0 bytes (it holds nothing to copy) and a world size of 0 or beyond
-/// [`crate::target::MAX_WORLD_SIZE`]. Front ends read their values with `remat_units`,
-/// which refuses these first in the same words; this holds for library callers.
+/// buffer bound of 0 bytes (it holds nothing to copy), a world size of 0 or beyond
+/// [`crate::target::MAX_WORLD_SIZE`], a rank the world size does not have. Front ends
+/// refuse these first in the same words after their flag; this holds for library callers.
 pub fn check_request(request: &Request) -> Result<(), ReshardError> {
     if request.max_buffer == 0 {
         return Err(ReshardError::Argument {
@@ -199,7 +199,23 @@ pub fn check_request(request: &Request) -> Result<(), ReshardError> {
             what: remat_units::Problem::ZeroSize.to_string(),
         });
     }
-    crate::target::check_world_size(request.spec.world_size)
+    crate::target::check_world_size(request.spec.world_size)?;
+    match request.rank {
+        Some(rank) if rank >= request.spec.world_size => Err(ReshardError::Argument {
+            argument: "rank",
+            value: rank.to_string(),
+            what: rank_outside(request.spec.world_size),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// What is wrong with a rank at or beyond the target world size `m`.
+pub fn rank_outside(m: usize) -> String {
+    format!(
+        "not a rank of the target world size {m} (ranks are 0 to {})",
+        m.saturating_sub(1)
+    )
 }
 
 fn open_remote(r: &Remote, request: &Request) -> Result<RemoteCheckpoint, RunError> {

@@ -130,6 +130,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let Some(world_size) = args.world_size else {
         return Err(crate::usage!("--world-size M is required"));
     };
+    if let Some(rank) = args.rank
+        && rank >= world_size
+    {
+        return Err(crate::usage!(
+            "--rank {rank}: {}",
+            run::rank_outside(world_size)
+        ));
+    }
     let action = if args.dry_run {
         Action::DryRun
     } else if args.finalize {

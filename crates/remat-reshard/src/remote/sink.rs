@@ -66,7 +66,7 @@ pub fn execute(src: &Source, plan: &Plan, dst: &Remote, opts: &ExecOptions) -> R
     let started = Instant::now();
     if let Some(rank) = opts.rank.filter(|&r| r >= plan.world_size) {
         return Err(ReshardError::Target(format!(
-            "--rank {rank} is outside the target world size {}",
+            "rank {rank} is outside the target world size {}",
             plan.world_size
         )));
     }
