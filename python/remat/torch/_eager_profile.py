@@ -156,9 +156,9 @@ class Value:
     python_death: int | None = None
     expiry: int | None = None
     # Held by something other than autograd's saved tensors when the model's backward
-    # began, and reachable from what the forward returned (note 6).
+    # began, or returned (note 6): no plan frees it before its expiry.
     held_outside: bool = False
-    returned: bool = False
+    returned: bool = False  # reachable from what the forward returned (note 6)
     saved: bool = False
     first_unpack: int | None = None
     recomputable: bool = True

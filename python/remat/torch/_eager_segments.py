@@ -200,10 +200,10 @@ def _rerun_changes(profile: Profile, name: str) -> str:
             return f"its forward changed {what}"
         if module.startswith(inside):
             return f"{module}'s forward changed {what}"
-    for pack in profile.packs:
-        if pack.ref.value >= 0 and (pack.where == name or pack.where.startswith(name + ".")):
-            if profile.values[pack.ref.value].held_outside:
-                return "it saves a tensor the caller holds through the backward"
+    held = {pack.where for pack in profile.packs
+            if pack.ref.value >= 0 and profile.values[pack.ref.value].held_outside}
+    if any(where == name or where.startswith(inside) for where in held):
+        return "it saves a tensor the caller holds through the backward"
     return ""
 
 def _as_checkpointed(sg, plan: EagerPlan, module_of: dict[int, str],
