@@ -185,6 +185,9 @@ class StepGraph:
         self.bytes = [0] * len(names)
         for value in values:
             self.bytes[self.sum_node.get(value.id, self.op_node[value.op])] += value.nbytes
+        # Nodes holding a storage the caller holds through the backward (the profile's note
+        # 6): computed once, as autograd's backward nodes are; no plan frees or rebuilds it.
+        self.held = {self.node_of(v.id) for v in values if v.held_outside and v.nbytes}
         # An op's workspace (the profile's note 4): held while its node computes, gone after.
         self.workspace = {self.op_node[op.index]: op.workspace for op in ops if op.workspace}
         self._graph: Optional[Graph] = None
@@ -224,12 +227,12 @@ class StepGraph:
             if kind == "op":
                 op = ops[self.node_op[node]]
                 phase, seconds = op.phase, self.seconds[op.index]
-                pinned = op.phase == "backward" or not op.replayable
+                pinned = op.phase == "backward" or not op.replayable or node in self.held
             elif kind == "part":
                 # Made by its op at no cost of its own (and again when a rebuild replays it).
                 op = ops[self.node_op[node]]
                 phase, seconds = op.phase, 0.0
-                pinned = op.phase == "backward" or not op.replayable
+                pinned = op.phase == "backward" or not op.replayable or node in self.held
             else:
                 i = self.node_op[node]
                 phase = ops[i].phase if i < self.n else "backward"
@@ -311,7 +314,11 @@ def mark_recomputable(profile: Profile) -> None:
     for value in profile.values:
         reason = ""
         history = [value.op, *value.writers]
-        if value.op >= forward:
+        if value.held_outside:
+            # (The profile's note 6: a rebuild would be a second copy beside the caller's.)
+            reason = ("returned by the forward (the caller may keep it through the backward)"
+                      if value.returned else "held outside autograd when the backward began")
+        elif value.op >= forward:
             reason = "made in the backward"
         elif any(w >= forward for w in value.writers):
             reason = "written in place during the backward"

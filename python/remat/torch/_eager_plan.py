@@ -68,8 +68,7 @@ from ._eager_segments import (_checkpoint_only, _descend, _module_segments,  # n
 
 
 def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optional[float],
-              time_limit: Optional[float], strategy: Optional[str] = None,
-              checkpointable: bool = True) -> EagerPlan:
+              time_limit: Optional[float], strategy: Optional[str] = None) -> EagerPlan:
     """Plans the profiled step under ``budget`` (bytes of the step's peak, or a float
     fraction of its activation bytes: the store-all peak above the static bytes and the
     parameters' gradients).
@@ -77,8 +76,8 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
     ``bandwidth``: host copies per second for offload, None for recompute only.
     ``strategy``: a strategy of the Rust planner, the only one then; ``"checkpoint"``: the
     best plan run by ``torch.utils.checkpoint`` around modules (note 5), or none.
-    ``checkpointable``: whether such plans may be run that way (not where re-running a
-    module's forward has effects beyond its outputs: a key/value cache it appends to).
+    Modules whose re-run would change what the caller holds are never checkpointed
+    (``_eager_segments._rerun_changes``).
     """
     mark_recomputable(profile)
     sg = StepGraph(profile, static_bytes)
@@ -133,8 +132,6 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
                               target - step))
     # A strategy the caller names is the planner's only (no module segments beside it).
     segmented = [] if strategy else _module_segments(sg, bandwidth, budget_bytes, store_all)
-    if not checkpointable:
-        segmented = [p for p in segmented if not p.checkpoint_modules]
     for candidate in segmented:
         tried.append(candidate)
         if candidate.predicted_peak <= budget_bytes and (
@@ -225,8 +222,8 @@ def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) 
                     anchors.update(by_op.get(sg.node_op[src], ()))
                 elif source_kind == "swap":
                     swapped_sources.update(by_op.get(sg.node_op[src], ()))
-        elif kind == "swap" and bandwidth and all(w < profile.forward_ops
-                                                  for w in value.writers):
+        elif kind == "swap" and bandwidth and not value.held_outside and all(
+                w < profile.forward_ops for w in value.writers):
             decisions[value.id] = OFFLOAD
             at = sg.node_op[int(d.get("prefetch_at", sg.op_node[value.first_unpack]))]
             prefetch[value.id] = min(at, value.first_unpack)

@@ -16,7 +16,12 @@ to plain eager. Outside training (``model.eval()``, ``torch.no_grad()``) nothing
 
 The budget: bytes mean the step's peak (static tensors, activations and gradients; on CUDA as
 ``torch.cuda.max_memory_allocated`` reports it); a float in (0, 1] is a fraction of the
-step's *activation* bytes (the unplanned peak above the static bytes). On a CPU device the
+step's *activation* bytes (the unplanned peak above the static bytes). Everything the
+forward returns (logits, a key/value cache, hidden states) is counted as held by the caller
+through the whole backward, the worst a caller can do, so the step stays within its
+prediction whether ``out`` is kept or dropped (``_eager_profile``'s note 6); modules whose
+re-run would change what the caller holds (a cache they append to) are never run under
+``torch.utils.checkpoint`` (note 7). On a CPU device the
 host is the device's own memory, so plans there recompute only. On CUDA the profiled step
 resets the allocator's peak counter around each op to read the op's workspace (memory it
 holds beyond its outputs while it runs), which the predicted peak counts: read
@@ -61,7 +66,6 @@ class _Entry:
         self.stale = False
         self.steps = 0
         self.plan_seconds = 0.0
-        self.caches_keys = False  # the profiled forward returned a key/value cache
 
 
 class AutoCheckpoint:
@@ -149,7 +153,6 @@ class AutoCheckpoint:
             for h in profiler._module_hooks:
                 h.remove()
         profiler.end_forward(out)
-        entry.caches_keys = _caches_keys(out)
         return out
 
     def _plan(self, entry: _Entry) -> None:
@@ -162,8 +165,7 @@ class AutoCheckpoint:
         start = time.perf_counter()
         entry.plan = plan_step(entry.profile, entry.static_bytes, self.memory_budget,
                                bandwidth=bandwidth, time_limit=self.time_limit,
-                               strategy=self.strategy,
-                               checkpointable=not entry.caches_keys)
+                               strategy=self.strategy)
         entry.plan_seconds = time.perf_counter() - start
         entry.runtime = RuntimePlan(entry.profile, entry.plan, device, self.store)
 
@@ -289,6 +291,14 @@ def plan_table(profile: Profile, plan: EagerPlan) -> str:
         f"predicted peak {h(plan.predicted_peak)} (budget {h(plan.budget_bytes)}, unplanned "
         f"{h(plan.store_all_peak)}, static {h(plan.static_bytes)}), predicted overhead "
         f"{100 * plan.overhead:.2f}%, from {plan.strategy}")
+    returned = sum(v.nbytes for v in profile.values if v.returned)
+    held = sum(v.nbytes for v in profile.values if v.held_outside and not v.returned)
+    if returned or held:
+        # The profile's note 6: the worst a caller can keep, whatever the profiled one did.
+        lines.append(f"kept by the caller: {h(returned)} the forward returned, charged as "
+                     f"held through the backward (the worst case: a caller that drops it "
+                     f"peaks lower)" + (f"; {h(held)} more held outside the model when its "
+                                        "backward began" if held else ""))
     return "\n".join(lines)
 
 
@@ -350,19 +360,6 @@ def controller(model: torch.nn.Module) -> AutoCheckpoint:
     if c is None:
         raise CaptureError(f"{type(model).__name__} was not given to auto_checkpoint")
     return c
-
-
-def _caches_keys(out) -> bool:
-    """Whether the profiled forward returned a key/value cache (transformers' decoders with
-    ``config.use_cache`` on give ``past_key_values``; an encoder such as BERT carries the
-    flag but returns none): re-running a layer's forward under checkpoint would append to
-    the cache again, so plans are not run that way there."""
-    items = list(out.values()) if isinstance(out, dict) else (
-        list(out) if isinstance(out, (tuple, list)) else [out])
-    if isinstance(out, dict) and out.get("past_key_values") is not None:
-        return True
-    # (a tuple output, return_dict=False: the cache object is one of its items)
-    return any(type(x).__name__.endswith("Cache") for x in items)
 
 
 def _checkpointed(forward, *args, **kwargs):
