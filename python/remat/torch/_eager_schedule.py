@@ -16,7 +16,8 @@ import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import _native
-from ._eager_graph import (EagerPlan, KEEP, OFFLOAD, RECOMPUTE, Recipe, StepGraph, TIME_UNIT_S)
+from ._eager_graph import (EagerPlan, KEEP, OFFLOAD, RECOMPUTE, Recipe, StepGraph, TIME_UNIT_S,
+                           quantized)
 
 
 def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[int, int],
@@ -353,7 +354,8 @@ def checkpoint_call_seconds() -> float:
     for _ in range(5):  # alternating, as in dispatch_seconds
         plain.append(per_step(False))
         hooked.append(per_step(True))
-    return max(0.0, min(hooked) - min(plain))
+    # On the grid of the profile's times, so that two processes charge the same.
+    return quantized(max(0.0, min(hooked) - min(plain)))
 
 @functools.cache
 def dispatch_seconds() -> float:
@@ -382,4 +384,4 @@ def dispatch_seconds() -> float:
         plain.append(per_op())
         with _PassThrough():
             hooked.append(per_op())
-    return max(0.0, 6.0 * (min(hooked) - min(plain)))
+    return quantized(max(0.0, 6.0 * (min(hooked) - min(plain))))
