@@ -43,10 +43,14 @@ KINDS = (KEEP, RECOMPUTE, OFFLOAD)
 # ---- the step's structure ------------------------------------------------------------------
 
 
-def _ref_text(x) -> Any:
+def _ref_text(x, replayable: bool = True) -> Any:
     if isinstance(x, TensorRef):
-        return [x.value, x.static, list(x.size), list(x.stride), x.offset, str(x.dtype),
-                x.version]
+        if x.value < 0 or not replayable:
+            # A static is read as this step's tensor, wherever it lies (a rank's shard of a
+            # parameter is at its own offset); an op no rebuild replays (a collective, a
+            # backward op) is structure only through the values it reads and makes.
+            return [x.value, x.static, str(x.dtype)] if replayable else [x.value]
+        return [x.value, list(x.size), list(x.stride), x.offset, str(x.dtype), x.version]
     if x is None:
         return None
     # A constant's value may change from step to step (the runtime passes this step's):
@@ -62,8 +66,11 @@ def structure(profile: Profile) -> list[list]:
         made.setdefault(v.op, []).append(
             [v.id, v.nbytes, list(v.writers), v.saved, v.first_unpack])
     for op in profile.ops:
-        text = json.dumps([[_ref_text(x) for x in op.leaves],
-                           [_ref_text(x) for x in op.outputs], op.new_values,
+        # Only forward ops are ever replayed: a backward op's tensors matter through the
+        # values it reads and makes (FSDP copies each rank's gradient shard at its offset).
+        replayed = op.replayable and op.phase == "forward"
+        text = json.dumps([[_ref_text(x, replayed) for x in op.leaves],
+                           [_ref_text(x, replayed) for x in op.outputs], op.new_values,
                            list(op.written), list(op.static_writes), op.replayable,
                            op.random, made.get(op.index, [])], separators=(",", ":"))
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
