@@ -274,3 +274,30 @@ def test_a_saved_plan_that_offloads_needs_a_store(tmp_path):
     no_store(*args).backward()
     with pytest.raises(rt.PlanMismatchError, match="store"):
         no_store(*args)
+
+
+# ---- the plan cache ------------------------------------------------------------------------
+
+
+def test_the_plan_cache_says_what_it_evicts(caplog):
+    """``max_plans=2`` and three input shapes in turn: the cache never holds more than two;
+    every eviction is counted and logged, naming the signature dropped; the first is
+    warned about, once."""
+    import logging
+    import warnings
+
+    torch.manual_seed(0)
+    model = rt.auto_checkpoint(Net(d=32, layers=2), 0.5, max_plans=2)
+    c = rt.controller(model)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, "remat"):
+        warnings.simplefilter("always")
+        for seq in (16, 24, 32, 16, 24):
+            args, _ = net_batch(0, seq=seq)
+            model(*args).backward()
+            assert len(c.entries) <= 2
+    assert c.evictions == 3
+    warned = [w for w in caught if "max_plans=2" in str(w.message)]
+    assert len(warned) == 1 and "[8,16]" in str(warned[0].message)
+    logged = [r.getMessage() for r in caplog.records if "max_plans=2" in r.getMessage()]
+    assert [("[8,16]" in m, "[8,24]" in m, "[8,32]" in m) for m in logged] == [
+        (True, False, False), (False, True, False), (False, False, True)]
