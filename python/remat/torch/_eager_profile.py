@@ -364,7 +364,7 @@ class Profiler(TorchDispatchMode):
         seconds = time.perf_counter() - start
         self._end_timing(index, begin)
         workspace = self._workspace()
-        if not self.cuda and _pure(func, written, static_writes):
+        if not self.cuda and _pure(func, written, static_writes, leaves):
             seconds = self._median_of_repeats(func, args, kwargs, seconds)
         for p in written:
             ref = refs[p]
@@ -715,13 +715,16 @@ def _remove_from_stack(mode: TorchDispatchMode) -> bool:
     return True
 
 
-def _pure(func, written, static_writes) -> bool:
+def _pure(func, written, static_writes, leaves) -> bool:
     """Whether calling ``func`` again on the same arguments changes nothing the step sees:
-    an aten op that writes nothing, draws no random numbers and is replayable."""
+    an aten op that writes nothing, draws no random numbers and is replayable, on plain
+    tensors (a tensor subclass, DTensor, may talk to other ranks inside the op)."""
     return (func.namespace == "aten" and not written and not static_writes
             and func._schema.name not in _NOT_REPLAYABLE
             and torch.Tag.nondeterministic_seeded not in func.tags
-            and not func._schema.is_mutable)
+            and not func._schema.is_mutable
+            and all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in leaves
+                    if isinstance(x, torch.Tensor)))
 
 
 def _cdata(t: torch.Tensor) -> int | None:
