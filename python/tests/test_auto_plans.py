@@ -70,7 +70,7 @@ def modelled_seconds(profile) -> list[float]:
 def test_jittered_timings_give_the_same_plan(jitter):
     """Each op's time moved by up to ``jitter`` either way, independently, from times that
     do not depend on the machine (four draws): the same plan, since ops are costed by
-    medians over their kind, relative to the step's typical op, on a relative grid."""
+    the least time of their kind, relative to the step's typical op, on a relative grid."""
     _, entry = profiled()
     measured = modelled_seconds(entry.profile)
     for op, t in zip(entry.profile.ops, measured):

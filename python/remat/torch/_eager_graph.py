@@ -283,14 +283,13 @@ def quantized(seconds: float) -> float:
 
 
 def steady_seconds(profile: Profile) -> list[float]:
-    """Each op's time as the median over the step's ops of its kind: the same aten op on
+    """Each op's time as the least over the step's ops of its kind: the same aten op on
     the same shapes in the same place of a repeated module (``layers.3.mlp`` and
-    ``layers.0.mlp`` alike) or the same autograd node, then :func:`quantized`. The profiled
-    step is often the model's first, where an op's first call pays for its lazy set-up (1 ms
-    for a small BERT's first GELU, 0.4 for the later ones): one layer's outlier would
-    otherwise count as that layer's cost to rebuild. A median of an even count is the lower
-    of the middle two, and a kind of one or two ops keeps the least of its times (the one
-    least slowed by whatever else the machine ran).
+    ``layers.0.mlp`` alike) or the same autograd node, then :func:`quantized`. Other work on
+    the machine only adds to a measured time, and the profiled step is often the model's
+    first, where an op's first call pays for its lazy set-up (1 ms for a small BERT's first
+    GELU, 0.4 for the later ones): the least is what moves least from one profile to the
+    next, and one layer's outlier does not count as that layer's cost to rebuild.
 
     Times are rounded relative to the step's typical op (the lower median over the ops),
     itself rounded: a machine that ran the whole step slower (another process on its
@@ -304,7 +303,7 @@ def steady_seconds(profile: Profile) -> list[float]:
     for members in kinds.values():
         times = sorted(profile.ops[i].seconds for i in members)
         for i in members:
-            seconds[i] = times[(len(times) - 1) // 2]
+            seconds[i] = times[0]
     timed = sorted(s for s in seconds if s > 0.0)
     if not timed:
         return seconds

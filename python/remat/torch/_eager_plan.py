@@ -51,8 +51,9 @@ Notes:
    end (deterministic given the graph), in a fixed order, and the module-segment family
    beside them; the cheapest plan that fits is taken, the earlier on a tie. A caller's
    ``time_limit`` adds the search under that limit (a plan that may then differ from run to
-   run). The graph's times are medians over repeated ops on a relative grid
-   (``steady_seconds``), so the noise of one op's timing does not reach the planner.
+   run). The graph's times are the least over repeated calls and ops of a kind, on a
+   relative grid (``steady_seconds``), so the noise of one op's timing does not reach the
+   planner.
 """
 
 from __future__ import annotations

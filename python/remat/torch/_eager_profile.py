@@ -52,10 +52,11 @@ Notes on invariants the planner and the runtime rely on:
    synchronization around each op adds its launch and wait latency to every op's time
    (the profiled step of a 16-layer Llama ran 34-54x a plain one that way). Where the
    events cannot be read, the host's time stays. On a CPU the host's clock is the op's
-   time: the median of three calls of a pure op (one that writes nothing and draws no
-   random numbers; the extra calls' outputs are dropped at once, and no mode below this
-   one is skipped), so that a burst of other work on the machine during one call, or an
-   op's first call paying for its lazy set-up, is not its cost.
+   time: the least of :data:`REPEATS` calls of a pure op (one that writes nothing, draws
+   no random numbers and takes plain tensors; the extra calls' outputs are dropped at once,
+   and no mode below this one is skipped). Other work on the machine only ever adds to a
+   call's time, and an op's first call pays for its lazy set-up, so the least is the
+   estimate that moves least from one profile to the next.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ STATS_IN_PLACE = {
 }
 
 # Calls timed per op on a CPU, where one call's time follows whatever else the machine ran
-# (note 5): the op's own call and this many minus one more, the median kept.
-REPEATS = 3
+# (note 5): the op's own call and this many minus one more, the least kept.
+REPEATS = 5
 
 # Ops whose outputs cannot be rebuilt by replaying them: they change storages behind the
 # dispatcher's back, read host state, or talk to other processes.
@@ -407,7 +408,7 @@ class Profiler(TorchDispatchMode):
         return out
 
     def _median_of_repeats(self, func, args, kwargs, first: float) -> float:
-        """On a CPU (note 5): the median of the op's call and :data:`REPEATS` - 1 more on
+        """On a CPU (note 5): the least of the op's call and :data:`REPEATS` - 1 more on
         the same arguments, their outputs dropped at once."""
         times = [first]
         self.dispatching = True
@@ -418,8 +419,7 @@ class Profiler(TorchDispatchMode):
                 times.append(time.perf_counter() - start)
         finally:
             self.dispatching = False
-        times.sort()
-        return times[len(times) // 2]
+        return min(times)
 
     def _begin_timing(self):
         """On CUDA (note 5): the allocator's peak counter reset and an event recorded on
