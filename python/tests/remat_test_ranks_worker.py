@@ -77,7 +77,8 @@ def decisions(inner) -> dict:
     plan = rt.controller(inner).plan
     return {"decisions": {str(k): v for k, v in sorted(plan.decisions.items())},
             "groups": len(plan.group_recipes), "strategy": plan.strategy,
-            "recompute": plan.count("recompute"), "predicted_peak": plan.predicted_peak}
+            "recompute": plan.count("recompute"), "predicted_peak": plan.predicted_peak,
+            "budget_bytes": plan.budget_bytes}
 
 
 def ddp_case(rank, budgets, share):
