@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 from typing import Optional
@@ -268,26 +269,49 @@ class StepGraph:
 
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")
 
+# Measured times are rounded to this many steps per doubling (a relative grid, about 19%
+# apart) before anything is planned from them: two profiles of one step, or of one step on
+# two ranks, then give the same costs unless an op's time moved across a step, so one step's
+# plan does not follow the noise of its timings. The planner's choices need ratios between
+# costs, not their last digits.
+STEPS_PER_DOUBLING = 4
+
+
+def quantized(seconds: float) -> float:
+    """``seconds`` on the relative grid (:data:`STEPS_PER_DOUBLING` steps per doubling);
+    0 and below stay 0."""
+    if not seconds > 0.0:
+        return 0.0
+    return 2.0 ** (round(math.log2(seconds) * STEPS_PER_DOUBLING) / STEPS_PER_DOUBLING)
+
+
 def steady_seconds(profile: Profile) -> list[float]:
-    """Each op's time as the median over the step's ops of its kind: the same aten op on
+    """Each op's time as the least over the step's ops of its kind: the same aten op on
     the same shapes in the same place of a repeated module (``layers.3.mlp`` and
-    ``layers.0.mlp`` alike) or the same autograd node. The profiled step is often the
-    model's first, where an op's first call pays for its lazy set-up (1 ms for a small
-    BERT's first GELU, 0.4 for the later ones): one layer's outlier would otherwise count
-    as that layer's cost to rebuild."""
+    ``layers.0.mlp`` alike) or the same autograd node, then :func:`quantized`. Other work on
+    the machine only adds to a measured time, and the profiled step is often the model's
+    first, where an op's first call pays for its lazy set-up (1 ms for a small BERT's first
+    GELU, 0.4 for the later ones): the least is what moves least from one profile to the
+    next, and one layer's outlier does not count as that layer's cost to rebuild.
+
+    Times are rounded relative to the step's typical op (the lower median over the ops),
+    itself rounded: a machine that ran the whole step slower (another process on its
+    cores, another rank's host) gives the same ratios between ops, so the same plan."""
     kinds: dict[tuple, list[int]] = {}
     for op in profile.ops:
         shapes = tuple(ref.size for ref in _refs(op.leaves))
         key = (op.name, _LAYER_INDEX.sub(".#", op.where), op.phase, shapes)
         kinds.setdefault(key, []).append(op.index)
-    seconds = [op.seconds for op in profile.ops]
+    seconds = [0.0] * len(profile.ops)
     for members in kinds.values():
-        if len(members) > 2:
-            times = sorted(profile.ops[i].seconds for i in members)
-            typical = times[len(times) // 2]
-            for i in members:
-                seconds[i] = typical
-    return seconds
+        times = sorted(profile.ops[i].seconds for i in members)
+        for i in members:
+            seconds[i] = times[0]
+    timed = sorted(s for s in seconds if s > 0.0)
+    if not timed:
+        return seconds
+    scale = timed[(len(timed) - 1) // 2]
+    return [quantized(s / scale) * quantized(scale) for s in seconds]
 
 def _decided(value) -> bool:
     """Whether keep / offload / recompute is decided for ``value``: autograd unpacks it."""
