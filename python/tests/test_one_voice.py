@@ -69,6 +69,23 @@ FRONT_ENDS = {
         call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, max_buffer=v)),
     "remat reshard --rank": FrontEnd(
         "--rank", lambda v, g: ["reshard", g + ".none", g + ".out", "-w", "2", "--rank", v]),
+    "remat plan --order": FrontEnd(
+        "--order", lambda v, g: ["plan", g, "--budget", "0.5", "--order", v]),
+    "remat.plan(order=)": FrontEnd(
+        "", name="order", call=lambda v, g: remat.plan(g, 0.5, order=v)),
+    "remat reshard --format": FrontEnd(
+        "--format", lambda v, g: ["reshard", g + ".none", g + ".out", "-w", "2", "--format", v]),
+    "remat.reshard(format=)": FrontEnd(
+        "", name="format", call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, format=v)),
+    "remat reshard --from": FrontEnd(
+        "--from", lambda v, g: ["reshard", g + ".none", g + ".out", "-w", "2", "--from", v]),
+    "remat.reshard(source_format=)": FrontEnd(
+        "", name="source_format",
+        call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, source_format=v)),
+    "remat reshard --preset": FrontEnd(
+        "--preset", lambda v, g: ["reshard", g + ".none", g + ".out", "-w", "2", "--preset", v]),
+    "remat.reshard(preset=)": FrontEnd(
+        "", name="preset", call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, preset=v)),
     "remat.reshard(rank=)": FrontEnd(
         "", name="rank", call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, rank=v)),
 }
@@ -111,6 +128,13 @@ CASES = [
      ["remat reshard --max-buffer", "remat.reshard(max_buffer=)"], "the value is negative"),
     ("a negative rank", "-1", -1, ["remat reshard --rank", "remat.reshard(rank=)"],
      "the value is negative"),
+    ("an unknown layout", "zip", "zip",
+     ["remat reshard --format", "remat.reshard(format=)", "remat reshard --from",
+      "remat.reshard(source_format=)"], "unknown layout `zip` (remat, dcp, hf)"),
+    ("an unknown preset", "fancy", "fancy", ["remat reshard --preset", "remat.reshard(preset=)"],
+     "unknown preset `fancy` (simple, parallel)"),
+    ("an unknown plan order", "zigzag", "zigzag", ["remat plan --order", "remat.plan(order=)"],
+     "unknown order; known: free, node, eager"),
 ]
 
 

@@ -118,6 +118,16 @@ fn flags_that_make_no_model_or_do_not_go_together_are_told_before_any_header() {
         &["train", "--heads", "4", "--kv-heads", "3"],
         "--kv-heads 3: must divide --heads 4",
     );
+    refused(
+        &[
+            "train",
+            "--policy",
+            "auto:fastest",
+            "--memory-budget",
+            "1MiB",
+        ],
+        "--policy auto:fastest: unknown strategy `fastest`",
+    );
     let dir = tempfile::tempdir().unwrap();
     let g = common::write_chain(dir.path(), "g", 4, 10, 0);
     let g = g.to_str().unwrap();
@@ -141,6 +151,14 @@ fn flags_that_make_no_model_or_do_not_go_together_are_told_before_any_header() {
     refused(
         &["plan", g, "--budget", "0.7", "--order", "zigzag"],
         "--order zigzag: unknown order",
+    );
+    refused(
+        &["plan", g, "--budget", "0.7", "--strategy", "fastest"],
+        "--strategy fastest: unknown strategy `fastest`; known: store-all",
+    );
+    refused(
+        &["plan", g, "--budget", "0.7", "--strategy", "every:0"],
+        "--strategy every:0: ",
     );
     refused(
         &["plan", g, "--budget", "0.7", "--plot", "t.jpg"],

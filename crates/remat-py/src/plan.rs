@@ -12,7 +12,7 @@ use remat_planner::request::{self, ImageFormat, RequestError};
 use remat_planner::solve::bound::Bound;
 use remat_planner::{Graph, PlanError, PlanOrder, Planned, Problem, Step, registry};
 
-use crate::errors::{plain, raise, unit_error};
+use crate::errors::{argument_error, plain, raise, unit_error};
 use crate::graph::PyGraph;
 
 /// Registry names of every strategy (parameterized ones, `every:N` and the like, are
@@ -109,10 +109,12 @@ pub fn plan(
         Some(name) => {
             let Some(form) = PlanOrder::from_name(name) else {
                 let known: Vec<&str> = PlanOrder::ALL.iter().map(|o| o.name()).collect();
-                return Err(plain(
+                // As `remat plan --order` words it, after the argument's name.
+                return Err(argument_error(
                     py,
-                    "ArgumentError",
-                    format!("order {name:?}: unknown; known: {}", known.join(", ")),
+                    "order",
+                    name,
+                    format!("order {name}: unknown order; known: {}", known.join(", ")),
                 ));
             };
             let marked = request::with_order(graph.graph.as_ref().clone(), form)
@@ -184,15 +186,19 @@ fn request_error(py: Python<'_>, graph: &Graph, error: RequestError) -> PyErr {
             budget, strategy, ..
         }) => budget_error(*budget, None, Some(strategy)),
         RequestError::Plan(other) => {
-            let strategy = match other {
+            let (strategy, message) = match other {
+                // A name that is no strategy, worded as `remat plan --strategy` words it
+                // after its flag.
                 PlanError::UnknownStrategy { name, .. } | PlanError::BadParameter { name, .. } => {
-                    Some(name.clone())
+                    (Some(name.clone()), format!("strategy {name}: {error}"))
                 }
                 PlanError::NotApplicable { strategy, .. }
-                | PlanError::InvalidSchedule { strategy, .. } => Some(strategy.clone()),
-                _ => None,
+                | PlanError::InvalidSchedule { strategy, .. } => {
+                    (Some(strategy.clone()), error.to_string())
+                }
+                _ => (None, error.to_string()),
             };
-            raise(py, "PlanError", error.to_string(), |d| {
+            raise(py, "PlanError", message, |d| {
                 d.set_item("strategy", strategy)
             })
         }

@@ -249,20 +249,26 @@ fn checked_world_size(py: Python<'_>, m: u64) -> PyResult<usize> {
         .map_err(|e| argument_error(py, "world_size", &text, format!("world_size {text}: {e}")))
 }
 
+/// A layout name, refused in the words `remat reshard --format` uses after its flag.
 fn parse_format(py: Python<'_>, argument_name: &str, text: &str) -> PyResult<Format> {
     Format::parse(text).ok_or_else(|| {
-        argument(
+        argument_error(
             py,
-            format!("{argument_name}: unknown layout `{text}` (remat, dcp, hf)"),
+            argument_name,
+            text,
+            format!("{argument_name} {text}: unknown layout `{text}` (remat, dcp, hf)"),
         )
     })
 }
 
+/// A preset name, refused in the words `remat reshard --preset` uses after its flag.
 fn parse_preset(py: Python<'_>, text: &str) -> PyResult<Preset> {
     Preset::parse(text).ok_or_else(|| {
-        argument(
+        argument_error(
             py,
-            format!("preset: unknown preset `{text}` (simple, parallel)"),
+            "preset",
+            text,
+            format!("preset {text}: unknown preset `{text}` (simple, parallel)"),
         )
     })
 }

@@ -128,10 +128,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         [one] => one,
         several => return run_multi(&args, several, options, time_limit),
     };
+    let order = args.order.as_deref().map(parse_plan_order).transpose()?;
+    if let Some(name) = &args.strategy {
+        registry::lookup(name).map_err(|e| usage!("--strategy {name}: {e}"))?;
+    }
     let graph = load(graph_path, options)?;
-    let graph = match args.order.as_deref() {
+    let graph = match order {
         None => graph,
-        Some(name) => request::with_order(graph, parse_plan_order(name)?)?,
+        Some(order) => request::with_order(graph, order)?,
     };
     let bandwidth = parse_bandwidth(&args.bandwidth)?;
     let budgets = args
@@ -279,10 +283,7 @@ fn run_multi(
 fn parse_plan_order(text: &str) -> anyhow::Result<PlanOrder> {
     PlanOrder::from_name(text).ok_or_else(|| {
         let known: Vec<&str> = PlanOrder::ALL.iter().map(|o| o.name()).collect();
-        usage!(
-            "--order {text}: unknown order for one graph; known: {} (several graphs take the merge orders)",
-            known.join(", ")
-        )
+        usage!("--order {text}: unknown order; known: {}", known.join(", "))
     })
 }
 

@@ -99,6 +99,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     args.check_model_flags(task.vocab())?;
     if let PolicyChoice::Auto(strategy) = &args.policy {
         auto::check_flags(&args).map_err(crate::usage::of)?;
+        if let Some(name) = strategy {
+            remat_planner::registry::lookup(name)
+                .map_err(|e| crate::usage!("--policy auto:{name}: {e}"))?;
+        }
         return auto::run(&args, &task, strategy.clone());
     }
     if let Some(stages) = args.pipeline.stages {
