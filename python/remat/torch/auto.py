@@ -43,10 +43,9 @@ import torch
 import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
-from .. import _native
+from .. import _arguments, _native
 from ._eager_graph import quantized
-from ._eager_plan import (KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, _budget_bytes,
-                          plan_step)
+from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, plan_step
 from ._eager_profile import Profile, Profiler, release_outside_modes
 from ._eager_run import RunMode, RuntimePlan, StepState, make_hooks
 from . import _plan_file, _plan_ranks
@@ -478,26 +477,17 @@ def _checkpointed(forward, *args, **kwargs):
 
 
 def _parse_bandwidth(bandwidth) -> Optional[float]:
-    """``bandwidth`` as bytes per second: numbers as they are (positive), text through the
-    units parser every remat front end shares."""
+    """``bandwidth`` as bytes per second, read as every remat front end reads it."""
     if bandwidth is None:
         return None
-    if isinstance(bandwidth, str):
-        return float(_native.parse_bandwidth(bandwidth, "bandwidth"))
-    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or \
-            not bandwidth > 0:
-        raise CaptureError(f"bandwidth must be positive bytes per second or text such as "
-                           f"'25GB/s', got {bandwidth!r}")
-    return float(bandwidth)
+    return float(_arguments.bandwidth(bandwidth, "bandwidth"))
 
 
 def _check_budget(budget) -> None:
     """Refuses, when given, a budget no step can mean (unreadable text, 0, a negative, a
     fraction outside (0, 1], bytes under 1 KiB), in the words and class (``ArgumentError``)
     every remat front end uses for the same value."""
-    from .._arguments import check_step_budget
-
-    check_step_budget(budget, "memory_budget")
+    _arguments.check_step_budget(budget, "memory_budget")
 
 
 def _signature(model, args, kwargs) -> tuple:
