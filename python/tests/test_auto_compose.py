@@ -488,8 +488,18 @@ def test_loss_outside_the_model_measured_within_predicted():
     measured = tracker.peak_bytes + entry.static_bytes
     activations = entry.plan.store_all_peak - entry.static_bytes
     # The loss's log_softmax output and the gradients it makes (each as large as the
-    # logits) are seen by the profile's outside mode: within the prediction, and close.
-    assert measured <= entry.plan.predicted_peak <= measured + activations // 100
+    # logits) are seen by the profile's outside mode: within the prediction, and close. The
+    # logits are returned, so charged as held through the backward (the worst a caller can
+    # do: _eager_profile's note 6); this caller drops them, a caller keeping them peaks at
+    # the prediction.
+    returned = sum(v.nbytes for v in entry.profile.values if v.returned)
+    assert measured <= entry.plan.predicted_peak <= measured + returned + activations // 100
+    with rt.StorageTracker() as tracker:
+        logits = model(ids)
+        F.cross_entropy(logits.flatten(0, 1), torch.roll(ids, 1, 1).flatten()).backward()
+        model.zero_grad(set_to_none=True)
+    kept = tracker.peak_bytes + entry.static_bytes
+    assert measured < kept <= entry.plan.predicted_peak <= kept + activations // 100
 
 
 def test_outside_mode_leaves_the_callers_stack_as_it_found_it():

@@ -38,6 +38,13 @@ def _auto_checkpoint(value, _graph):
     return rt.auto_checkpoint(torch.nn.Linear(2, 2), value)
 
 
+def _auto_checkpoint_bandwidth(value):
+    torch = pytest.importorskip("torch")
+    import remat.torch as rt
+
+    return rt.auto_checkpoint(torch.nn.Linear(2, 2), 0.5, bandwidth=value)
+
+
 FRONT_ENDS = {
     # Budgets.
     "remat plan --budget": FrontEnd("--budget", lambda v, g: ["plan", g, "--budget", v]),
@@ -52,6 +59,8 @@ FRONT_ENDS = {
         "--bandwidth", lambda v, g: ["plan", g, "--budget", "0.5", "--bandwidth", v]),
     "remat.plan(bandwidth=)": FrontEnd(
         "", name="bandwidth", call=lambda v, g: remat.plan(g, 0.5, bandwidth=v)),
+    "auto_checkpoint(bandwidth=)": FrontEnd(
+        "", name="bandwidth", call=lambda v, g: _auto_checkpoint_bandwidth(v)),
     "remat plan --time-limit": FrontEnd(
         "--time-limit", lambda v, g: ["plan", g, "--budget", "0.5", "--time-limit", v]),
     "remat.plan(time_limit=)": FrontEnd(
@@ -90,6 +99,7 @@ FRONT_ENDS = {
         "", name="rank", call=lambda v, g: remat.reshard(g + ".none", g + ".out", 2, rank=v)),
 }
 
+BANDWIDTHS = ["remat plan --bandwidth", "remat.plan(bandwidth=)", "auto_checkpoint(bandwidth=)"]
 BUDGETS = ["remat plan --budget", "remat train --memory-budget",
            "remat spec inspect --memory-budget", "remat.plan(budget=)",
            "auto_checkpoint(memory_budget=)"]
@@ -107,9 +117,9 @@ CASES = [
      "1 byte cannot hold a training step (a budget in bytes is at least 1 KiB); "
      "did you mean a fraction (1.0) or a size (1GiB)?"),
     ("a budget under a kilobyte", "1000", 1000, BUDGETS, "1000 bytes cannot hold"),
-    ("a bandwidth of 0", "0", 0, ["remat plan --bandwidth", "remat.plan(bandwidth=)"],
+    ("a bandwidth of 0", "0", 0, BANDWIDTHS,
      "comes to 0 bytes per second"),
-    ("a negative bandwidth", "-1", -1, ["remat plan --bandwidth", "remat.plan(bandwidth=)"],
+    ("a negative bandwidth", "-1", -1, BANDWIDTHS,
      "the value is negative"),
     ("a time limit of 0", "0", 0, ["remat plan --time-limit", "remat.plan(time_limit=)"],
      "must be more than 0 seconds"),

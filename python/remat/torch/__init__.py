@@ -15,7 +15,7 @@ print(remat.torch.controller(model).table())   # per module: kept / offloaded / 
 
 from .auto import AutoCheckpoint, auto_checkpoint, controller
 from .capture import Captured, capture
-from .errors import CaptureError, StepDivergedError
+from .errors import CaptureError, PlanMismatchError, StepDivergedError
 from .memory import StorageTracker, peak_from_profiler
 from ._store import StoreError
 
@@ -23,6 +23,7 @@ __all__ = [
     "AutoCheckpoint",
     "Captured",
     "CaptureError",
+    "PlanMismatchError",
     "StepDivergedError",
     "StorageTracker",
     "StoreError",

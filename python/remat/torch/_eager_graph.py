@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 from typing import Optional
@@ -185,6 +186,9 @@ class StepGraph:
         self.bytes = [0] * len(names)
         for value in values:
             self.bytes[self.sum_node.get(value.id, self.op_node[value.op])] += value.nbytes
+        # Nodes holding a storage the caller holds through the backward (the profile's note
+        # 6): computed once, as autograd's backward nodes are; no plan frees or rebuilds it.
+        self.held = {self.node_of(v.id) for v in values if v.held_outside and v.nbytes}
         # An op's workspace (the profile's note 4): held while its node computes, gone after.
         self.workspace = {self.op_node[op.index]: op.workspace for op in ops if op.workspace}
         self._graph: Optional[Graph] = None
@@ -224,12 +228,12 @@ class StepGraph:
             if kind == "op":
                 op = ops[self.node_op[node]]
                 phase, seconds = op.phase, self.seconds[op.index]
-                pinned = op.phase == "backward" or not op.replayable
+                pinned = op.phase == "backward" or not op.replayable or node in self.held
             elif kind == "part":
                 # Made by its op at no cost of its own (and again when a rebuild replays it).
                 op = ops[self.node_op[node]]
                 phase, seconds = op.phase, 0.0
-                pinned = op.phase == "backward" or not op.replayable
+                pinned = op.phase == "backward" or not op.replayable or node in self.held
             else:
                 i = self.node_op[node]
                 phase = ops[i].phase if i < self.n else "backward"
@@ -265,26 +269,49 @@ class StepGraph:
 
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")
 
+# Measured times are rounded to this many steps per doubling (a relative grid, about 19%
+# apart) before anything is planned from them: two profiles of one step, or of one step on
+# two ranks, then give the same costs unless an op's time moved across a step, so one step's
+# plan does not follow the noise of its timings. The planner's choices need ratios between
+# costs, not their last digits.
+STEPS_PER_DOUBLING = 4
+
+
+def quantized(seconds: float) -> float:
+    """``seconds`` on the relative grid (:data:`STEPS_PER_DOUBLING` steps per doubling);
+    0 and below stay 0."""
+    if not seconds > 0.0:
+        return 0.0
+    return 2.0 ** (round(math.log2(seconds) * STEPS_PER_DOUBLING) / STEPS_PER_DOUBLING)
+
+
 def steady_seconds(profile: Profile) -> list[float]:
-    """Each op's time as the median over the step's ops of its kind: the same aten op on
+    """Each op's time as the least over the step's ops of its kind: the same aten op on
     the same shapes in the same place of a repeated module (``layers.3.mlp`` and
-    ``layers.0.mlp`` alike) or the same autograd node. The profiled step is often the
-    model's first, where an op's first call pays for its lazy set-up (1 ms for a small
-    BERT's first GELU, 0.4 for the later ones): one layer's outlier would otherwise count
-    as that layer's cost to rebuild."""
+    ``layers.0.mlp`` alike) or the same autograd node, then :func:`quantized`. Other work on
+    the machine only adds to a measured time, and the profiled step is often the model's
+    first, where an op's first call pays for its lazy set-up (1 ms for a small BERT's first
+    GELU, 0.4 for the later ones): the least is what moves least from one profile to the
+    next, and one layer's outlier does not count as that layer's cost to rebuild.
+
+    Times are rounded relative to the step's typical op (the lower median over the ops),
+    itself rounded: a machine that ran the whole step slower (another process on its
+    cores, another rank's host) gives the same ratios between ops, so the same plan."""
     kinds: dict[tuple, list[int]] = {}
     for op in profile.ops:
         shapes = tuple(ref.size for ref in _refs(op.leaves))
         key = (op.name, _LAYER_INDEX.sub(".#", op.where), op.phase, shapes)
         kinds.setdefault(key, []).append(op.index)
-    seconds = [op.seconds for op in profile.ops]
+    seconds = [0.0] * len(profile.ops)
     for members in kinds.values():
-        if len(members) > 2:
-            times = sorted(profile.ops[i].seconds for i in members)
-            typical = times[len(times) // 2]
-            for i in members:
-                seconds[i] = typical
-    return seconds
+        times = sorted(profile.ops[i].seconds for i in members)
+        for i in members:
+            seconds[i] = times[0]
+    timed = sorted(s for s in seconds if s > 0.0)
+    if not timed:
+        return seconds
+    scale = timed[(len(timed) - 1) // 2]
+    return [quantized(s / scale) * quantized(scale) for s in seconds]
 
 def _decided(value) -> bool:
     """Whether keep / offload / recompute is decided for ``value``: autograd unpacks it."""
@@ -311,7 +338,11 @@ def mark_recomputable(profile: Profile) -> None:
     for value in profile.values:
         reason = ""
         history = [value.op, *value.writers]
-        if value.op >= forward:
+        if value.held_outside:
+            # (The profile's note 6: a rebuild would be a second copy beside the caller's.)
+            reason = ("returned by the forward (the caller may keep it through the backward)"
+                      if value.returned else "held outside autograd when the backward began")
+        elif value.op >= forward:
             reason = "made in the backward"
         elif any(w >= forward for w in value.writers):
             reason = "written in place during the backward"

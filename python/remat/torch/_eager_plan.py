@@ -45,6 +45,15 @@ Notes:
    and fetched back by its prefetch or, at the latest, by the first rebuild that reads it
    (which waits for the copy). "Checkpoint each layer, offload its input" is such a plan:
    the module-segment family offers it where a link is given.
+8. One profile gives one plan. The planner's search is anytime: it improves its plan until
+   a deadline, so what it returns depends on how fast the machine ran it. Without a time
+   limit the step is planned with a fixed list of the planner's strategies, each run to its
+   end (deterministic given the graph), in a fixed order, and the module-segment family
+   beside them; the cheapest plan that fits is taken, the earlier on a tie. A caller's
+   ``time_limit`` adds the search under that limit (a plan that may then differ from run to
+   run). The graph's times are the least over repeated calls and ops of a kind, on a
+   relative grid (``steady_seconds``), so the noise of one op's timing does not reach the
+   planner.
 """
 
 from __future__ import annotations
@@ -66,10 +75,13 @@ from ._eager_schedule import _evaluate
 from ._eager_segments import (_checkpoint_only, _descend, _module_segments,  # noqa: F401
                               _recompute_everything)
 
+# The planner's strategies an eager step is planned with when no time limit is given (note
+# 8), in the order ties are broken in.
+REPRODUCIBLE_STRATEGIES = ("evict", "mutwo-refined", "mutwo", "chen-greedy")
+
 
 def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optional[float],
-              time_limit: Optional[float], strategy: Optional[str] = None,
-              checkpointable: bool = True) -> EagerPlan:
+              time_limit: Optional[float], strategy: Optional[str] = None) -> EagerPlan:
     """Plans the profiled step under ``budget`` (bytes of the step's peak, or a float
     fraction of its activation bytes: the store-all peak above the static bytes and the
     parameters' gradients).
@@ -77,8 +89,8 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
     ``bandwidth``: host copies per second for offload, None for recompute only.
     ``strategy``: a strategy of the Rust planner, the only one then; ``"checkpoint"``: the
     best plan run by ``torch.utils.checkpoint`` around modules (note 5), or none.
-    ``checkpointable``: whether such plans may be run that way (not where re-running a
-    module's forward has effects beyond its outputs: a key/value cache it appends to).
+    Modules whose re-run would change what the caller holds are never checkpointed
+    (``_eager_segments._rerun_changes``).
     """
     mark_recomputable(profile)
     sg = StepGraph(profile, static_bytes)
@@ -103,38 +115,18 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
         return _checkpoint_only(sg, bandwidth, budget_bytes, store_all, keep_all)
     best: Optional[EagerPlan] = None
     tried: list[EagerPlan] = [keep_all]
-    link = bandwidth if bandwidth else 1.0
-    floor = graph.memory_floor
-    # Proposals at decreasing planner budgets: the eager schedule holds more than the
-    # planner's where the planner uses what eager cannot (note 1), so ask for less by the
-    # excess; where the planner finds nothing, bisect toward the last budget it met.
-    high, target = budget_bytes, budget_bytes
-    low = floor
-    step = max(1, (budget_bytes - static_bytes) // 100)
-    for _ in range(8):
-        if target < floor:
-            break
-        try:
-            proposal = rust_plan(graph, int(target), strategy=strategy, bandwidth=link,
-                                 time_limit=time_limit)
-        except BudgetError:
-            low = target
-            target = (low + high) // 2
-            if high - low <= step:
-                break
-            continue
-        candidate = _from_proposal(sg, proposal, bandwidth, budget_bytes, store_all)
-        tried.append(candidate)
-        if candidate.predicted_peak <= budget_bytes:
+    # Note 8: the planner's strategies in a fixed order, each run to its end; the clock-bound
+    # search only when the caller gives a time limit. Ties go to the earlier.
+    names = [strategy] if strategy else list(REPRODUCIBLE_STRATEGIES)
+    if strategy is None and time_limit is not None:
+        names.append(None)
+    for name in names:
+        candidate = _propose(sg, name, time_limit, bandwidth, budget_bytes, static_bytes,
+                             store_all, tried)
+        if candidate is not None and (best is None or candidate.cost < best.cost):
             best = candidate
-            break
-        high = target
-        target = max(low, min(target - (candidate.predicted_peak - budget_bytes),
-                              target - step))
     # A strategy the caller names is the planner's only (no module segments beside it).
     segmented = [] if strategy else _module_segments(sg, bandwidth, budget_bytes, store_all)
-    if not checkpointable:
-        segmented = [p for p in segmented if not p.checkpoint_modules]
     for candidate in segmented:
         tried.append(candidate)
         if candidate.predicted_peak <= budget_bytes and (
@@ -165,6 +157,43 @@ def plan_step(profile: Profile, static_bytes: int, budget, *, bandwidth: Optiona
             floor_bytes=lowest.predicted_peak,
         )
     return best
+
+def _propose(sg: StepGraph, strategy: Optional[str], time_limit: Optional[float],
+             bandwidth: Optional[float], budget_bytes: int, static_bytes: int, store_all: int,
+             tried: list[EagerPlan]) -> Optional[EagerPlan]:
+    """The planner's ``strategy`` (None: its search) at decreasing planner budgets until
+    the eager schedule of its proposal fits (note 1); the first that fits, or None. Every
+    proposal judged is appended to ``tried``."""
+    graph = sg.graph
+    link = bandwidth if bandwidth else 1.0
+    floor = graph.memory_floor
+    # The eager schedule holds more than the planner's where the planner uses what eager
+    # cannot (note 1), so ask for less by the excess; where the planner finds nothing,
+    # bisect toward the last budget it met.
+    high, target = budget_bytes, budget_bytes
+    low = floor
+    step = max(1, (budget_bytes - static_bytes) // 100)
+    for _ in range(8):
+        if target < floor:
+            break
+        try:
+            proposal = rust_plan(graph, int(target), strategy=strategy, bandwidth=link,
+                                 time_limit=time_limit if strategy is None else None)
+        except BudgetError:
+            low = target
+            target = (low + high) // 2
+            if high - low <= step:
+                break
+            continue
+        candidate = _from_proposal(sg, proposal, bandwidth, budget_bytes, store_all)
+        tried.append(candidate)
+        if candidate.predicted_peak <= budget_bytes:
+            return candidate
+        high = target
+        target = max(low, min(target - (candidate.predicted_peak - budget_bytes),
+                              target - step))
+    return None
+
 
 def _budget_bytes(budget, store_all: int, static_bytes: int) -> int:
     """Bytes of a budget; a fraction is of the activation bytes: the unplanned peak above
@@ -225,8 +254,8 @@ def _from_proposal(sg: StepGraph, proposal, bandwidth, budget_bytes, store_all) 
                     anchors.update(by_op.get(sg.node_op[src], ()))
                 elif source_kind == "swap":
                     swapped_sources.update(by_op.get(sg.node_op[src], ()))
-        elif kind == "swap" and bandwidth and all(w < profile.forward_ops
-                                                  for w in value.writers):
+        elif kind == "swap" and bandwidth and not value.held_outside and all(
+                w < profile.forward_ops for w in value.writers):
             decisions[value.id] = OFFLOAD
             at = sg.node_op[int(d.get("prefetch_at", sg.op_node[value.first_unpack]))]
             prefetch[value.id] = min(at, value.first_unpack)

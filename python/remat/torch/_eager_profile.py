@@ -26,6 +26,8 @@ value's life is read off the storage itself:
 3. ``expiry``: the first op position at which the storage is gone, in the unplanned step
    (our handles hold saved storages exactly as long as autograd holds its saved tensors).
 
+What the caller keeps of the forward's output is part of the step too (note 6).
+
 A position is an index into the step's op list: "at position p" means after op p-1 ran
 and before op p runs; ``len(ops)`` is the end of the step.
 
@@ -52,13 +54,33 @@ Notes on invariants the planner and the runtime rely on:
    synchronization around each op adds its launch and wait latency to every op's time
    (the profiled step of a 16-layer Llama ran 34-54x a plain one that way). Where the
    events cannot be read, the host's time stays. On a CPU the host's clock is the op's
-   time.
+   time: the least of :data:`REPEATS` calls of a pure op (one that writes nothing, draws
+   no random numbers and takes plain tensors; the extra calls' outputs are dropped at once,
+   and no mode below this one is skipped). Other work on the machine only ever adds to a
+   call's time, and an op's first call pays for its lazy set-up, so the least is the
+   estimate that moves least from one profile to the next.
+6. Outputs the caller keeps. A storage still held by something other than autograd's saved
+   tensors when the model's backward begins (``Value.held_outside``: the caller's ``out``,
+   a loss computed outside the model that saved it) cannot be freed by any plan: its python
+   death is its expiry. The caller may keep more in a later step than it did in this one
+   (``out = model(x); out.loss.backward()`` keeps the logits and a returned key/value cache
+   alive through the backward, ``model(x).loss.backward()`` keeps nothing), and a plan is
+   made once per input signature: so every storage the forward returned, whether reached
+   as a tensor or inside an object (transformers' ``DynamicCache``), is charged as held by
+   the caller from its op to the end of the step (``Value.returned``), the worst a caller
+   can do. A step whose caller drops its output then peaks below its prediction, never above.
+7. Objects the model's modules change (``Profile.module_writes``): for each module call,
+   the tensors reachable from its non-tensor arguments are compared before and after the
+   call. A module that changed one (GPT-2's attention appends to the ``DynamicCache`` it is
+   given) would change it again when ``torch.utils.checkpoint`` re-runs its forward in the
+   backward (the caller's cache would hold every key twice), so it is never run that way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import types
 from typing import Any
 
 import torch
@@ -77,6 +99,10 @@ STATS_IN_PLACE = {
     "aten::miopen_batch_norm": (3, 4),
     "aten::_batch_norm_with_update": (3, 4),
 }
+
+# Calls timed per op on a CPU, where one call's time follows whatever else the machine ran
+# (note 5): the op's own call and this many minus one more, the least kept.
+REPEATS = 5
 
 # Ops whose outputs cannot be rebuilt by replaying them: they change storages behind the
 # dispatcher's back, read host state, or talk to other processes.
@@ -137,6 +163,10 @@ class Value:
     writers: list[int] = dataclasses.field(default_factory=list)  # in-place writes, in order
     python_death: int | None = None
     expiry: int | None = None
+    # Held by something other than autograd's saved tensors when the model's backward
+    # began, or returned (note 6): no plan frees it before its expiry.
+    held_outside: bool = False
+    returned: bool = False  # reachable from what the forward returned (note 6)
     saved: bool = False
     first_unpack: int | None = None
     recomputable: bool = True
@@ -176,6 +206,8 @@ class Profile:
         # The values among a module's arguments (positional and keyword) at its first call:
         # what torch.utils.checkpoint around it would hold until its backward is done.
         self.module_inputs: dict[str, tuple[int, ...]] = {}
+        # Modules whose forward changed an object it was given (note 7): name -> what.
+        self.module_writes: dict[str, str] = {}
         self.complete = False  # the backward finished
         self.device = torch.device("cpu")
         self.signature: tuple = ()
@@ -270,6 +302,8 @@ class Profiler(TorchDispatchMode):
         self.backward_started = False
         self.backward_from = 1 << 62  # the op position where the model's backward began
         self.dispatching = False  # inside our own op: a second push of this mode passes
+        # Per module (id) in call: what its non-tensor arguments held as it began (note 7).
+        self.object_states: dict[int, list] = {}
 
     @property
     def after_forward(self) -> bool:
@@ -286,7 +320,10 @@ class Profiler(TorchDispatchMode):
 
     def _note_inputs(self, module, args, kwargs):
         name = self.module_names.get(id(module))
-        if name is None or name in self.profile.module_inputs or self.phase != "forward":
+        if name is None or self.phase != "forward":
+            return None
+        self.object_states.setdefault(id(module), []).append(self._object_state(args, kwargs))
+        if name in self.profile.module_inputs:
             return None
         found = []
         for t in pytree.tree_leaves((args, kwargs)):
@@ -297,6 +334,36 @@ class Profiler(TorchDispatchMode):
                     found.append(vid)
         self.profile.module_inputs[name] = tuple(found)
         return None
+
+    def _note_writes(self, module, args, kwargs, _output):
+        """Whether the call changed an object it was given (note 7)."""
+        states = self.object_states.get(id(module))
+        name = self.module_names.get(id(module))
+        if not states or name is None or self.phase != "forward":
+            return None
+        before = states.pop()
+        if name not in self.profile.module_writes:
+            after = dict(self._object_state(args, kwargs))
+            changed = [what for what, state in before if after.get(what) != state]
+            if changed:
+                self.profile.module_writes[name] = changed[0]
+        return None
+
+    def _object_state(self, args, kwargs) -> list[tuple[str, tuple]]:
+        """Per non-tensor argument of a module call, the tensors reachable from it (storage,
+        shape, version): what a call that appends to or writes into it changes."""
+        self.internal = True
+        try:
+            named = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+            state = []
+            for what, arg in named:
+                if isinstance(arg, torch.Tensor) or isinstance(arg, _ATOMS):
+                    continue
+                state.append((f"{what} ({type(arg).__name__})", tuple(
+                    (_cdata(t), tuple(t.shape), t._version) for t in tensors_in(arg))))
+            return state
+        finally:
+            self.internal = False
 
     def _pop_module(self, *_):
         if len(self.module_stack) > 1:
@@ -312,6 +379,8 @@ class Profiler(TorchDispatchMode):
         for module in self.model.modules():
             self._module_hooks.append(module.register_forward_pre_hook(
                 self._note_inputs, with_kwargs=True))
+            self._module_hooks.append(module.register_forward_hook(
+                self._note_writes, with_kwargs=True))
         self.__enter__()
 
     def end_forward(self, outputs) -> None:
@@ -320,7 +389,9 @@ class Profiler(TorchDispatchMode):
             h.remove()
         self._module_hooks = []
         self.profile.forward_ops = len(self.profile.ops)
+        self.object_states = {}
         self._poll()
+        self._note_returned(outputs)
         self._hook_backward(outputs)
         if torch.is_grad_enabled() and not _get_current_dispatch_mode_stack():
             # What the caller does before the backward reaches the model (its loss) is part
@@ -330,6 +401,25 @@ class Profiler(TorchDispatchMode):
             self.outside = True
             self.__enter__()
             _hold_outside(self)
+
+    def _note_returned(self, outputs) -> None:
+        """Marks the values the forward returned, as tensors or inside objects (note 6)."""
+        for t in tensors_in(outputs):
+            key = _cdata(t)
+            vid = self.value_by_cdata.get(key, -1) if key is not None else -1
+            if vid >= 0:
+                self.profile.values[vid].returned = True
+
+    def _note_held(self) -> None:
+        """At the model's first backward node: the forward's values something other than
+        autograd's saved tensors still holds (note 6)."""
+        self._poll()
+        values = self.profile.values
+        for key in self.live:
+            vid = self.value_by_cdata.get(key)
+            if vid is not None and values[vid].op < self.profile.forward_ops and \
+                    values[vid].python_death is None:
+                values[vid].held_outside = True
 
     # ---- the dispatch mode ------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -357,6 +447,8 @@ class Profiler(TorchDispatchMode):
         seconds = time.perf_counter() - start
         self._end_timing(index, begin)
         workspace = self._workspace()
+        if not self.cuda and _pure(func, written, static_writes, leaves):
+            seconds = self._median_of_repeats(func, args, kwargs, seconds)
         for p in written:
             ref = refs[p]
             if not isinstance(ref, TensorRef):
@@ -396,6 +488,20 @@ class Profiler(TorchDispatchMode):
         )
         self.profile.ops.append(record)
         return out
+
+    def _median_of_repeats(self, func, args, kwargs, first: float) -> float:
+        """On a CPU (note 5): the least of the op's call and :data:`REPEATS` - 1 more on
+        the same arguments, their outputs dropped at once."""
+        times = [first]
+        self.dispatching = True
+        try:
+            for _ in range(REPEATS - 1):
+                start = time.perf_counter()
+                func(*args, **kwargs)
+                times.append(time.perf_counter() - start)
+        finally:
+            self.dispatching = False
+        return min(times)
 
     def _begin_timing(self):
         """On CUDA (note 5): the allocator's peak counter reset and an event recorded on
@@ -584,6 +690,7 @@ class Profiler(TorchDispatchMode):
         if self.profile.complete:
             return  # a node that outlived the profiled step (DDP keeps grad accumulators)
         if not self.backward_started:
+            self._note_held()
             self.backward_started = True
             self.backward_from = len(self.profile.ops)
             self.phase = "backward"
@@ -606,7 +713,13 @@ class Profiler(TorchDispatchMode):
         for value in self.profile.values:
             if value.expiry is None:
                 value.expiry = end
-            if value.python_death is None:
+            if value.returned:
+                # The worst a caller can do (note 6): hold it through the step.
+                value.held_outside = True
+                value.expiry = end
+            if value.held_outside:
+                value.python_death = value.expiry
+            elif value.python_death is None:
                 value.python_death = min(value.expiry, self.profile.forward_ops)
         for live in self.live.values():
             torch.UntypedStorage._free_weak_ref(live.weak)
@@ -689,6 +802,52 @@ def _remove_from_stack(mode: TorchDispatchMode) -> bool:
     for other in reversed(popped[:-1]):
         torch._C._push_on_torch_dispatch_stack(other)
     return True
+
+
+_ATOMS = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device,
+          torch.Size, torch.nn.Module, type, types.FunctionType, types.MethodType,
+          types.BuiltinFunctionType, types.ModuleType)
+
+
+def tensors_in(obj, limit: int = 10_000) -> list[torch.Tensor]:
+    """The tensors reachable from ``obj`` through containers and objects' attributes (a
+    model output, a key/value cache and its layers), modules and functions aside; at most
+    ``limit`` objects are looked into."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [obj]
+    while stack and len(seen) < limit:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+            continue
+        if isinstance(x, _ATOMS) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend(x)
+        else:
+            attrs = getattr(x, "__dict__", None)
+            if isinstance(attrs, dict):
+                stack.extend(attrs.values())
+            for slot in getattr(type(x), "__slots__", ()):
+                if isinstance(slot, str) and slot != "__weakref__":
+                    stack.append(getattr(x, slot, None))
+    return found
+
+
+def _pure(func, written, static_writes, leaves) -> bool:
+    """Whether calling ``func`` again on the same arguments changes nothing the step sees:
+    an aten op that writes nothing, draws no random numbers and is replayable, on plain
+    tensors (a tensor subclass, DTensor, may talk to other ranks inside the op)."""
+    return (func.namespace == "aten" and not written and not static_writes
+            and func._schema.name not in _NOT_REPLAYABLE
+            and torch.Tag.nondeterministic_seeded not in func.tags
+            and not func._schema.is_mutable
+            and all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in leaves
+                    if isinstance(x, torch.Tensor)))
 
 
 def _cdata(t: torch.Tensor) -> int | None:

@@ -16,7 +16,8 @@ import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import _native
-from ._eager_graph import (EagerPlan, KEEP, OFFLOAD, RECOMPUTE, Recipe, StepGraph, TIME_UNIT_S)
+from ._eager_graph import (EagerPlan, KEEP, OFFLOAD, RECOMPUTE, Recipe, StepGraph, TIME_UNIT_S,
+                           quantized)
 
 
 def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[int, int],
@@ -35,6 +36,9 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
     profile = sg.profile
     values = profile.values
     n = sg.n
+    # The runtime sees the backward only through unpacks: a prefetch is issued at the
+    # unpack at or before its planned position (``_eager_run``), and is charged there.
+    unpacks = sorted({p for pack in profile.packs for p in pack.unpacks})
     members: dict[int, list[int]] = {}
     for v, g in groups.items():
         members.setdefault(g, []).append(v)
@@ -82,7 +86,7 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
         early[nd] = death
         if OFFLOAD in moved:
             at = min([prefetch_at[v] for v in vids if v in prefetch_at] + [comeback])
-            back_at.setdefault(max(at, death), []).append(("swap_in", nd))
+            back_at.setdefault(max(_issued_at(unpacks, at), death), []).append(("swap_in", nd))
         # A rebuilt node comes back with its group, at the group's trigger (below).
     for g, at in trigger.items():
         back_at.setdefault(at, []).append(("group", g))
@@ -143,6 +147,15 @@ def eager_schedule(sg: StepGraph, decisions: dict[int, str], prefetch_at: dict[i
             steps.append(("free", sg.hold_node[p]))
     steps.append(("compute", sg.end))
     return steps
+
+def _issued_at(unpacks: list[int], position: int) -> int:
+    """Where the runtime issues a prefetch planned at ``position``: at the last unpack at or
+    before it, or at the first unpack when none is (``RuntimePlan.prefetch_after``)."""
+    k = bisect.bisect_right(unpacks, position) - 1
+    if k >= 0:
+        return unpacks[k]
+    return unpacks[0] if unpacks else position
+
 
 def rebuild_triggers(values, groups: dict[int, int], group_recipes: dict[int, Recipe],
                      frames: Optional[dict[int, tuple[int, ...]]] = None
@@ -353,7 +366,8 @@ def checkpoint_call_seconds() -> float:
     for _ in range(5):  # alternating, as in dispatch_seconds
         plain.append(per_step(False))
         hooked.append(per_step(True))
-    return max(0.0, min(hooked) - min(plain))
+    # On the grid of the profile's times, so that two processes charge the same.
+    return quantized(max(0.0, min(hooked) - min(plain)))
 
 @functools.cache
 def dispatch_seconds() -> float:
@@ -382,4 +396,4 @@ def dispatch_seconds() -> float:
         plain.append(per_op())
         with _PassThrough():
             hooked.append(per_op())
-    return max(0.0, 6.0 * (min(hooked) - min(plain)))
+    return quantized(max(0.0, 6.0 * (min(hooked) - min(plain))))

@@ -123,10 +123,10 @@ def _module_segments(sg, bandwidth, budget_bytes, store_all) -> list[EagerPlan]:
         if not plan.count(RECOMPUTE):
             continue
         plans.append(plan)
-        module_of, together = _rebuilt_modules(profile, segments, depth, plan)
-        if module_of:
-            plans.append(_as_checkpointed(sg, plan, module_of, together, bandwidth,
-                                          budget_bytes, store_all, depth))
+        checkpointed = _as_checkpointed_where_safe(sg, segments, plan, bandwidth,
+                                                   budget_bytes, store_all, depth)
+        if checkpointed is not None:
+            plans.append(checkpointed)
         if bandwidth:
             offloaded = _offload_anchors(sg, plan, bandwidth, budget_bytes, store_all)
             if offloaded is not None:
@@ -164,6 +164,47 @@ def _offload_anchors(sg, plan: EagerPlan, bandwidth, budget_bytes, store_all
     name = plan.strategy.removesuffix("/alone") + "+offload"
     return _evaluate(sg, decisions, plan.recipes, prefetch, bandwidth, budget_bytes, name,
                      store_all)
+
+def _as_checkpointed_where_safe(sg, segments, plan: EagerPlan, bandwidth, budget_bytes,
+                                store_all, depth) -> Optional[EagerPlan]:
+    """The segmented ``plan`` run by ``torch.utils.checkpoint``, its segments narrowed to
+    the modules a re-run leaves as they were (:func:`_rerun_changes`: the others' ops run
+    as they are, their saved values kept), or None where no module is left."""
+    profile = sg.profile
+    names = _checkpointable(profile, segments, depth)
+    if not names:
+        return None
+    safe = [ops for ops, name in zip(segments, names) if not _rerun_changes(profile, name)]
+    if len(safe) < len(segments):
+        if not safe:
+            return None
+        plan = _evaluate_segments(sg, safe, set(), bandwidth, budget_bytes, store_all, depth)
+        if not plan.count(RECOMPUTE):
+            return None
+        segments = safe
+    module_of, together = _rebuilt_modules(profile, segments, depth, plan)
+    if not module_of:
+        return None
+    return _as_checkpointed(sg, plan, module_of, together, bandwidth, budget_bytes, store_all,
+                            depth)
+
+def _rerun_changes(profile: Profile, name: str) -> str:
+    """Why re-running module ``name``'s forward in the backward, as ``torch.utils.checkpoint``
+    does, would change what the caller sees ("" where it would not): its call changed an
+    object it was given (a key/value cache it appends to: the profile's note 7), or it saves
+    a tensor the caller holds through the backward, which the re-run would make a second
+    copy of (note 6)."""
+    inside = name + "."
+    for module, what in profile.module_writes.items():
+        if module == name:
+            return f"its forward changed {what}"
+        if module.startswith(inside):
+            return f"{module}'s forward changed {what}"
+    held = {pack.where for pack in profile.packs
+            if pack.ref.value >= 0 and profile.values[pack.ref.value].held_outside}
+    if any(where == name or where.startswith(inside) for where in held):
+        return "it saves a tensor the caller holds through the backward"
+    return ""
 
 def _as_checkpointed(sg, plan: EagerPlan, module_of: dict[int, str],
                      together: dict[int, int], bandwidth, budget_bytes, store_all,

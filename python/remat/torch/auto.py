@@ -16,7 +16,12 @@ to plain eager. Outside training (``model.eval()``, ``torch.no_grad()``) nothing
 
 The budget: bytes mean the step's peak (static tensors, activations and gradients; on CUDA as
 ``torch.cuda.max_memory_allocated`` reports it); a float in (0, 1] is a fraction of the
-step's *activation* bytes (the unplanned peak above the static bytes). On a CPU device the
+step's *activation* bytes (the unplanned peak above the static bytes). Everything the
+forward returns (logits, a key/value cache, hidden states) is counted as held by the caller
+through the whole backward, the worst a caller can do, so the step stays within its
+prediction whether ``out`` is kept or dropped (``_eager_profile``'s note 6); modules whose
+re-run would change what the caller holds (a cache they append to) are never run under
+``torch.utils.checkpoint`` (note 7). On a CPU device the
 host is the device's own memory, so plans there recompute only. On CUDA the profiled step
 resets the allocator's peak counter around each op to read the op's workspace (memory it
 holds beyond its outputs while it runs), which the predicted peak counts: read
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import os
 import time
 import warnings
@@ -37,22 +43,25 @@ import torch
 import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
-from .. import _native
-from ._eager_plan import (KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, _budget_bytes,
-                          plan_step)
+from .. import _arguments, _native
+from ._eager_graph import quantized
+from ._eager_plan import KEEP, OFFLOAD, RECOMPUTE, EagerPlan, StepGraph, plan_step
 from ._eager_profile import Profile, Profiler, release_outside_modes
 from ._eager_run import RunMode, RuntimePlan, StepState, make_hooks
+from . import _plan_file, _plan_ranks
 from ._store import FileStore, check_store, measure_store_bandwidth
 from .capture import _device_of
-from .errors import CaptureError
+from .errors import CaptureError, PlanMismatchError
 
 _ATTR = "_remat_auto"
+_log = logging.getLogger("remat")
 
 
 class _Entry:
     """One input signature: its profile (once complete) and plan."""
 
-    def __init__(self):
+    def __init__(self, signature: str = ""):
+        self.signature = signature  # the input signature as text (``_plan_file``)
         self.profile: Optional[Profile] = None
         self.static_bytes = 0
         self.plan: Optional[EagerPlan] = None
@@ -61,7 +70,7 @@ class _Entry:
         self.stale = False
         self.steps = 0
         self.plan_seconds = 0.0
-        self.caches_keys = False  # the profiled forward returned a key/value cache
+        self.bandwidth: Optional[float] = None  # the link the plan was made for
 
 
 class AutoCheckpoint:
@@ -69,7 +78,9 @@ class AutoCheckpoint:
 
     def __init__(self, model: torch.nn.Module, memory_budget, *, offload: Optional[bool],
                  bandwidth: Optional[float], time_limit: Optional[float],
-                 max_plans: int, strategy: Optional[str], store: Optional[Path] = None):
+                 max_plans: int, strategy: Optional[str], store: Optional[Path] = None,
+                 share_plan: bool = True, plans: Optional[dict[str, dict]] = None,
+                 plan_source: str = ""):
         self.model = model
         self.store = FileStore(store) if store is not None else None
         self.memory_budget = memory_budget
@@ -83,6 +94,12 @@ class AutoCheckpoint:
         self.enabled = True
         self.reprofiles = 0
         self._warned_compile = False
+        # Plans loaded from a file (``plan=``), by input signature; None: plan each step.
+        self.loaded = plans
+        self.plan_source = plan_source
+        self.share_plan = share_plan
+        self.evictions = 0  # input signatures whose plans ``max_plans`` dropped
+        self._warned_eviction = False
 
     # ---- the forward --------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -95,10 +112,10 @@ class AutoCheckpoint:
                                             and entry.runtime.refused):
             if entry is not None:
                 self.reprofiles += 1
-            entry = _Entry()
+            entry = _Entry(_plan_file.signature_text(key))
+            self._check_loaded(entry.signature)
             self.entries[key] = entry
-            while len(self.entries) > self.max_plans:
-                self.entries.popitem(last=False)
+            self._evict()
         self.entries.move_to_end(key)
         if entry.plan is None and entry.profile is not None:
             self._plan(entry)
@@ -110,6 +127,32 @@ class AutoCheckpoint:
         if entry.plan.checkpoint_modules:
             return self._run_checkpointed(entry.plan.checkpoint_modules, args, kwargs)
         return self._run(entry, args, kwargs)
+
+    def _evict(self) -> None:
+        """Drops the least recently used signatures beyond ``max_plans``: counted in
+        ``evictions``, logged each time (logger ``remat``), warned about once."""
+        while len(self.entries) > self.max_plans:
+            _, dropped = self.entries.popitem(last=False)
+            self.evictions += 1
+            message = (f"remat: max_plans={self.max_plans} input signatures are cached; the "
+                       f"plan of the least recently used one, {dropped.signature}, is dropped "
+                       "and that shape is profiled and planned again when it comes back")
+            _log.info(message)
+            if not self._warned_eviction:
+                self._warned_eviction = True
+                warnings.warn(message + " (raise max_plans to keep more; this warning is "
+                              "given once, controller(model).evictions counts them)",
+                              stacklevel=4)
+
+    def _check_loaded(self, signature: str) -> None:
+        if self.loaded is None or signature in self.loaded:
+            return
+        known = "; ".join(sorted(self.loaded))
+        raise PlanMismatchError(
+            f"plan {self.plan_source} has no plan for input signature {signature} (it has: "
+            f"{known}); save the plan after steps with every input shape, or call "
+            "auto_checkpoint without plan= to plan this one", source=self.plan_source,
+            field="signature")
 
     def _active(self) -> bool:
         if not (self.enabled and self.model.training and torch.is_grad_enabled()):
@@ -149,7 +192,6 @@ class AutoCheckpoint:
             for h in profiler._module_hooks:
                 h.remove()
         profiler.end_forward(out)
-        entry.caches_keys = _caches_keys(out)
         return out
 
     def _plan(self, entry: _Entry) -> None:
@@ -158,14 +200,67 @@ class AutoCheckpoint:
             # The device's count when the planned step starts, not when the profiled one
             # did: an optimizer's state appears at its first step, after the profile.
             entry.static_bytes = torch.cuda.memory_allocated(device)
-        bandwidth = self._bandwidth(device)
         start = time.perf_counter()
-        entry.plan = plan_step(entry.profile, entry.static_bytes, self.memory_budget,
-                               bandwidth=bandwidth, time_limit=self.time_limit,
-                               strategy=self.strategy,
-                               checkpointable=not entry.caches_keys)
+        if self.loaded is not None:
+            record = self.loaded[entry.signature]
+            entry.plan = _plan_file.bind(entry.profile, entry.static_bytes, record,
+                                         source=f"plan {self.plan_source}")
+            entry.bandwidth = record["bandwidth"]
+        elif _plan_ranks.sharing(self.share_plan):
+            ops = _plan_file.structure(entry.profile)
+            _plan_ranks.check_same_step(entry.signature, ops)
+            planned: list[EagerPlan] = []
+
+            def make_record() -> dict:
+                planned.append(self._plan_here(entry))
+                return self._record(entry, planned[0], ops)
+
+            record, here = _plan_ranks.share(make_record)
+            if here:
+                entry.plan = planned[0]
+            else:
+                entry.plan = _plan_file.bind(entry.profile, entry.static_bytes, record,
+                                             source="rank 0's plan")
+                entry.bandwidth = record["bandwidth"]
+        else:
+            entry.plan = self._plan_here(entry)
         entry.plan_seconds = time.perf_counter() - start
+        self._check_runnable(entry.plan, device)
         entry.runtime = RuntimePlan(entry.profile, entry.plan, device, self.store)
+
+    def _plan_here(self, entry: _Entry) -> EagerPlan:
+        entry.bandwidth = self._bandwidth(entry.profile.device)
+        return plan_step(entry.profile, entry.static_bytes, self.memory_budget,
+                         bandwidth=entry.bandwidth,
+                         time_limit=self.time_limit, strategy=self.strategy)
+
+    def _record(self, entry: _Entry, plan: EagerPlan, ops=None) -> dict:
+        return _plan_file.record_of(
+            plan, ops if ops is not None else _plan_file.structure(entry.profile),
+            entry.signature, self.memory_budget, entry.bandwidth,
+            _plan_file.frames_of(entry.profile, plan))
+
+
+    def _check_runnable(self, plan: EagerPlan, device: torch.device) -> None:
+        if device.type != "cuda" and self.store is None and any(
+                d == OFFLOAD for d in plan.decisions.values()):
+            raise PlanMismatchError(
+                f"{self.plan_source or 'the shared plan'} offloads saved tensors, which a "
+                "CPU model does only to a store: give auto_checkpoint store=DIRECTORY",
+                source=self.plan_source or None, field="store")
+
+    def save(self, path) -> None:
+        """Writes the plan of every input signature planned so far to ``path`` (JSON,
+        versioned; a temporary name, synced, renamed), for
+        ``auto_checkpoint(model, memory_budget, plan=path)``: the same decisions, with no
+        planning, on a model with the same parameters, buffers and module tree, for the
+        same input signatures and budget."""
+        records = [self._record(e, e.plan) for e in self.entries.values()
+                   if e.plan is not None]
+        if not records:
+            raise CaptureError("no plan yet to save: run two training steps first (the "
+                               "first profiles, the second plans)")
+        _plan_file.write(Path(path), self.model, records)
 
     def _bandwidth(self, device: torch.device) -> Optional[float]:
         if self.offload is False:
@@ -177,10 +272,10 @@ class AutoCheckpoint:
                 return None
             if self.bandwidth is not None:
                 return float(self.bandwidth)
-            return measure_store_bandwidth(self.store.directory)
+            return _quantized_rate(measure_store_bandwidth(self.store.directory))
         if self.bandwidth is not None:
             return float(self.bandwidth)
-        return _measure_copy_bandwidth(device)
+        return _quantized_rate(_measure_copy_bandwidth(device))
 
     def _run_checkpointed(self, names: tuple[str, ...], args, kwargs):
         """The plan's note 5: each named module's forward under non-reentrant
@@ -289,13 +384,22 @@ def plan_table(profile: Profile, plan: EagerPlan) -> str:
         f"predicted peak {h(plan.predicted_peak)} (budget {h(plan.budget_bytes)}, unplanned "
         f"{h(plan.store_all_peak)}, static {h(plan.static_bytes)}), predicted overhead "
         f"{100 * plan.overhead:.2f}%, from {plan.strategy}")
+    returned = sum(v.nbytes for v in profile.values if v.returned)
+    held = sum(v.nbytes for v in profile.values if v.held_outside and not v.returned)
+    if returned or held:
+        # The profile's note 6: the worst a caller can keep, whatever the profiled one did.
+        lines.append(f"kept by the caller: {h(returned)} the forward returned, charged as "
+                     f"held through the backward (the worst case: a caller that drops it "
+                     f"peaks lower)" + (f"; {h(held)} more held outside the model when its "
+                                        "backward began" if held else ""))
     return "\n".join(lines)
 
 
 def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
                     offload: Optional[bool] = None, bandwidth: Optional[float] = None,
                     time_limit: Optional[float] = None, max_plans: int = 8,
-                    strategy: Optional[str] = None, store=None) -> torch.nn.Module:
+                    strategy: Optional[str] = None, store=None, plan=None,
+                    share_plan: bool = True) -> torch.nn.Module:
     """Plans keep / offload / recompute for ``model``'s training steps under
     ``memory_budget`` and runs the plan inside eager autograd. Returns ``model`` itself
     (same parameters, ``state_dict`` keys and attributes), its ``forward`` wrapped.
@@ -313,7 +417,16 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
     time_limit: seconds the planner may take per input signature (default: its own).
     strategy: one strategy of the Rust planner, or "checkpoint": the best plan that runs as
         ``torch.utils.checkpoint`` around whole modules, which remat picks by itself.
-    max_plans: input signatures (shapes) whose plans are cached, least recent dropped.
+    max_plans: input signatures (shapes) whose plans are cached, least recent dropped
+        (``controller(model).evictions`` counts them; the first is warned about).
+    plan: a file written by ``controller(model).save(path)``: its plans run as they are,
+        with no planning (each signature's first step is still profiled, as plain eager,
+        and checked against the saved step). Checked against the model (parameters,
+        buffers, module tree), the budget and each input signature; ``PlanMismatchError``
+        names the file and what differs.
+    share_plan: under an initialized ``torch.distributed`` with more than one rank, rank 0
+        plans each input signature and every rank runs that plan (the planning step is a
+        collective of the default group); False plans on each rank from its own timings.
     """
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"auto_checkpoint needs an nn.Module, got {type(model).__name__}")
@@ -322,6 +435,10 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
     _check_budget(memory_budget)
     bandwidth = _parse_bandwidth(bandwidth)
     store = check_store(store) if store is not None else None
+    if not isinstance(share_plan, bool):
+        raise CaptureError(f"share_plan must be True or False, got {share_plan!r}")
+    plans = _plan_file.read(plan, model, memory_budget) if plan is not None else None
+    plan_source = os.fspath(plan) if plan is not None else ""
     existing = getattr(model, _ATTR, None)
     if existing is not None:  # called again: the new options, planned afresh
         existing.memory_budget = memory_budget
@@ -329,11 +446,14 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
         existing.time_limit, existing.strategy = time_limit, strategy
         existing.max_plans = max_plans
         existing.store = FileStore(store) if store is not None else None
+        existing.loaded, existing.plan_source = plans, plan_source
+        existing.share_plan = share_plan
         existing.entries.clear()
         return model
     controller = AutoCheckpoint(model, memory_budget, offload=offload, bandwidth=bandwidth,
                                 time_limit=time_limit, max_plans=max_plans, strategy=strategy,
-                                store=store)
+                                store=store, share_plan=share_plan, plans=plans,
+                                plan_source=plan_source)
     object.__setattr__(model, _ATTR, controller)
 
     @functools.wraps(controller.forward)
@@ -352,44 +472,22 @@ def controller(model: torch.nn.Module) -> AutoCheckpoint:
     return c
 
 
-def _caches_keys(out) -> bool:
-    """Whether the profiled forward returned a key/value cache (transformers' decoders with
-    ``config.use_cache`` on give ``past_key_values``; an encoder such as BERT carries the
-    flag but returns none): re-running a layer's forward under checkpoint would append to
-    the cache again, so plans are not run that way there."""
-    items = list(out.values()) if isinstance(out, dict) else (
-        list(out) if isinstance(out, (tuple, list)) else [out])
-    if isinstance(out, dict) and out.get("past_key_values") is not None:
-        return True
-    # (a tuple output, return_dict=False: the cache object is one of its items)
-    return any(type(x).__name__.endswith("Cache") for x in items)
-
-
 def _checkpointed(forward, *args, **kwargs):
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def _parse_bandwidth(bandwidth) -> Optional[float]:
-    """``bandwidth`` as bytes per second: numbers as they are (positive), text through the
-    units parser every remat front end shares."""
+    """``bandwidth`` as bytes per second, read as every remat front end reads it."""
     if bandwidth is None:
         return None
-    if isinstance(bandwidth, str):
-        return float(_native.parse_bandwidth(bandwidth, "bandwidth"))
-    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or \
-            not bandwidth > 0:
-        raise CaptureError(f"bandwidth must be positive bytes per second or text such as "
-                           f"'25GB/s', got {bandwidth!r}")
-    return float(bandwidth)
+    return float(_arguments.bandwidth(bandwidth, "bandwidth"))
 
 
 def _check_budget(budget) -> None:
     """Refuses, when given, a budget no step can mean (unreadable text, 0, a negative, a
     fraction outside (0, 1], bytes under 1 KiB), in the words and class (``ArgumentError``)
     every remat front end uses for the same value."""
-    from .._arguments import check_step_budget
-
-    check_step_budget(budget, "memory_budget")
+    _arguments.check_step_budget(budget, "memory_budget")
 
 
 def _signature(model, args, kwargs) -> tuple:
@@ -407,6 +505,12 @@ def _signature(model, args, kwargs) -> tuple:
                 torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
                 else None)
     return (str(spec), tuple(parts), autocast)
+
+
+def _quantized_rate(bytes_per_s: float) -> float:
+    """A measured bandwidth on the grid of the profile's times (``_eager_graph.quantized``):
+    the time a copy takes is what plans compare, and it must not follow the noise."""
+    return 1.0 / quantized(1.0 / bytes_per_s) if bytes_per_s > 0 else bytes_per_s
 
 
 def _nothing() -> None:

@@ -25,3 +25,14 @@ class StepDivergedError(_Base):
         super().__init__(message)
         self.op = op
         self.module = module
+
+
+class PlanMismatchError(_Base):
+    """A saved or shared plan that does not fit this model or step: ``source`` names the
+    plan file (or the rank it came from), ``field`` what differs (``model``, ``signature``,
+    ``step``, ``memory_budget``, ``format``, ``version``, ``file``)."""
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.source = source
+        self.field = field
