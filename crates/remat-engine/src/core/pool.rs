@@ -362,7 +362,12 @@ mod tests {
         assert_eq!(err.budget, 100);
         assert_eq!(pool.live(), 60);
         let msg = err.at("matmul#3").to_string();
-        assert!(msg.contains("matmul#3") && msg.contains("41 bytes") && msg.contains("budget 100"));
+        assert!(
+            msg.contains("matmul#3")
+                && msg.contains("requested 41 B of temporaries")
+                && msg.contains("budget 100 B (1 B short)"),
+            "{msg}"
+        );
     }
 
     #[test]
