@@ -5,7 +5,7 @@
 //! print the whole chain (`anyhow`'s `{:#}`) would otherwise show its text twice, and
 //! callers that print only the top message would otherwise lose the step or field at fault.
 
-use remat_units::human_bytes;
+use remat_units::{human_bytes, human_bytes_exact};
 use thiserror::Error;
 
 /// Kept here too, beside the other errors, for callers that name it by this path.
@@ -105,8 +105,8 @@ pub enum SimError {
 pub enum PlanError {
     #[error(
         "strategy `{strategy}`: budget of {} is infeasible; its smallest peak is {}",
-        human_bytes(*budget),
-        human_bytes(*best_peak)
+        human_bytes_exact(*budget),
+        human_bytes_exact(*best_peak)
     )]
     OverBudget {
         strategy: String,
@@ -115,8 +115,8 @@ pub enum PlanError {
     },
     #[error(
         "budget of {} is infeasible for every strategy; the smallest peak any strategy reached is {} (by `{strategy}`)",
-        human_bytes(*budget),
-        human_bytes(*best_peak)
+        human_bytes_exact(*budget),
+        human_bytes_exact(*best_peak)
     )]
     Infeasible {
         budget: u64,
@@ -133,16 +133,16 @@ pub enum PlanError {
     },
     #[error(
         "budget of {} is below the graph's floor of {} (its largest operation's output plus its inputs, plus static memory): no schedule fits",
-        human_bytes(*budget),
-        human_bytes(*floor)
+        human_bytes_exact(*budget),
+        human_bytes_exact(*floor)
     )]
     BelowFloor { budget: u64, floor: u64 },
     /// A recompute-only request under the recompute floor ([`crate::floor`]): no schedule
     /// without swaps fits.
     #[error(
         "budget of {} is below the graph's recompute floor of {} ({}): no schedule without swaps fits",
-        human_bytes(*budget),
-        human_bytes(*floor),
+        human_bytes_exact(*budget),
+        human_bytes_exact(*floor),
         crate::floor::floor_kind(*exact)
     )]
     BelowRecomputeFloor {
@@ -154,8 +154,8 @@ pub enum PlanError {
     /// eager order: no eager plan fits.
     #[error(
         "budget of {} is below the graph's eager floor of {} (every value eager autograd holds at some operation, with its inputs and output, plus static memory): no eager-order plan fits",
-        human_bytes(*budget),
-        human_bytes(*floor)
+        human_bytes_exact(*budget),
+        human_bytes_exact(*floor)
     )]
     BelowEagerFloor { budget: u64, floor: u64 },
     #[error("strategy `{strategy}` does not apply: {why}")]

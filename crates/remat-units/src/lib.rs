@@ -87,7 +87,7 @@ pub use parse::{
     Amount, Budget, parse_bandwidth, parse_budget, parse_count, parse_nonzero_size, parse_seconds,
     parse_size,
 };
-pub use print::{exact_bytes, human_bandwidth, human_bytes};
+pub use print::{exact_bytes, human_bandwidth, human_bytes, human_bytes_exact};
 pub use stats::{median, upper_median};
 
 #[cfg(test)]

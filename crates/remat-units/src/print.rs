@@ -18,6 +18,21 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// [`human_bytes`], with the exact count beside it where the two decimals round it
+/// (`613.28 MiB (643072123 bytes)`, `256.00 MiB`, `1000 B`): for the sizes a reader copies
+/// into a budget (a floor, a least peak), where a rounded figure one byte off is the
+/// difference between fitting and not, and for a budget printed beside one.
+pub fn human_bytes_exact(bytes: u64) -> String {
+    let human = human_bytes(bytes);
+    let scale = [1u64 << 40, 1 << 30, 1 << 20, 1 << 10]
+        .into_iter()
+        .find(|scale| bytes >= *scale);
+    match scale {
+        Some(scale) if !bytes.is_multiple_of(scale) => format!("{human} ({bytes} bytes)"),
+        _ => human,
+    }
+}
+
 /// Exact units, largest first: the first that divides a count gives the smallest number.
 const EXACT: [(&str, u64); 8] = [
     ("TiB", 1 << 40),
@@ -66,6 +81,17 @@ pub fn human_bandwidth(bytes_per_second: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_bytes_exact_adds_the_count_only_where_the_figure_is_rounded() {
+        assert_eq!(human_bytes_exact(1000), "1000 B");
+        assert_eq!(human_bytes_exact(256 << 20), "256.00 MiB");
+        assert_eq!(human_bytes_exact(3123), "3.05 KiB (3123 bytes)");
+        assert_eq!(
+            human_bytes_exact((613 << 20) - 1),
+            "613.00 MiB (642777087 bytes)"
+        );
+    }
 
     #[test]
     fn human_bytes_picks_the_largest_binary_unit_with_a_whole_number() {
