@@ -6,7 +6,7 @@
 #      Rust toolchain on PATH installs it from that file alone and plans in process; the
 #      wheel's metadata says what `pip install "./python[torch]"` pulls.
 # Usage: scripts/check_install.sh PYTHON   (an interpreter whose environment has maturin)
-# Reuses the workspace's target/ so that nothing is compiled twice.
+# Reuses the workspace's target/ (or $CARGO_TARGET_DIR) so that nothing is compiled twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +16,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/remat-install.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 # ---- 1. the binary --------------------------------------------------------------------
-CARGO_TARGET_DIR="$PWD/target" cargo install --quiet --locked --path crates/remat-cli \
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+cargo install --quiet --locked --path crates/remat-cli \
   --root "$work/cargo-root"
 binary="$work/cargo-root/bin/remat"
 "$binary" --version
@@ -29,8 +30,8 @@ fi
 
 # ---- 2. the wheel, in a fresh environment without Rust ----------------------------------
 bin_dir=$(dirname "$python")
-PATH="$bin_dir:$PATH" "$python" -m maturin build --quiet --release \
-  -m python/pyproject.toml -o "$work/wheels"
+(cd python && PATH="$bin_dir:$PATH" "$python" -m maturin build --quiet --release \
+  -o "$work/wheels")
 wheel=$(ls "$work"/wheels/remat-*.whl)
 "$python" - "$wheel" <<'EOF'
 import sys, zipfile

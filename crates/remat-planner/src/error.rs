@@ -105,7 +105,7 @@ pub enum SimError {
 pub enum PlanError {
     #[error(
         "strategy `{strategy}`: budget of {} is infeasible; its smallest peak is {}",
-        human_bytes_exact(*budget),
+        human_bytes(*budget),
         human_bytes_exact(*best_peak)
     )]
     OverBudget {
@@ -115,7 +115,7 @@ pub enum PlanError {
     },
     #[error(
         "budget of {} is infeasible for every strategy; the smallest peak any strategy reached is {} (by `{strategy}`)",
-        human_bytes_exact(*budget),
+        human_bytes(*budget),
         human_bytes_exact(*best_peak)
     )]
     Infeasible {
@@ -133,7 +133,7 @@ pub enum PlanError {
     },
     #[error(
         "budget of {} is below the graph's floor of {} (its largest operation's output plus its inputs, plus static memory): no schedule fits",
-        human_bytes_exact(*budget),
+        human_bytes(*budget),
         human_bytes_exact(*floor)
     )]
     BelowFloor { budget: u64, floor: u64 },
@@ -141,7 +141,7 @@ pub enum PlanError {
     /// without swaps fits.
     #[error(
         "budget of {} is below the graph's recompute floor of {} ({}): no schedule without swaps fits",
-        human_bytes_exact(*budget),
+        human_bytes(*budget),
         human_bytes_exact(*floor),
         crate::floor::floor_kind(*exact)
     )]
@@ -154,7 +154,7 @@ pub enum PlanError {
     /// eager order: no eager plan fits.
     #[error(
         "budget of {} is below the graph's eager floor of {} (every value eager autograd holds at some operation, with its inputs and output, plus static memory): no eager-order plan fits",
-        human_bytes_exact(*budget),
+        human_bytes(*budget),
         human_bytes_exact(*floor)
     )]
     BelowEagerFloor { budget: u64, floor: u64 },

@@ -21,7 +21,7 @@ pub fn human_bytes(bytes: u64) -> String {
 /// [`human_bytes`], with the exact count beside it where the two decimals round it
 /// (`613.28 MiB (643072123 bytes)`, `256.00 MiB`, `1000 B`): for the sizes a reader copies
 /// into a budget (a floor, a least peak), where a rounded figure one byte off is the
-/// difference between fitting and not, and for a budget printed beside one.
+/// difference between fitting and not.
 pub fn human_bytes_exact(bytes: u64) -> String {
     let human = human_bytes(bytes);
     let scale = [1u64 << 40, 1 << 30, 1 << 20, 1 << 10]

@@ -61,7 +61,7 @@ pub enum MultiError {
     Combined { models: usize, error: GraphError },
     #[error(
         "budget of {} is below the floor of the {models} models together, {} (static memory of all of them plus the largest operation's inputs and output): no schedule fits",
-        remat_units::human_bytes_exact(*budget),
+        remat_units::human_bytes(*budget),
         remat_units::human_bytes_exact(*floor)
     )]
     BelowFloor {
