@@ -42,7 +42,8 @@ with zipfile.ZipFile(wheel) as z:
 wanted = {"torch": False, "numpy": False}
 for line in requires:
     for name in wanted:
-        if line.split(":", 1)[1].strip().startswith(name) and 'extra == "torch"' in line:
+        marker = line.replace("'", '"')
+        if line.split(":", 1)[1].strip().startswith(name) and 'extra == "torch"' in marker:
             wanted[name] = True
 missing = [name for name, found in wanted.items() if not found]
 if missing:

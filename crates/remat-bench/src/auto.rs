@@ -25,18 +25,18 @@ use crate::error::{Context, Result};
 #[derive(clap::Args)]
 pub struct Args {
     /// Depths to run (the engine benchmark's GPT has 8 blocks; the second is twice as deep).
-    #[arg(long, value_delimiter = ',', default_value = "8,16")]
+    #[arg(long, value_delimiter = ',', default_value = "8,16", value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     layers: Vec<usize>,
     /// Budgets as fractions of the store-all activation peak.
     #[arg(long, value_delimiter = ',', default_value = "0.9,0.7,0.5,0.3")]
     fractions: Vec<f64>,
     /// Timed steps per measurement (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     runs: usize,
     /// A small model instead of the engine benchmark's (to try the benchmark quickly).
     #[arg(long)]
     quick: bool,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     threads: usize,
     /// Relative step-time difference treated as noise when comparing auto with the best
     /// fixed policy.

@@ -25,20 +25,20 @@ use crate::torch::TorchPeer;
 #[derive(clap::Args)]
 pub struct Args {
     /// Worker threads.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     threads: usize,
     /// Rounds of timed steps, one step of each policy per round (after one warm-up step
     /// each); medians are reported.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     steps: usize,
     /// Transformer blocks (the bench uses 8).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     layers: usize,
     /// Sequences per step.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     batch: usize,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     seq: usize,
     /// Also print where one store-all step spends its time, per op kind and phase.
     #[arg(long)]

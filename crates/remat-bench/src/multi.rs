@@ -41,27 +41,27 @@ use crate::error::{Context, Result, chain, ensure, failed};
 #[derive(clap::Args)]
 pub struct Args {
     /// Numbers of models trained together.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4", value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     ks: Vec<usize>,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     layers: usize,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     d_model: usize,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     heads: usize,
     /// Sequences per step and model.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     batch: usize,
     /// Digits of the reversal task (sequence length 2 x digits).
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = 12, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     digits: usize,
     /// Timed steps per row, after one warm-up step (the median step time is reported).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = remat_units::flag::count::<u64>, allow_hyphen_values = true)]
     steps: u64,
     /// The budget as a multiple of one model's store-all peak (> 1: one model fits whole).
     #[arg(long, default_value_t = 1.1)]
     budget_factor: f64,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     threads: usize,
 }
 

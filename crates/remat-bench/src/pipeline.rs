@@ -23,32 +23,32 @@ use crate::error::{Result, bail, ensure, failed};
 #[derive(clap::Args)]
 pub struct Args {
     /// Pipeline stages.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     stages: usize,
     /// Micro-batch counts to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16", value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     micro_batches: Vec<usize>,
     /// Transformer blocks (split evenly over the stages).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     layers: usize,
     /// Model width.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     d_model: usize,
     /// Attention heads.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     heads: usize,
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     seq: usize,
     /// Sequences per micro-batch.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     rows: usize,
     /// Kernel threads per stage.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     threads_per_stage: usize,
     /// Timed steps per configuration (after a warm-up); the fastest is reported (on a shared
     /// machine, other processes only ever add time).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     repeats: usize,
     /// threads (every stage a thread of this process: the schedule x stage-policy tables) or
     /// mpi (every stage an MPI rank: step time, bubble and bytes sent for 1, 2 and 4 stages

@@ -45,7 +45,7 @@ pub struct Args {
     pub time_unit: f64,
     /// Exact strategies run on synthetic graphs up to this many nodes (they are not meant
     /// to be fast; the MILP would take hours on 1,000 nodes).
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 400, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     pub exact_max_nodes: usize,
     /// Only the shared graphs whose file name contains this text.
     #[arg(long)]
@@ -53,7 +53,7 @@ pub struct Args {
     /// Seconds HiGHS may spend per budget (feature `milp`). A schedule it cannot prove
     /// optimal in that time is shown as its incumbent with the proved bound, and is not
     /// the reference.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, value_parser = remat_units::flag::seconds, allow_hyphen_values = true)]
     pub milp_time_limit: f64,
     /// Seconds after which a solve of the scale section is stopped (reported as such): 3x
     /// the default search's own limit at 10,000 nodes, so only strategies without a time
@@ -61,7 +61,7 @@ pub struct Args {
     #[arg(long, default_value_t = 30.0)]
     pub scale_cap: f64,
     /// Scale-section graphs above this many nodes are left out.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     pub scale_max_nodes: usize,
     /// Only the scale section.
     #[arg(long)]
@@ -77,7 +77,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1.1)]
     pub multi_budget: f64,
     /// With --multi: layers of the synthetic transformer (`synth::TransformerParams::gpt`).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     pub multi_layers: usize,
     /// Only the near-the-floor section.
     #[arg(long, conflicts_with_all = ["scale_only", "scale_worker", "multi"])]
@@ -85,7 +85,7 @@ pub struct Args {
     /// Seconds each solve of the near-the-floor section may take (default: the planner's
     /// own for the graph, as `remat plan` gives it: 1 s up to 1,000 nodes, 1 ms per node
     /// above).
-    #[arg(long)]
+    #[arg(long, value_parser = remat_units::flag::seconds, allow_hyphen_values = true)]
     pub near_floor_time_limit: Option<f64>,
     /// With --near-floor: only the graphs whose label contains this text, in any case
     /// ("32 layers, eager", "moccasin n=500"), to reproduce one row quickly.

@@ -31,13 +31,13 @@ pub struct Args {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Buffer bound handed to the executor.
-    #[arg(long, default_value = "256MiB", value_parser = size_arg)]
+    #[arg(long, default_value = "256MiB", value_parser = remat_units::flag::buffer, allow_hyphen_values = true)]
     max_buffer: u64,
     /// Also verify every output against the source (streams everything once more).
     #[arg(long)]
     verify: bool,
     /// Number of small tensors in the many-tensors run.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 60_000, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     small_tensors: usize,
     /// Where the object-store runs go: `local` (none), `s3` (s3://remat-bench/run-PID), or
     /// an s3://bucket/prefix URL; the bucket must exist. The same 8-rank checkpoint is
@@ -47,12 +47,6 @@ pub struct Args {
     /// S3-compatible endpoint for --store (else AWS_ENDPOINT_URL and the usual AWS_*).
     #[arg(long)]
     endpoint: Option<String>,
-}
-
-/// `--max-buffer`: a size read by [`remat_units`] as `remat reshard --max-buffer` reads it
-/// (clap names the flag and the value, so the error gives only what is wrong).
-fn size_arg(text: &str) -> Result<u64, String> {
-    remat_units::parse_size(text, "").map_err(|e| e.problem.to_string())
 }
 
 /// One generated tensor: name, dtype, shape, placement on the 8 source ranks.

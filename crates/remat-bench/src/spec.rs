@@ -35,16 +35,16 @@ use crate::error::Result;
 #[derive(clap::Args)]
 pub struct Args {
     /// Timed rounds (after one warm-up round); each round runs one step of every variant.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = remat_units::flag::count::<usize>, allow_hyphen_values = true)]
     rounds: usize,
     /// Layers, hidden size, sequence length and batch of the benchmark model.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = remat_units::flag::count::<i64>, allow_hyphen_values = true)]
     layers: i64,
-    #[arg(long, default_value_t = 384)]
+    #[arg(long, default_value_t = 384, value_parser = remat_units::flag::count::<i64>, allow_hyphen_values = true)]
     hidden: i64,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = remat_units::flag::count::<i64>, allow_hyphen_values = true)]
     seq: i64,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = remat_units::flag::count::<i64>, allow_hyphen_values = true)]
     batch: i64,
     /// Only the mixed-plan table (Qwen3, Qwen3-MoE, Mamba, hybrid at 0.8, 0.6 and 0.4 of
     /// keep-all's peak against each uniform policy); without it, both tables.

@@ -12,31 +12,18 @@ use remat_units::{Budget, UnitError};
 /// Why `remat train --memory-budget` takes no fraction.
 const TRAIN_HAS_NO_REFERENCE: &str = "`remat train` has none: its pool budget holds from the first step, before anything is measured";
 
-/// The longest `--time-limit` (and `--time-unit`) taken, in seconds.
-pub const MAX_SECONDS: u64 = 1_000_000;
-
 fn problem(error: UnitError) -> String {
     error.problem.to_string()
 }
 
 /// A buffer's size, at least one byte (`--max-buffer 256MiB`; 0 would hold nothing).
 pub fn buffer_arg(text: &str) -> Result<u64, String> {
-    remat_units::parse_nonzero_size(text, "").map_err(problem)
+    remat_units::flag::buffer(text)
 }
 
 /// A count of at least 1, where 0 would do nothing (`--steps`, `--world-size`, `--batch`).
 pub fn count_arg<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
-    let n = remat_units::parse_count(text, "", 1).map_err(problem)?;
-    T::try_from(n).map_err(|_| format!("out of range: at most {}", max_of::<T>()))
-}
-
-/// The largest `T` a count may be, found by halving (`T` is a machine integer).
-fn max_of<T: TryFrom<u64>>() -> u64 {
-    let mut max = u64::MAX;
-    while T::try_from(max).is_err() {
-        max >>= 1;
-    }
-    max
+    remat_units::flag::count(text)
 }
 
 /// A dropout probability in [0, 1) (`--dropout 0.1`).
@@ -52,9 +39,9 @@ pub fn dropout_arg(text: &str) -> Result<f32, String> {
     }
 }
 
-/// Seconds above 0, at most [`MAX_SECONDS`] (`--time-limit 0.5`).
+/// Seconds above 0, at most [`remat_units::flag::MAX_SECONDS`] (`--time-limit 0.5`).
 pub fn seconds_arg(text: &str) -> Result<f64, String> {
-    remat_units::parse_seconds(text, "", MAX_SECONDS).map_err(problem)
+    remat_units::flag::seconds(text)
 }
 
 /// A budget in bytes where no reference peak exists (`remat train --memory-budget 2GiB`);

@@ -168,6 +168,45 @@ fn flags_that_make_no_model_or_do_not_go_together_are_told_before_any_header() {
 }
 
 #[test]
+fn the_benchmarks_read_their_flags_in_the_same_words_as_the_commands() {
+    // The same value gets the same words from `remat train` and from `remat bench`.
+    let cases: [(&[&str], &[&str], &str); 4] = [
+        (
+            &["train", "--steps", "0"],
+            &["bench", "engine", "--steps", "0"],
+            "--steps 0: must be at least 1",
+        ),
+        (
+            &["train", "--steps", "-1"],
+            &["bench", "multi", "--steps", "-1"],
+            "--steps -1: the value is negative",
+        ),
+        (
+            &["train", "--threads", "0"],
+            &["bench", "auto", "--threads", "0"],
+            "--threads 0: must be at least 1",
+        ),
+        (
+            &["reshard", "a", "b", "-w", "2", "--max-buffer", "0"],
+            &["bench", "reshard", "--max-buffer", "0"],
+            "--max-buffer 0: comes to 0 bytes",
+        ),
+    ];
+    for (command, bench, says) in cases {
+        refused(command, says);
+        refused(bench, says);
+    }
+    refused(
+        &["bench", "pipeline", "--micro-batches", "2,0"],
+        "--micro-batches 0: must be at least 1",
+    );
+    refused(
+        &["bench", "plan", "--milp-time-limit", "0"],
+        "--milp-time-limit 0: must be more than 0 seconds",
+    );
+}
+
+#[test]
 fn a_bad_value_is_told_before_a_missing_file() {
     refused(
         &["plan", "/nonexistent/graph.json", "--budget", "lots"],

@@ -77,6 +77,7 @@
 //! or `max_buffer -1: the value is negative; give a number of bytes`.
 
 mod error;
+pub mod flag;
 mod number;
 mod parse;
 mod print;
