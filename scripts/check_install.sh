@@ -62,12 +62,13 @@ done
 PATH=$clean_path "$work/fresh/bin/pip" install --quiet --no-index "$wheel"
 (cd "$work" && PATH=$clean_path "$work/fresh/bin/python" - <<'EOF'
 import json, remat
-# A training step of a four-layer chain in remat's graph format, planned in process.
+# A training step of an eight-layer chain in remat's graph format, planned in process.
+layers = 8
 nodes = [{"name": f"f{i}", "phase": "forward", "compute_time": 10.0, "output_bytes": 1 << 20,
-          "inputs": [i - 1] if i else []} for i in range(4)]
+          "inputs": [i - 1] if i else []} for i in range(layers)]
 nodes.append({"name": "loss", "phase": "backward", "compute_time": 1.0, "output_bytes": 8,
-              "inputs": [3]})
-for i in reversed(range(4)):
+              "inputs": [layers - 1]})
+for i in reversed(range(layers)):
     nodes.append({"name": f"b{i}", "phase": "backward", "compute_time": 20.0,
                   "output_bytes": 1 << 20, "inputs": [len(nodes) - 1] + ([i - 1] if i else [])})
 graph = {"format": "remat-graph", "version": 1, "name": "chain", "time_unit_s": 1e-6,
