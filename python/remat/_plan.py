@@ -21,7 +21,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 class Graph:
     """A training step's graph: operations in execution order, each with a compute time
-    (in units of ``time_unit_s`` seconds), output bytes and inputs, plus static bytes."""
+    (in units of ``time_unit_s`` seconds), output bytes and inputs, plus static bytes.
+
+    >>> g = remat.load_graph("step.json")
+    >>> g.num_nodes, g.store_all_peak > g.memory_floor
+    (17, True)
+    """
 
     __slots__ = ("_native",)
 
@@ -119,7 +124,12 @@ class Graph:
 class Plan:
     """A plan with the simulator's report of it. Times are in the graph's time units
     (``time_unit_s`` seconds each); ``overhead`` is a ratio (``remat plan`` prints it in
-    percent)."""
+    percent).
+
+    >>> p = remat.plan("step.json", 0.5)
+    >>> p.peak_bytes <= p.budget_bytes, p.overhead >= 0
+    (True, True)
+    """
 
     __slots__ = ("_native", "_decisions", "time_limit")
 

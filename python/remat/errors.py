@@ -19,7 +19,14 @@ __all__ = [
 
 
 class RematError(Exception):
-    """Base class of every remat error. Keyword arguments become attributes."""
+    """Base class of every remat error. Keyword arguments become attributes.
+
+    >>> try:
+    ...     remat.plan("step.json", "lots")
+    ... except remat.RematError as err:
+    ...     print(type(err).__name__, err.argument)
+    ArgumentError budget
+    """
 
     def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)
@@ -54,7 +61,14 @@ class ArgumentError(RematError, ValueError):
 
 class GraphError(RematError, ValueError):
     """A graph that cannot be read. Attributes: ``file``, and ``node`` and ``field`` when
-    the error is in one node's field (else None)."""
+    the error is in one node's field (else None).
+
+    >>> try:
+    ...     remat.load_graph("missing.json")
+    ... except remat.GraphError as err:
+    ...     print(err.file)
+    missing.json
+    """
 
     file: str | None = None
     node: str | None = None
@@ -86,15 +100,36 @@ class BudgetError(RematError, ValueError):
 
 
 class PlanError(RematError):
-    """A strategy that is unknown, does not apply, or failed. Attribute ``strategy``."""
+    """A strategy that is unknown, does not apply, or failed. Attribute ``strategy``.
+
+    >>> try:
+    ...     remat.plan("step.json", 0.5, strategy="nope")
+    ... except remat.PlanError as err:
+    ...     print(err.strategy)
+    nope
+    """
 
     strategy: str | None = None
 
 
 class OutputError(RematError, OSError):
-    """An output path that cannot be written (checked before any work); nothing is written."""
+    """An output path that cannot be written (checked before any work); nothing is written.
+
+    >>> try:
+    ...     remat.plan("step.json", 0.5).save("/nonexistent/dir/plan.json")
+    ... except remat.OutputError as err:
+    ...     print(type(err).__name__)
+    OutputError
+    """
 
 
 class ReshardError(RematError):
     """A checkpoint that cannot be read, resharded or written. The message names the file
-    or tensor at fault."""
+    or tensor at fault.
+
+    >>> try:
+    ...     remat.reshard("no-such-ckpt", "out", 2)
+    ... except remat.ReshardError as err:
+    ...     print("no-such-ckpt" in str(err))
+    True
+    """

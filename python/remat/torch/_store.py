@@ -54,7 +54,16 @@ from ..errors import ArgumentError, RematError
 
 class StoreError(RematError):
     """An offloaded tensor that could not be written to or read back from the store.
-    Attributes: ``path`` (the file) and ``step`` ("write" or "read")."""
+    Attributes: ``path`` (the file) and ``step`` ("write" or "read").
+
+    ```python
+    try:
+        for batch in loader:                # a CPU model planned with store="/scratch/remat"
+            model(batch).loss.backward()
+    except remat.torch.StoreError as err:   # nothing of the step is left in the store
+        print(err.step, err.path)           # "write" or "read", and the file
+    ```
+    """
 
     path: str | None = None
     step: str | None = None

@@ -74,7 +74,24 @@ class _Entry:
 
 
 class AutoCheckpoint:
-    """The controller ``auto_checkpoint`` attaches to a model (``remat.torch.controller``)."""
+    """The controller ``auto_checkpoint`` attaches to a model (``remat.torch.controller``).
+
+    ```python
+    import torch, torch.nn.functional as F
+    import remat.torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for _ in range(4)])
+    x, y = torch.randn(128, 64), torch.randn(128, 64)
+    remat.torch.auto_checkpoint(model, "2MiB")
+    for _ in range(2):
+        F.mse_loss(model(x), y).backward()
+    ctl = remat.torch.controller(model)     # this class
+    plan = ctl.plan
+    print(plan.predicted_peak <= plan.budget_bytes, ctl.table())
+    ```
+    """
 
     def __init__(self, model: torch.nn.Module, memory_budget, *, offload: Optional[bool],
                  bandwidth: Optional[float], time_limit: Optional[float],
@@ -427,6 +444,21 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
     share_plan: under an initialized ``torch.distributed`` with more than one rank, rank 0
         plans each input signature and every rank runs that plan (the planning step is a
         collective of the default group); False plans on each rank from its own timings.
+
+    ```python
+    import torch, torch.nn.functional as F
+    import remat.torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for _ in range(4)])
+    x, y = torch.randn(128, 64), torch.randn(128, 64)
+    model = remat.torch.auto_checkpoint(model, memory_budget=0.5)   # or "2GiB", or bytes
+    opt = torch.optim.AdamW(model.parameters())
+    for _ in range(3):                      # the loop does not change
+        F.mse_loss(model(x), y).backward()  # the same bits as plain eager
+        opt.step(); opt.zero_grad()
+    ```
     """
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"auto_checkpoint needs an nn.Module, got {type(model).__name__}")
@@ -465,7 +497,22 @@ def auto_checkpoint(model: torch.nn.Module, memory_budget: Any = 0.5, *,
 
 
 def controller(model: torch.nn.Module) -> AutoCheckpoint:
-    """The :class:`AutoCheckpoint` of a model given to ``auto_checkpoint``."""
+    """The :class:`AutoCheckpoint` of a model given to ``auto_checkpoint``.
+
+    ```python
+    import torch, torch.nn.functional as F
+    import remat.torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for _ in range(4)])
+    x, y = torch.randn(128, 64), torch.randn(128, 64)
+    remat.torch.auto_checkpoint(model, 0.5)
+    for _ in range(2):                      # profiled, then planned and run
+        F.mse_loss(model(x), y).backward()
+    print(remat.torch.controller(model).table())
+    ```
+    """
     c = getattr(model, _ATTR, None)
     if c is None:
         raise CaptureError(f"{type(model).__name__} was not given to auto_checkpoint")

@@ -36,6 +36,19 @@ class Captured:
     ``nodes`` are remat's IR nodes (fx ``call_function`` nodes in order, then ``end:step``);
     ``to_json()`` / ``save(path)`` write remat's graph JSON, which ``remat.plan`` and
     ``remat plan`` read. Plans run in PyTorch through ``auto_checkpoint``.
+
+    ```python
+    import torch, torch.nn.functional as F
+    import remat, remat.torch
+
+    model = torch.nn.Sequential(*[torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        for _ in range(4)])
+    x, y = torch.randn(512, 64), torch.randn(512, 64)
+    captured = remat.torch.capture(model, (x, y), lambda m, x, y: F.mse_loss(m(x), y))
+    captured.save("step.json")              # for `remat plan step.json --budget 0.5`
+    print(remat.plan(captured, 0.8))
+    ```
     """
 
     def __init__(self, model, traced: Traced, nodes: list[IRNode], static_bytes: int,
@@ -209,6 +222,17 @@ def capture(
     inputs. ``loss_fn(model, *inputs)`` (or ``loss_fn(model, **inputs)``) returns the scalar
     loss; without it the model's output is the loss, or its ``.loss`` (Hugging Face).
     ``runs``: timed runs per node (the median is kept), after one warm-up run.
+
+    ```python
+    import torch, torch.nn.functional as F
+    import remat, remat.torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64))
+    x, y = torch.randn(128, 64), torch.randn(128, 64)
+    step = remat.torch.capture(model, (x, y), lambda m, x, y: F.mse_loss(m(x), y))
+    print(step.name, len(step.nodes), "nodes")
+    ```
     """
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")

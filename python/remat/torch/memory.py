@@ -22,7 +22,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class StorageTracker(TorchDispatchMode):
-    """Peak bytes of the storages made inside the ``with`` block (CPU or CUDA)."""
+    """Peak bytes of the storages made inside the ``with`` block (CPU or CUDA).
+
+    ```python
+    import torch
+    from remat.torch import StorageTracker
+
+    x = torch.randn(256, 256, requires_grad=True)
+    with StorageTracker() as tracker:
+        (x @ x).relu().sum().backward()
+    print(tracker.peak_bytes)               # the step's peak, in bytes
+    ```
+    """
 
     def __init__(self):
         super().__init__()
@@ -91,7 +102,16 @@ class StorageTracker(TorchDispatchMode):
 
 def peak_from_profiler(step) -> int:
     """Peak of the bytes allocated and not yet freed while ``step()`` runs, from
-    ``torch.profiler``'s memory events (CPU)."""
+    ``torch.profiler``'s memory events (CPU).
+
+    ```python
+    import torch
+    from remat.torch import peak_from_profiler
+
+    x = torch.randn(256, 256, requires_grad=True)
+    print(peak_from_profiler(lambda: (x @ x).relu().sum().backward()))
+    ```
+    """
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
