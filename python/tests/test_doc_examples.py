@@ -4,25 +4,15 @@ order in a fresh copy of the tracked files, and that a failing block fails the r
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from remat_test_scripts import REPO, load_script
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("doc_examples", REPO / "scripts" / "doc_examples.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["doc_examples"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-D = _runner()
+D = load_script("doc_examples")
 
 
 @pytest.mark.parametrize("info, expected", [

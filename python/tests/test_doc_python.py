@@ -10,25 +10,16 @@ classification of blocks is scripts/doc_examples.py's, which the shell examples 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from remat_test_scripts import REPO, load_script
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("doc_examples", REPO / "scripts" / "doc_examples.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["doc_examples"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-RUNNER = _runner()
+RUNNER = load_script("doc_examples")
 BLOCKS = [b for b in RUNNER.blocks(REPO) if b.lang in RUNNER.PYTHON]
 
 

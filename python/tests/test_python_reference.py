@@ -5,24 +5,16 @@ of ``remat`` and ``remat.torch`` has a docstring there."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")  # the page documents remat.torch too
 
-REPO = Path(__file__).resolve().parents[2]
+from remat_test_scripts import REPO, load_script
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location(
-        "python_reference", REPO / "scripts" / "python_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["python_reference"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("python_reference")
 
 
 def test_reference_page_is_current():
